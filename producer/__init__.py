@@ -1,0 +1,35 @@
+"""rerankq producer: the light client a pipeline imports to enqueue and read rerank jobs."""
+
+from producer.client import RerankClient
+from producer.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    RerankqError,
+    StreamNotFound,
+    ValidationError,
+    WindowFailed,
+)
+from producer.settings import Settings, load_settings
+from producer.wire import (
+    Boosts,
+    Candidate,
+    Decision,
+    Failed,
+    Filtered,
+    Omitted,
+    Page,
+    Ranked,
+    Row,
+    StreamSpec,
+    StreamStatus,
+    TimeRange,
+    WindowResult,
+    WindowStatus,
+)
+
+__all__ = [
+    "Boosts", "Candidate", "ConfigError", "Decision", "Failed", "Filtered", "IdempotencyConflict",
+    "Omitted", "Page", "Ranked", "RerankClient", "RerankqError", "Row", "Settings", "StreamNotFound",
+    "StreamSpec", "StreamStatus", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
+    "WindowStatus", "load_settings",
+]

@@ -1,0 +1,181 @@
+"""What a pipeline uses: open a stream, pull pages, read window status."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from producer.dispatch import Dispatcher
+from producer.errors import ValidationError
+from producer.pages import build_page, windows_to_admit
+from producer.settings import Settings, load_settings
+from producer.store import Store, connect
+from producer.validation import check_candidates, check_idempotency_key, check_spec, check_stream_id, to_candidates
+from producer.wire import (
+    Boosts,
+    Candidate,
+    Device,
+    Failed,
+    Filtered,
+    Omitted,
+    Page,
+    Ranked,
+    StreamSpec,
+    StreamStatus,
+    TimeRange,
+    WindowStatus,
+)
+
+log = structlog.get_logger("rerankq.producer")
+
+
+class RerankClient:
+    """A producer: light (no torch), safe to share across threads of one process."""
+
+    def __init__(self, settings: Settings, *, dispatcher: Dispatcher | None = None) -> None:
+        if not settings.redis_url:
+            raise ValidationError("redis_url", "RERANKQ_REDIS_URL is not set")
+        self.settings = settings
+        self.store = Store(connect(settings.redis_url), settings.namespace, event_log_maxlen=settings.event_log_maxlen)
+        self.dispatcher = dispatcher or Dispatcher(settings)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RerankClient:
+        return cls(load_settings(environ, **overrides))
+
+    def close(self) -> None:
+        self.dispatcher.close()
+        self.store.client.close()
+
+    def __enter__(self) -> RerankClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- open ----------------------------------------------------------------
+
+    def open(
+        self,
+        query: str,
+        candidates: Iterable[Candidate | Mapping[str, Any]],
+        *,
+        window_size: int | None = None,
+        first_windows: int = 1,
+        device: Device = "cpu",
+        min_score: float | None = None,
+        min_final_score: float | None = None,
+        chain: str | None = None,
+        boosts: Boosts | None = None,
+        reference_time: dt.datetime | None = None,
+        query_range: TimeRange | None = None,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Validate, write the stream, and enqueue its first window(s). Returns the stream id.
+
+        With ``idempotency_key``, a retried open of the same job returns the same id and
+        enqueues nothing more; reusing the key for a different job raises.
+        """
+        if device not in ("cpu", "gpu", "any"):
+            raise ValidationError("device", f"must be cpu, gpu or any, got {device!r}")
+        if not isinstance(first_windows, int) or first_windows < 1:
+            raise ValidationError("first_windows", "must be a positive integer")
+        stream_id = "k_" + check_idempotency_key(idempotency_key) if idempotency_key is not None else "s_" + uuid.uuid4().hex
+        items = check_candidates(to_candidates(candidates), self.settings)
+        if not isinstance(query, str):
+            raise ValidationError("query", "must be a string")
+        spec = check_spec(
+            StreamSpec(
+                query=query,
+                window_size=window_size if window_size is not None else self.settings.window_size,
+                device=device,
+                min_score=min_score if min_score is not None else self.settings.min_score,
+                min_final_score=min_final_score if min_final_score is not None else self.settings.min_final_score,
+                chain=chain,
+                boosts=boosts or Boosts(),
+                reference_time=reference_time or dt.datetime.now(dt.timezone.utc),
+                query_range=query_range,
+                document_budget=self.settings.document_budget,
+                ttl_s=ttl_s if ttl_s is not None else self.settings.stream_ttl_s,
+                n_candidates=len(items),
+            ),
+            self.settings,
+        )
+        created, admitted = self.store.open(
+            stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s
+        )
+        self.dispatcher.send(stream_id, admitted, spec.device)
+        log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created)
+        return stream_id
+
+    # -- read ----------------------------------------------------------------
+
+    def pull(
+        self,
+        stream_id: str,
+        offset: int = 0,
+        limit: int = 10,
+        *,
+        timeout: float = 30.0,
+        raise_on_failed: bool = False,
+    ) -> Page:
+        """A page of ranked rows, admitting and waiting for deeper windows as needed.
+
+        Returns when the page is full, the stream is exhausted, or ``timeout`` passes
+        (then the page holds what is committed; ``pending_windows`` says more is coming).
+        A committed window is read, never sent to a provider again.
+        """
+        check_stream_id(stream_id)
+        if not isinstance(offset, int) or offset < 0:
+            raise ValidationError("offset", "must be a non-negative integer")
+        if not isinstance(limit, int) or limit < 1:
+            raise ValidationError("limit", "must be a positive integer")
+        deadline = time.monotonic() + timeout
+        spec_device: str | None = None
+        while True:
+            snapshot = self.store.snapshot(stream_id)
+            page, missing = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
+            if missing == 0:
+                return page
+            target = windows_to_admit(snapshot, missing)
+            if target > snapshot.admitted:
+                admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
+                if admitted:
+                    spec_device = spec_device or self.store.load_spec(stream_id).device
+                    self.dispatcher.send(stream_id, admitted, spec_device)
+                    log.info("windows_admitted", stream=stream_id, windows=admitted)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return page
+            self.store.wait_for_commit(stream_id, snapshot.last_event_id, remaining)
+
+    def status(self, stream_id: str) -> StreamStatus:
+        """Where every window of a stream stands: not admitted, admitted, or committed with counts."""
+        check_stream_id(stream_id)
+        snapshot = self.store.snapshot(stream_id)
+        attempts = self.store.attempts(stream_id)
+        windows = []
+        for window in range(snapshot.n_windows):
+            start, end = snapshot.bounds(window)
+            result = snapshot.results.get(window)
+            if result is None:
+                state = "admitted" if window < snapshot.admitted else "not_admitted"
+                windows.append(WindowStatus(window=window, start=start, end=end, state=state, attempts=attempts.get(window, 0)))
+                continue
+            kinds = [type(d) for d in result.decisions]
+            windows.append(
+                WindowStatus(
+                    window=window, start=start, end=end, state="committed", attempts=result.attempts,
+                    served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
+                    omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
+                )
+            )
+        return StreamStatus(
+            stream_id=stream_id, n_candidates=snapshot.n_candidates, window_size=snapshot.window_size, windows=windows
+        )

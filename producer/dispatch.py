@@ -1,0 +1,25 @@
+"""Sends window triggers to the device queues. Carries ids only, never data."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from producer.celery_config import TASK_NAME, celery_config
+from producer.settings import Settings
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self.settings = settings
+        if app is None:
+            app = Celery("rerankq-producer", set_as_current=False)
+            app.conf.update(celery_config(settings))
+        self.app = app
+
+    def send(self, stream_id: str, windows: list[int], device: str) -> None:
+        queue = self.settings.queue_for(device)
+        for window in windows:
+            self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue)
+
+    def close(self) -> None:
+        self.app.close()

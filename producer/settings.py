@@ -1,0 +1,224 @@
+"""Typed configuration, read once from ``RERANKQ_*`` variables (and an optional TOML file).
+
+Settings are built at the edge (a client, a worker process) and passed in; nothing
+deeper reads the environment. Each chain member is read in isolation: member 1
+inherits nothing from member 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from producer.errors import ConfigError
+
+PREFIX = "RERANKQ_"
+MEMBER_PREFIX = "RERANKQ_RERANKER_"
+DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+
+
+class Secret:
+    """A value that never prints: repr and str mask it, ``reveal()`` returns it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One provider in the chain. Unset fields take built-in defaults, never another member's."""
+
+    provider: str = "local"
+    model: str | None = None
+    url: str | None = None
+    api_key: Secret | None = None
+    api_version: Literal["v1", "v2"] = "v2"
+    timeout_s: float = 10.0
+    connect_timeout_s: float = 2.0
+    max_retries: int = 2
+    batch_size: int = 32
+    top_n: int | None = None
+    max_tokens_per_doc: int | None = None
+    scale: Literal["logit", "probability"] | None = None
+    device: str | None = None
+    allow_mps: bool = False
+    send_tenant: bool = False
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    redis_url: str | None = None
+    broker_url: str | None = None
+    namespace: str = "rerankq"
+    cpu_queue: str = "rerankq.cpu"
+    gpu_queue: str = "rerankq.gpu"
+    any_queue: str = "rerankq.any"
+
+    window_size: int = 25
+    max_window_size: int = 256
+    min_score: float | None = None
+    min_final_score: float | None = None
+    stream_ttl_s: int = 3600
+    cache_ttl_s: int = 86400
+
+    max_candidates: int = 1000
+    max_query_chars: int = 2048
+    max_text_chars: int = 65536
+    document_budget: int = 2048
+
+    device: str = "cpu"
+    worker_processes: int | None = None
+    torch_threads: int | None = None
+    max_attempts: int = 3
+    redeliver_after_s: int = 300
+    visibility_timeout_s: int = 3600
+    event_log_maxlen: int = 1000
+
+    members: list[MemberSettings] = []
+
+    @property
+    def broker(self) -> str:
+        url = self.broker_url or self.redis_url
+        if not url:
+            raise ConfigError("RERANKQ_REDIS_URL", "is not set")
+        return url
+
+    def queue_for(self, device: str) -> str:
+        return {"cpu": self.cpu_queue, "gpu": self.gpu_queue, "any": self.any_queue}[device]
+
+    def chain(self) -> list[MemberSettings]:
+        # With no member configured the chain is the local model failing open to
+        # fusion order, so a worker without model access still answers.
+        if self.members:
+            return list(self.members)
+        return [MemberSettings(provider="local"), MemberSettings(provider="rrf")]
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_POSITIVE = (
+    "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
+    "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
+    "visibility_timeout_s", "event_log_maxlen",
+)
+
+
+def _env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+def _decode_secret(type_: type, value: Any) -> Any:
+    if type_ is Secret:
+        if isinstance(value, Secret):
+            return value
+        if isinstance(value, str):
+            return Secret(value)
+    raise NotImplementedError
+
+
+def _convert(raw: Mapping[str, Any], type_: type, env_of: Any) -> Any:
+    try:
+        return msgspec.convert(dict(raw), type_, strict=False, dec_hook=_decode_secret)
+    except msgspec.ValidationError as exc:
+        # msgspec says "... - at `$.field`"; name the variable instead.
+        text = str(exc)
+        match = re.search(r"at `\$\.(\w+)", text)
+        field = match.group(1) if match else "?"
+        message = text.split(" - at ")[0]
+        raise ConfigError(env_of(field), message) from None
+
+
+def _read_members(environ: Mapping[str, str]) -> list[MemberSettings]:
+    fields = MemberSettings.__struct_fields__
+    members: list[MemberSettings] = []
+    index = 0
+    while True:
+        prefix = MEMBER_PREFIX if index == 0 else f"{MEMBER_PREFIX}{index}_"
+        raw = {
+            f: environ[prefix + f.upper()] for f in fields if prefix + f.upper() in environ
+        }
+        if not raw and not (index == 0 and any(k.startswith(MEMBER_PREFIX + "1_") for k in environ)):
+            break
+        if "provider" not in raw and index > 0:
+            raise ConfigError(prefix + "PROVIDER", "is required when any member setting is given")
+        members.append(_convert(raw, MemberSettings, lambda f, p=prefix: p + f.upper()))
+        index += 1
+    for key in environ:
+        match = re.match(rf"^{MEMBER_PREFIX}(\d+)_", key)
+        if match and int(match.group(1)) >= index:
+            missing = MEMBER_PREFIX + "PROVIDER" if index == 0 else f"{MEMBER_PREFIX}{index}_PROVIDER"
+            raise ConfigError(key, f"is set but {missing} is not; members are contiguous from 1")
+    return members
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Read settings: optional file (``RERANKQ_CONFIG_FILE``), then the environment, then overrides."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    path = environ.get(PREFIX + "CONFIG_FILE")
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                raw.update(tomllib.load(fh))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(PREFIX + "CONFIG_FILE", f"cannot read {path}: {exc}") from None
+        raw.pop("members", None)
+    for field in Settings.__struct_fields__:
+        if field == "members":
+            continue
+        value = environ.get(_env_name(field))
+        if value is not None:
+            raw[field] = None if value == "" and field in _OPTIONAL else value
+    raw.update(overrides)
+    if "members" not in overrides:
+        raw["members"] = _read_members(environ)
+    settings = _convert(raw, Settings, _env_name)
+    _check(settings)
+    return settings
+
+
+_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads"}
+
+
+def _check(settings: Settings) -> None:
+    for field in _POSITIVE:
+        if getattr(settings, field) <= 0:
+            raise ConfigError(_env_name(field), f"must be positive, got {getattr(settings, field)}")
+    if settings.window_size > settings.max_window_size:
+        raise ConfigError(
+            _env_name("window_size"),
+            f"{settings.window_size} exceeds RERANKQ_MAX_WINDOW_SIZE={settings.max_window_size}",
+        )
+    if not _NAME_RE.match(settings.namespace):
+        raise ConfigError(_env_name("namespace"), "must be 1-64 of A-Z a-z 0-9 _ . -")
+    for field in ("cpu_queue", "gpu_queue", "any_queue"):
+        if not _NAME_RE.match(getattr(settings, field)):
+            raise ConfigError(_env_name(field), "must be 1-64 of A-Z a-z 0-9 _ . -")
+    for field in ("worker_processes", "torch_threads"):
+        value = getattr(settings, field)
+        if value is not None and value <= 0:
+            raise ConfigError(_env_name(field), f"must be positive, got {value}")
+    for field in ("redis_url", "broker_url"):
+        url = getattr(settings, field)
+        if url and not re.match(r"^(redis|rediss|unix|redis\+sentinel|sentinel)://", url):
+            raise ConfigError(_env_name(field), "must be a redis://, rediss://, unix:// or sentinel:// URL")

@@ -1,0 +1,208 @@
+"""The wire contract: every struct that crosses Redis or reaches a reader.
+
+Structs forbid unknown fields so a typo in a producer's payload is an error, not
+a silently ignored setting. Decisions are a tagged union on ``kind``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal, Union
+
+import msgspec
+
+Device = Literal["cpu", "gpu", "any"]
+BudgetLevel = Literal["low", "mid", "high"]
+RecencyCurve = Literal["linear", "exponential", "none"]
+
+
+class Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True, frozen=True):
+    pass
+
+
+class Candidate(Base):
+    """One fused retrieval result. Input order is fusion order."""
+
+    id: str
+    text: str = ""
+    context: str | None = None
+    heading_path: list[str] = []
+    occurred_start: dt.datetime | None = None
+    occurred_end: dt.datetime | None = None
+    mentioned_at: dt.datetime | None = None
+    proof_count: int | None = None
+    source: str | None = None
+    fusion_score: float | None = None
+    doc_id: str | None = None
+    embedding: list[float] | None = None
+    metadata: dict[str, Any] = {}
+
+
+class Boosts(Base):
+    """Multiplicative boost settings; each alpha scales a signal centred on 0.5."""
+
+    recency_alpha: float = 0.2
+    temporal_alpha: float = 0.2
+    proof_alpha: float = 0.1
+    recency_curve: RecencyCurve = "linear"
+    recency_window_days: float = 365.0
+    recency_floor: float = 0.1
+    recency_half_life_days: float = 90.0
+    temporal_decay_days: float = 30.0
+
+
+class TimeRange(Base):
+    start: dt.datetime
+    end: dt.datetime
+
+
+class StreamSpec(Base):
+    """Everything a worker needs to score any window of one stream, fixed at open."""
+
+    query: str
+    window_size: int
+    device: Device = "cpu"
+    min_score: float | None = None
+    min_final_score: float | None = None
+    chain: str | None = None
+    boosts: Boosts = Boosts()
+    reference_time: dt.datetime | None = None
+    query_range: TimeRange | None = None
+    strategy_boosts: dict[str, BudgetLevel] = {}
+    document_budget: int = 2048
+    ttl_s: int = 3600
+    n_candidates: int = 0
+
+
+# -- decisions ---------------------------------------------------------------
+
+
+class Ranked(Base, tag="ranked", tag_field="kind"):
+    id: str
+    index: int
+    document: str
+    score: float
+    final_score: float
+    served_by: str
+
+
+class Filtered(Base, tag="filtered", tag_field="kind"):
+    """Below a min score; the scores are kept so a caller can see how close it was."""
+
+    id: str
+    index: int
+    document: str
+    score: float
+    final_score: float
+    served_by: str
+    reason: str
+
+
+class Omitted(Base, tag="omitted", tag_field="kind"):
+    """The provider returned a valid subset that left this candidate out."""
+
+    id: str
+    index: int
+    document: str
+    served_by: str
+
+
+class Failed(Base, tag="failed", tag_field="kind"):
+    """Every chain member failed and none fails open; kept in fusion order."""
+
+    id: str
+    index: int
+    document: str
+    reason: str
+
+
+Decision = Union[Ranked, Filtered, Omitted, Failed]
+
+
+class WindowResult(Base):
+    """A committed window: its decisions in final order. Never rewritten."""
+
+    window: int
+    start: int
+    end: int
+    served_by: str | None
+    passthrough: bool
+    attempts: int
+    committed_at: float
+    decisions: list[Decision]
+    failovers: list[str] = []
+    reason: str | None = None
+
+
+# -- what readers get --------------------------------------------------------
+
+
+class Row(Base):
+    rank: int
+    window: int
+    decision: Decision
+
+    @property
+    def id(self) -> str:
+        return self.decision.id
+
+    @property
+    def kind(self) -> str:
+        return type(self.decision).__struct_config__.tag  # type: ignore[return-value]
+
+    @property
+    def score(self) -> float | None:
+        return getattr(self.decision, "score", None)
+
+    @property
+    def final_score(self) -> float | None:
+        return getattr(self.decision, "final_score", None)
+
+    @property
+    def served_by(self) -> str | None:
+        return getattr(self.decision, "served_by", None)
+
+
+class Page(Base):
+    stream_id: str
+    offset: int
+    limit: int
+    rows: list[Row]
+    total: int
+    complete: bool
+    pending_windows: int = 0
+
+
+WindowState = Literal["not_admitted", "admitted", "committed"]
+
+
+class WindowStatus(Base):
+    window: int
+    start: int
+    end: int
+    state: WindowState
+    attempts: int = 0
+    served_by: str | None = None
+    ranked: int = 0
+    filtered: int = 0
+    omitted: int = 0
+    failed: int = 0
+    reason: str | None = None
+
+
+class StreamStatus(Base):
+    stream_id: str
+    n_candidates: int
+    window_size: int
+    windows: list[WindowStatus]
+
+
+# Encoders and decoders are built once; msgpack is what Redis holds.
+_msgpack_encoder = msgspec.msgpack.Encoder()
+candidate_decoder = msgspec.msgpack.Decoder(Candidate)
+spec_decoder = msgspec.msgpack.Decoder(StreamSpec)
+window_result_decoder = msgspec.msgpack.Decoder(WindowResult)
+
+
+def encode(value: Any) -> bytes:
+    return _msgpack_encoder.encode(value)

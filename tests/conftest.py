@@ -1,0 +1,152 @@
+"""Shared fixtures: a private redis-server, a tiny real model, real Celery workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from producer import RerankClient, load_settings
+from producer.settings import Settings
+from worker.embedded_redis import EmbeddedRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import build_tiny_cross_encoder  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path) -> dict[str, str]:
+    """Environment for one test's workers and clients: own namespace, own queues."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
+    env.update({
+        "RERANKQ_REDIS_URL": redis_server.url,
+        "RERANKQ_NAMESPACE": namespace,
+        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+        "RERANKQ_RERANKER_PROVIDER": "local",
+        "RERANKQ_RERANKER_MODEL": str(tiny_model_dir),
+        "RERANKQ_TORCH_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(ROOT),
+    })
+    return env
+
+
+class WorkerProcess:
+    """A real worker: ``python -m worker`` in a subprocess, as an operator starts it."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, args: list[str]) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120.0) -> WorkerProcess:
+        self.log_path.write_bytes(b"")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker", *self.args], env=self.env, cwd=ROOT,
+                                     stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if b" ready." in self.log_path.read_bytes():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+def start_worker(base_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real workers for this test; extra env and CLI args per call; all stopped after."""
+    started: list[WorkerProcess] = []
+
+    def start(env: dict[str, str] | None = None, args: list[str] | None = None,
+              drop: tuple[str, ...] = ()) -> WorkerProcess:
+        full = {**base_env, **(env or {})}
+        for key in drop:
+            full.pop(key, None)
+        worker = WorkerProcess(full, tmp_path / f"worker-{len(started)}.log", args or ["--device", "cpu"])
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def make_client(base_env: dict[str, str]) -> Iterator[Callable[..., RerankClient]]:
+    clients: list[RerankClient] = []
+
+    def make(**overrides: Any) -> RerankClient:
+        client = RerankClient(load_settings(base_env, **overrides))
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def settings(base_env: dict[str, str]) -> Settings:
+    return load_settings(base_env)
+
+
+@pytest.fixture
+def raw_redis(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def namespace_keys(client: redis.Redis, namespace: str) -> list[bytes]:
+    return sorted(client.scan_iter(match=f"{namespace}:*", count=1000))
+
+
+def make_candidates(n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}") -> list[dict[str, Any]]:
+    return [{"id": f"{prefix}{i}", "text": text.format(i=i)} for i in range(n)]

