@@ -141,6 +141,8 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
         raise ValidationError("boosts", "recency_window_days and recency_half_life_days must be positive")
     if spec.query_range is not None and spec.query_range.start > spec.query_range.end:
         raise ValidationError("query_range", "start is after end")
+    if spec.tenant is not None and not _TOKEN_RE.match(spec.tenant):
+        raise ValidationError("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     if spec.chain is not None and not _TOKEN_RE.match(spec.chain):
         raise ValidationError("chain", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     return spec

@@ -65,6 +65,7 @@ class StreamSpec(Base):
     min_score: float | None = None
     min_final_score: float | None = None
     chain: str | None = None
+    tenant: str | None = None
     boosts: Boosts = Boosts()
     reference_time: dt.datetime | None = None
     query_range: TimeRange | None = None

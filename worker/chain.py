@@ -86,10 +86,22 @@ class Chain:
         self._on_failover = on_failover or (lambda label, reason: None)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **kwargs: object) -> Chain:
-        members = [
-            Member(i, m, lambda m=m: build_provider(m, settings)) for i, m in enumerate(settings.chain())
-        ]
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        wrap: Callable[[int, MemberSettings, Provider], Provider] | None = None,
+        **kwargs: object,
+    ) -> Chain:
+        """Members from settings; ``wrap`` decorates each built provider (the pair-score cache)."""
+
+        def builder(index: int, member: MemberSettings) -> Callable[[], Provider]:
+            def build() -> Provider:
+                provider = build_provider(member, settings)
+                return wrap(index, member, provider) if wrap else provider
+            return build
+
+        members = [Member(i, m, builder(i, m)) for i, m in enumerate(settings.chain())]
         return cls(members, **kwargs)  # type: ignore[arg-type]
 
     def warm_up(self) -> None:

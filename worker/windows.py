@@ -58,7 +58,7 @@ class WindowScorer:
 
         scorable = [i for i, c in enumerate(candidates) if c.text]
         request = ScoreRequest(query=spec.query, documents=[documents[i] for i in scorable],
-                               stream_id=stream_id, window=window)
+                               stream_id=stream_id, window=window, tenant=spec.tenant)
         outcome = self.chain.run(request)
         if outcome.scores is not None:
             # Re-spread the member's scores over the whole window (text-less rows get none).

@@ -22,9 +22,13 @@ def provider_names() -> list[str]:
 
 
 def build_provider(member: MemberSettings, settings: Settings) -> Provider:
-    target = _REGISTRY.get(member.provider)
+    # A name with a colon is an import path ("package.module:Class") to a custom provider.
+    target = member.provider if ":" in member.provider else _REGISTRY.get(member.provider)
     if target is None:
         raise ProviderStartError("unknown_provider", f"{member.provider!r}; known: {', '.join(provider_names())}")
     module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ProviderStartError("unknown_provider", f"cannot import {target!r}: {exc}") from None
     return cls(member, settings)
