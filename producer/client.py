@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import msgspec
 import structlog
 
 from producer.dispatch import Dispatcher
@@ -29,9 +31,19 @@ from producer.wire import (
     StreamStatus,
     TimeRange,
     WindowStatus,
+    encode,
 )
 
 log = structlog.get_logger("rerankq.producer")
+
+
+def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *, explicit_reference_time: dt.datetime | None) -> str:
+    """What makes two opens "the same job": a defaulted reference time (now) does not count."""
+    digest = hashlib.blake2b(encode(msgspec.structs.replace(spec, reference_time=explicit_reference_time)),
+                             digest_size=16)
+    for candidate in candidates:
+        digest.update(encode(candidate))
+    return digest.hexdigest()
 
 
 class RerankClient:
@@ -110,7 +122,8 @@ class RerankClient:
             self.settings,
         )
         created, admitted = self.store.open(
-            stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s
+            stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
+            fingerprint=job_fingerprint(spec, items, explicit_reference_time=reference_time),
         )
         self.dispatcher.send(stream_id, admitted, spec.device)
         log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created)

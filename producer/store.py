@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from importlib import resources
 from typing import Any
@@ -86,6 +85,7 @@ class Store:
         *,
         first_windows: int,
         enqueue_grace_s: float,
+        fingerprint: str,
     ) -> tuple[bool, list[int]]:
         """Write a stream and admit its first windows in one step.
 
@@ -94,20 +94,19 @@ class Store:
         """
         blobs = [encode(c) for c in candidates]
         spec_blob = encode(spec)
-        digest = hashlib.blake2b(spec_blob, digest_size=16)
-        for blob in blobs:
-            digest.update(blob)
         expire_at = _now_ms() + spec.ttl_s * 1000
         deadline = _now_ms() + int(enqueue_grace_s * 1000)
+        # The active index is how the sweep finds streams. It lives outside the stream's
+        # hash slot (so not in the script), and is written first: an entry for a stream
+        # whose open then failed is harmless (the sweep finds no meta and skips it), a
+        # stream missing from the index would only be swept by its readers.
+        self._index_active(stream_id, expire_at)
         reply = self._run(
-            self.keys.stream(stream_id), "open", digest.hexdigest(), expire_at, spec_blob,
+            self.keys.stream(stream_id), "open", fingerprint, expire_at, spec_blob,
             spec.window_size, first_windows, deadline, *blobs,
         )
         if reply[0] == -1:
             raise IdempotencyConflict(stream_id.removeprefix("k_"))
-        # The active set is how the sweep finds streams; it is an index, not state,
-        # and lives outside the stream's hash slot.
-        self.client.zadd(self.keys.active_streams, {stream_id: expire_at})
         return reply[0] == 1, [int(w) for w in reply[1:]]
 
     def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> list[int]:
@@ -144,8 +143,9 @@ class Store:
         return bool(reply)
 
     def attempts(self, stream_id: str) -> dict[int, int]:
+        """Deliveries that started on each window (the hash also holds each window's lease)."""
         raw = self.client.hgetall(self.keys.stream(stream_id).attempts)
-        return {int(w): int(n) for w, n in raw.items()}
+        return {int(w): int(n) for w, n in raw.items() if w.isdigit()}
 
     # -- worker side -------------------------------------------------------
 
@@ -159,10 +159,16 @@ class Store:
         blobs = self.client.lrange(self.keys.stream(stream_id).candidates, start, end - 1)
         return [candidate_decoder.decode(b) for b in blobs]
 
-    def begin(self, stream_id: str, window: int, *, work_deadline_s: float) -> int:
-        """Count an attempt. Returns the attempt number, or -1 committed, -2 not admitted, -3 gone."""
+    def begin(self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str) -> int:
+        """Count an attempt and take the window's lease for ``work_deadline_s``.
+
+        Returns the attempt number, or -1 committed, -2 not admitted, -3 gone, -4 another
+        delivery (``delivery`` is the Celery task id) holds a live lease.
+        """
         return int(
-            self._run(self.keys.stream(stream_id), "begin", window, _now_ms() + int(work_deadline_s * 1000))
+            self._run(
+                self.keys.stream(stream_id), "begin", window, _now_ms() + int(work_deadline_s * 1000), delivery
+            )
         )
 
     def commit(self, stream_id: str, result: WindowResult) -> int:
@@ -174,13 +180,37 @@ class Store:
         )
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
-        reply = self._run(self.keys.stream(stream_id), "due", _now_ms() + int(retry_in_s * 1000))
-        return [int(w) for w in reply]
+        """Windows past their deadline, claimed for re-sending: their deadline moves ``retry_in_s`` out."""
+        return self.due_windows_many([stream_id], retry_in_s=retry_in_s).get(stream_id, [])
+
+    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float) -> dict[str, list[int]]:
+        """``due_windows`` for many streams in one round trip (each script call stays atomic)."""
+        if not stream_ids:
+            return {}
+        retry_at = _now_ms() + int(retry_in_s * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for stream_id in stream_ids:
+            self._script(keys=self.keys.stream(stream_id).all(), args=["due", _now_ms(), retry_at], client=pipe)
+        replies = pipe.execute()
+        return {s: [int(w) for w in reply] for s, reply in zip(stream_ids, replies) if reply}
+
+    def _index_active(self, stream_id: str, expire_at: int) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zadd(self.keys.active_streams, {stream_id: expire_at}, gt=True)
+        # The index itself expires with its longest-lived stream (NX sets a first TTL,
+        # GT only ever pushes it out), so an idle namespace leaves nothing behind.
+        pipe.pexpireat(self.keys.active_streams, expire_at, nx=True)
+        pipe.pexpireat(self.keys.active_streams, expire_at, gt=True)
+        pipe.execute()
 
     def active_streams(self) -> list[str]:
         """Live stream ids; expired ones are pruned from the index as a side effect."""
         self.client.zremrangebyscore(self.keys.active_streams, "-inf", _now_ms())
         return [s.decode() for s in self.client.zrange(self.keys.active_streams, 0, -1)]
+
+    def try_sweep_lock(self, hold_s: float) -> bool:
+        """One sweeper per interval across all workers: the lock is never released, it expires."""
+        return bool(self.client.set(self.keys.sweep_lock, "1", nx=True, px=max(1, int(hold_s * 1000))))
 
     def incr_counter(self, name: str, amount: int = 1) -> None:
         self.client.hincrby(self.keys.counters, name, amount)

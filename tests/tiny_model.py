@@ -25,16 +25,24 @@ def build_tiny_cross_encoder(directory: Path, *, seed: int = 0, layers: int = 2,
     vocab = list(dict.fromkeys(vocab))
     vocab_file = directory / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True, model_max_length=128)
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True, model_max_length=128)
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
         intermediate_size=hidden * 2, max_position_embeddings=128, num_labels=1,
     )
     model = BertForSequenceClassification(config)
-    # Random init at std 0.02 gives nearly flat logits; widen the head so scores spread.
+    # At the default init a random BERT's [CLS] barely depends on the other tokens
+    # (near-uniform attention over tiny values), so every pair would score alike.
+    # Louder values, outputs and head make the scores spread like a real model's.
     with torch.no_grad():
-        model.classifier.weight.mul_(50.0)
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.value.weight.mul_(10.0)
+            layer.attention.self.query.weight.mul_(5.0)
+            layer.attention.self.key.weight.mul_(5.0)
+            layer.attention.output.dense.weight.mul_(10.0)
+        model.bert.pooler.dense.weight.mul_(10.0)
+        model.classifier.weight.mul_(5.0)
     model.eval()
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
