@@ -1,10 +1,15 @@
-"""Turn a chain outcome into a window's decisions: normalise, seed, filter, order."""
+"""Turn a chain outcome into a window's decisions: normalise, seed, boost, filter, order.
+
+``score`` on a decision is the normalised relevance (absolute: a weak best hit stays
+weak); ``final_score`` is that times the bounded boost multiplier.
+"""
 
 from __future__ import annotations
 
 import math
 
 from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
+from worker import boosts
 from worker.chain import ChainOutcome
 
 
@@ -16,8 +21,14 @@ def sigmoid(x: float) -> float:
 
 
 def normalise(score: float, scale: str) -> float:
-    """Declared per provider: probabilities as they are, logits through a sigmoid. Never by rank."""
-    return sigmoid(score) if scale == "logit" else score
+    """Declared per provider: probabilities as they are, logits through a sigmoid. Never by rank.
+
+    A declared probability slightly outside [0, 1] (float noise from a hosted API) is
+    clamped, so min_score keeps meaning "fraction of certainty"; it is never rescaled.
+    """
+    if scale == "logit":
+        return sigmoid(score)
+    return min(1.0, max(0.0, score))
 
 
 def seeded_scores(n: int) -> list[float]:
@@ -25,6 +36,31 @@ def seeded_scores(n: int) -> list[float]:
     if n == 1:
         return [1.0]
     return [1.0 - 0.9 * rank / (n - 1) for rank in range(n)]
+
+
+def base_scores(candidates: list[Candidate], outcome: ChainOutcome) -> list[float | None]:
+    """Normalised relevance per candidate; None where the provider omitted one.
+
+    Passthrough is read from the outcome's explicit flag, never inferred from tied
+    scores: a real model can tie, and seeding over it would corrupt a genuine rerank.
+    """
+    if outcome.passthrough:
+        return list(seeded_scores(len(candidates)))
+    if outcome.scores is None or outcome.scale is None:
+        raise ValueError("a served, non-passthrough outcome must carry scores and a scale")
+    return [None if s is None else normalise(s, outcome.scale) for s in outcome.scores]
+
+
+def _filter_reason(spec: StreamSpec, score: float, final: float, *, passthrough: bool) -> str | None:
+    # Seeded scores are fusion ranks, not relevance: an absolute threshold on them
+    # would drop the bottom of every passthrough window for no reason.
+    if passthrough or not math.isfinite(score):
+        return None
+    if spec.min_score is not None and score < spec.min_score:
+        return "min_score"
+    if spec.min_final_score is not None and final < spec.min_final_score:
+        return "min_final_score"
+    return None
 
 
 def decide(
@@ -43,11 +79,8 @@ def decide(
             for i, c in enumerate(candidates)
         ]
     served_by = outcome.served_by or ""
-    if outcome.passthrough:
-        base: list[float | None] = list(seeded_scores(len(candidates)))
-    else:
-        assert outcome.scores is not None and outcome.scale is not None
-        base = [None if s is None else normalise(s, outcome.scale) for s in outcome.scores]
+    base = base_scores(candidates, outcome)
+    reference = boosts.reference_time(spec)
 
     scored: list[tuple[float, int, Decision]] = []
     omitted: list[Decision] = []
@@ -60,13 +93,9 @@ def decide(
             omitted.append(Omitted(id=c.id, index=index, document=documents[i], served_by=served_by))
             continue
         else:
-            score = final = base[i]  # type: ignore[assignment]
-        reason = None
-        if not outcome.passthrough and math.isfinite(score):
-            if spec.min_score is not None and score < spec.min_score:
-                reason = "min_score"
-            elif spec.min_final_score is not None and final < spec.min_final_score:
-                reason = "min_final_score"
+            score = base[i]  # type: ignore[assignment]
+            final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
+        reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
         decision: Decision
         if reason:
             decision = Filtered(id=c.id, index=index, document=documents[i], score=score, final_score=final,
