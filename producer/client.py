@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from producer.budget import apply_budget, check_over_fetch, limits_for
 from producer.dispatch import Dispatcher
 from producer.errors import ValidationError
 from producer.pages import build_page, windows_to_admit
@@ -20,6 +21,7 @@ from producer.store import Store, connect
 from producer.validation import check_candidates, check_idempotency_key, check_spec, check_stream_id, to_candidates
 from producer.wire import (
     Boosts,
+    BudgetLevel,
     Candidate,
     Device,
     Failed,
@@ -89,8 +91,20 @@ class RerankClient:
         query_range: TimeRange | None = None,
         ttl_s: int | None = None,
         idempotency_key: str | None = None,
+        budget: BudgetLevel | None = None,
+        keep: int | None = None,
+        allow_shallow: bool = False,
+        max_rerank_candidates: int | None = None,
+        max_candidates_per_source: int | None = None,
+        strategy_boosts: str | Mapping[str, str] | None = None,
+        document_budget: int | None = None,
     ) -> str:
         """Validate, write the stream, and enqueue its first window(s). Returns the stream id.
+
+        The candidate budget (``producer.budget``) runs first: per-source cap, strategy
+        boosts, global cap (``budget`` picks a low/mid/high override). With ``keep``, the
+        over-fetch rule refuses a set smaller than ``max(25, 4 * keep)`` unless
+        ``allow_shallow=True``.
 
         With ``idempotency_key``, a retried open of the same job returns the same id and
         enqueues nothing more; reusing the key for a different job raises.
@@ -101,6 +115,12 @@ class RerankClient:
             raise ValidationError("first_windows", "must be a positive integer")
         stream_id = "k_" + check_idempotency_key(idempotency_key) if idempotency_key is not None else "s_" + uuid.uuid4().hex
         items = check_candidates(to_candidates(candidates), self.settings)
+        limits = limits_for(self.settings, budget=budget, max_rerank_candidates=max_rerank_candidates,
+                            max_candidates_per_source=max_candidates_per_source, strategy_boosts=strategy_boosts)
+        budgeted = apply_budget(items, limits)
+        check_over_fetch(len(budgeted.kept), keep, allow_shallow=allow_shallow,
+                         dropped=budgeted.dropped_per_source + budgeted.dropped_global)
+        items = budgeted.kept
         if not isinstance(query, str):
             raise ValidationError("query", "must be a string")
         spec = check_spec(
@@ -115,7 +135,8 @@ class RerankClient:
                 boosts=boosts or Boosts(),
                 reference_time=reference_time or dt.datetime.now(dt.timezone.utc),
                 query_range=query_range,
-                document_budget=self.settings.document_budget,
+                strategy_boosts=dict(limits.strategy_boosts),
+                document_budget=document_budget if document_budget is not None else self.settings.document_budget,
                 ttl_s=ttl_s if ttl_s is not None else self.settings.stream_ttl_s,
                 n_candidates=len(items),
             ),
@@ -126,7 +147,8 @@ class RerankClient:
             fingerprint=job_fingerprint(spec, items, explicit_reference_time=reference_time),
         )
         self.dispatcher.send(stream_id, admitted, spec.device)
-        log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created)
+        log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
+                 budget_dropped_per_source=budgeted.dropped_per_source, budget_dropped_global=budgeted.dropped_global)
         return stream_id
 
     # -- read ----------------------------------------------------------------

@@ -85,6 +85,16 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_text_chars: int = 65536
     document_budget: int = 2048
 
+    # The candidate budget (issue 4), applied by the producer before windows form.
+    # 0 for a per-level override means "use the flat cap"; 0 per source means off.
+    max_rerank_candidates: int = 300
+    max_rerank_candidates_low: int = 0
+    max_rerank_candidates_mid: int = 0
+    max_rerank_candidates_high: int = 0
+    max_candidates_per_source: int = 0
+    # "source:level,..." e.g. "graph:high,bm25:low"; levels low / mid / high.
+    strategy_boosts: str = ""
+
     device: str = "cpu"
     worker_processes: int | None = None
     torch_threads: int | None = None
@@ -209,6 +219,7 @@ def _check(settings: Settings) -> None:
             _env_name("window_size"),
             f"{settings.window_size} exceeds RERANKQ_MAX_WINDOW_SIZE={settings.max_window_size}",
         )
+    _check_budget(settings)
     if not _NAME_RE.match(settings.namespace):
         raise ConfigError(_env_name("namespace"), "must be 1-64 of A-Z a-z 0-9 _ . -")
     for field in ("cpu_queue", "gpu_queue", "any_queue"):
@@ -222,3 +233,19 @@ def _check(settings: Settings) -> None:
         url = getattr(settings, field)
         if url and not re.match(r"^(redis|rediss|unix|redis\+sentinel|sentinel)://", url):
             raise ConfigError(_env_name(field), "must be a redis://, rediss://, unix:// or sentinel:// URL")
+
+
+def _check_budget(settings: Settings) -> None:
+    from producer.budget import parse_strategy_boosts  # budget imports no settings: no cycle
+    from producer.errors import ValidationError
+
+    if settings.max_rerank_candidates <= 0:
+        raise ConfigError(_env_name("max_rerank_candidates"), f"must be positive, got {settings.max_rerank_candidates}")
+    for field in ("max_rerank_candidates_low", "max_rerank_candidates_mid", "max_rerank_candidates_high",
+                  "max_candidates_per_source"):
+        if getattr(settings, field) < 0:
+            raise ConfigError(_env_name(field), f"must be 0 (off) or positive, got {getattr(settings, field)}")
+    try:
+        parse_strategy_boosts(settings.strategy_boosts)
+    except ValidationError as exc:
+        raise ConfigError(_env_name("strategy_boosts"), exc.message) from None

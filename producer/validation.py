@@ -137,8 +137,14 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
             _finite(f"boosts.{name.name}", value)
             if value < 0:
                 raise ValidationError(f"boosts.{name.name}", "must not be negative")
-    if spec.boosts.recency_window_days <= 0 or spec.boosts.recency_half_life_days <= 0:
-        raise ValidationError("boosts", "recency_window_days and recency_half_life_days must be positive")
+    for name in ("recency_window_days", "recency_half_life_days", "temporal_decay_days"):
+        if getattr(spec.boosts, name) <= 0:
+            raise ValidationError(f"boosts.{name}", "must be positive")
+    # An alpha above 1 would let a secondary signal swing a score by more than +/-50%:
+    # boosts are meant to reorder close neighbours, not to outvote relevance.
+    for name in ("recency_alpha", "temporal_alpha", "proof_alpha", "recency_floor"):
+        if getattr(spec.boosts, name) > 1.0:
+            raise ValidationError(f"boosts.{name}", f"must be within [0, 1], got {getattr(spec.boosts, name)}")
     if spec.query_range is not None and spec.query_range.start > spec.query_range.end:
         raise ValidationError("query_range", "start is after end")
     if spec.tenant is not None and not _TOKEN_RE.match(spec.tenant):
