@@ -1,8 +1,10 @@
 """The provider chain: members tried in order until one serves the window.
 
 A member is skipped on any ProviderError (timeout, connection, HTTP, unusable
-response) or when it cannot start; a member that cannot start is retried on a
-later window rather than taking the worker down.
+response), when it cannot start, or when its circuit breaker is open. A member that
+cannot start is retried on a later window (at most once per ``member_restart_s``)
+rather than taking the worker down. Every skip is a failover: logged at WARNING with
+the member, the reason, the stream and the window, and counted through ``on_failover``.
 """
 
 from __future__ import annotations
@@ -12,17 +14,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis
 import structlog
 
-from producer.settings import MemberSettings, Settings
+from producer.keys import Keys
+from producer.settings import MEMBER_PREFIX, MemberSettings, Settings
+from worker.breaker import Breaker, Gate, breaker_id
 from worker.providers import build_provider
 from worker.providers.base import Provider, ProviderError, ProviderStartError, Scale, ScoreRequest, UnusableResponse
 
 log = structlog.get_logger("rerankq.chain")
 
-# Scores flat across a window this large are a broken model, not a judgement.
+# Defaults of Settings.flat_min_window / flat_range: scores flat across a window this
+# large are a broken model, not a judgement.
 FLAT_MIN_WINDOW = 8
 FLAT_RANGE = 1e-6
+# Calibrated scores may come back a rounding error outside [0, 1].
+PROBABILITY_SLACK = 1e-6
+# A half-open probe's holder gets this long past its member's timeout before another
+# process may probe instead (the holder may have died mid-call).
+PROBE_GRACE_S = 1.0
 
 
 @dataclass
@@ -42,31 +53,82 @@ class ChainOutcome:
         return self.served_by is None
 
 
-def check_scores(scores: list[float | None], n_documents: int) -> None:
+def member_variable(index: int, field_name: str) -> str:
+    """The environment variable behind one member setting: RERANKQ_RERANKER_1_URL."""
+    prefix = MEMBER_PREFIX if index == 0 else f"{MEMBER_PREFIX}{index}_"
+    return prefix + field_name.upper()
+
+
+def check_scores(
+    scores: list[float | None],
+    n_documents: int,
+    *,
+    scale: Scale | None = None,
+    flat_min_window: int = FLAT_MIN_WINDOW,
+    flat_range: float = FLAT_RANGE,
+) -> None:
     """Generic checks every member's answer passes before it is trusted."""
     if len(scores) != n_documents:
         raise UnusableResponse("wrong_count", f"{len(scores)} scores for {n_documents} documents")
     present = [s for s in scores if s is not None]
     if any(not math.isfinite(s) for s in present):
         raise UnusableResponse("non_finite", "NaN or infinite score")
-    if len(present) >= FLAT_MIN_WINDOW and max(present) - min(present) < FLAT_RANGE:
-        raise UnusableResponse("flat_scores", f"range under {FLAT_RANGE} across {len(present)} documents")
+    if scale == "probability" and any(not -PROBABILITY_SLACK <= s <= 1 + PROBABILITY_SLACK for s in present):
+        # A member declared calibrated that emits logits would rank on the wrong scale.
+        raise UnusableResponse("out_of_scale", "a score outside [0, 1] from a member declared 'probability'")
+    if len(present) >= flat_min_window and max(present) - min(present) < flat_range:
+        raise UnusableResponse("flat_scores", f"range under {flat_range} across {len(present)} documents")
 
 
 class Member:
-    """One configured provider; built on first use, rebuilt after a failed start."""
+    """One configured provider; built on first use, rebuilt after a failed start.
 
-    def __init__(self, index: int, settings: MemberSettings, build: Callable[[], Provider]) -> None:
+    A failed start is retried no sooner than ``restart_s`` later, so a member whose
+    model is missing is not reloaded on every window.
+    """
+
+    def __init__(self, index: int, settings: MemberSettings, build: Callable[[], Provider],
+                 *, restart_s: float = 30.0) -> None:
         self.index = index
         self.settings = settings
         self.label = f"{index}:{settings.provider}"
+        self.breaker_id = breaker_id(self.label, settings)
+        #: Whether calls leave this process (and so go through the shared breaker); known once built.
+        self.remote = False
+        self.restart_s = restart_s
         self._build = build
         self._provider: Provider | None = None
+        self._failed_at: float | None = None
+        self._last_error: ProviderStartError | None = None
+        self.start_attempts = 0
 
     def provider(self) -> Provider:
-        if self._provider is None:
+        if self._provider is not None:
+            return self._provider
+        if self._failed_at is not None:
+            wait = self._failed_at + self.restart_s - time.monotonic()
+            if wait > 0:
+                reason = self._last_error.reason if self._last_error else "start_failed"
+                raise ProviderStartError("not_started", f"last start failed ({reason}); next try in {wait:.1f}s")
+        self.start_attempts += 1
+        try:
             self._provider = self._build()
+        except ProviderStartError as exc:
+            self._start_failed(exc)
+            raise
+        except Exception as exc:  # a custom provider may raise anything while starting
+            error = ProviderStartError("start_error", f"{type(exc).__name__}: {exc}")
+            self._start_failed(error)
+            raise error from None
+        self._failed_at = None
         return self._provider
+
+    def _start_failed(self, exc: ProviderStartError) -> None:
+        self._failed_at = time.monotonic()
+        self._last_error = exc
+        variable = member_variable(self.index, exc.field) if isinstance(getattr(exc, "field", None), str) else None
+        log.warning("member_start_failed", member=self.label, reason=exc.reason, detail=exc.detail,
+                    variable=variable, retry_in_s=self.restart_s)
 
     def close(self) -> None:
         if self._provider is not None:
@@ -80,8 +142,14 @@ class Chain:
         *,
         on_call: Callable[[str], None] | None = None,
         on_failover: Callable[[str, str], None] | None = None,
+        breaker: Breaker | None = None,
+        flat_min_window: int = FLAT_MIN_WINDOW,
+        flat_range: float = FLAT_RANGE,
     ) -> None:
         self.members = members
+        self.breaker = breaker
+        self.flat_min_window = flat_min_window
+        self.flat_range = flat_range
         self._on_call = on_call or (lambda label: None)
         self._on_failover = on_failover or (lambda label, reason: None)
 
@@ -91,17 +159,38 @@ class Chain:
         settings: Settings,
         *,
         wrap: Callable[[int, MemberSettings, Provider], Provider] | None = None,
+        redis_client: redis.Redis | None = None,
         **kwargs: object,
     ) -> Chain:
-        """Members from settings; ``wrap`` decorates each built provider (the pair-score cache)."""
+        """Members from settings; ``wrap`` decorates each built provider (the pair-score cache).
 
-        def builder(index: int, member: MemberSettings) -> Callable[[], Provider]:
+        The breaker lives in the Redis of ``redis_client``, else of the settings' URL;
+        with neither, the chain runs without one.
+        """
+
+        def builder(member: Member) -> Callable[[], Provider]:
             def build() -> Provider:
-                provider = build_provider(member, settings)
-                return wrap(index, member, provider) if wrap else provider
+                provider = build_provider(member.settings, settings)
+                member.remote = bool(getattr(provider, "remote", False))
+                return wrap(member.index, member.settings, provider) if wrap else provider
             return build
 
-        members = [Member(i, m, builder(i, m)) for i, m in enumerate(settings.chain())]
+        members = []
+        for index, member_settings in enumerate(settings.chain()):
+            member = Member(index, member_settings, lambda: None, restart_s=settings.member_restart_s)  # type: ignore[arg-type,return-value]
+            member._build = builder(member)
+            members.append(member)
+        if "breaker" not in kwargs:
+            url = settings.redis_url or settings.broker_url
+            if redis_client is None and url:
+                from producer.store import connect
+
+                redis_client = connect(url)
+            if redis_client is not None:
+                kwargs["breaker"] = Breaker(redis_client, Keys(settings.namespace),
+                                            failures=settings.breaker_failures, cooldown_s=settings.breaker_cooldown_s)
+        kwargs.setdefault("flat_min_window", settings.flat_min_window)
+        kwargs.setdefault("flat_range", settings.flat_range)
         return cls(members, **kwargs)  # type: ignore[arg-type]
 
     def warm_up(self) -> None:
@@ -109,31 +198,74 @@ class Chain:
         for member in self.members:
             try:
                 member.provider()
-            except ProviderStartError as exc:
-                log.warning("member_start_failed", member=member.label, reason=exc.reason, detail=exc.detail)
+            except ProviderStartError:
+                pass  # logged by the member; retried on a later window
 
     def run(self, request: ScoreRequest) -> ChainOutcome:
         failovers: list[str] = []
+
+        def fail_over(member: Member, reason: str, detail: str) -> None:
+            failovers.append(f"{member.label}: {reason}")
+            log.warning("reranker_failover", member=member.label, reason=reason, detail=detail,
+                        stream=request.stream_id, window=request.window)
+            self._on_failover(member.label, reason)
+
         for member in self.members:
             try:
                 provider = member.provider()
+            except ProviderStartError as exc:
+                fail_over(member, exc.reason, exc.detail)
+                continue
+            gate = self._acquire(member)
+            if gate is Gate.SKIP:
+                fail_over(member, "breaker_open", "skipped without a call; another process holds the probe"
+                          " or the cooldown has not passed")
+                continue
+            try:
                 self._on_call(member.label)
                 deadline = time.monotonic() + member.settings.timeout_s
                 scores = provider.score(request, deadline=deadline)
-                check_scores(scores, len(request.documents))
+                check_scores(scores, len(request.documents), scale=provider.scale,
+                             flat_min_window=self.flat_min_window, flat_range=self.flat_range)
             except ProviderError as exc:
-                failovers.append(f"{member.label}: {exc.reason}")
-                log.warning(
-                    "reranker_failover", member=member.label, reason=exc.reason, detail=exc.detail,
-                    stream=request.stream_id, window=request.window,
-                )
-                self._on_failover(member.label, exc.reason)
+                self._record(member, ok=False, reason=exc.reason, request=request)
+                fail_over(member, exc.reason, exc.detail)
                 continue
+            self._record(member, ok=True, reason=None, request=request)
             return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers)
         return ChainOutcome(
             served_by=None, scale=None, scores=None, failovers=failovers,
             reason="all members failed: " + "; ".join(failovers),
         )
+
+    # -- the breaker ---------------------------------------------------------
+    # Only remote members go through it: an in-process model failing in one worker says
+    # nothing about the others. If Redis itself fails, calls go ahead (fail open).
+
+    def _acquire(self, member: Member) -> Gate:
+        if self.breaker is None or not member.remote:
+            return Gate.CALL
+        try:
+            gate = self.breaker.acquire(member.breaker_id, probe_lease_s=member.settings.timeout_s + PROBE_GRACE_S)
+        except redis.RedisError as exc:
+            log.warning("breaker_unavailable", member=member.label, error=type(exc).__name__)
+            return Gate.CALL
+        if gate is Gate.PROBE:
+            log.info("breaker_probe", member=member.label)
+        return gate
+
+    def _record(self, member: Member, *, ok: bool, reason: str | None, request: ScoreRequest) -> None:
+        if self.breaker is None or not member.remote:
+            return
+        try:
+            if ok:
+                self.breaker.record_success(member.breaker_id)
+            elif self.breaker.record_failure(member.breaker_id) == "opened":
+                log.warning("breaker_opened", member=member.label, reason=reason,
+                            cooldown_s=self.breaker.cooldown_ms / 1000, stream=request.stream_id,
+                            window=request.window)
+        except redis.RedisError as exc:
+            log.warning("breaker_unavailable", member=member.label, error=type(exc).__name__)
 
     def close(self) -> None:
         for member in self.members:

@@ -13,6 +13,9 @@ from worker.providers.base import Provider, ProviderStartError
 
 _REGISTRY: dict[str, str] = {
     "local": "worker.providers.local:LocalProvider",
+    "tei": "worker.providers.tei:TeiProvider",
+    "cohere": "worker.providers.cohere:CohereProvider",
+    "http": "worker.providers.generic:HttpProvider",
     "rrf": "worker.providers.rrf:RrfProvider",
 }
 

@@ -1,0 +1,73 @@
+"""Cohere's rerank API, v1 and v2 shapes, and every gateway that speaks it.
+
+``POST {url}/v1/rerank`` or ``{url}/v2/rerank`` (a URL already ending in ``/rerank`` is used
+as it is) with ``model``, ``query``, ``documents``, ``top_n`` and, for v2,
+``max_tokens_per_doc``. The answer is ``{"results": [{"index", "relevance_score"}]}`` in
+score order; Jina, Infinity (whose ``document`` is a plain string), Azure and self-hosted
+gateways answer the same, Voyage under ``"data"``. ``document`` is never read: the
+window's own text is what a reader gets back. Relevance scores are calibrated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producer.settings import MemberSettings, Settings
+from worker.providers.base import Scale, ScoreRequest, UnusableResponse
+from worker.providers.remote import (
+    MemberConfigError,
+    RemoteClient,
+    check_base_url,
+    check_subset_size,
+    expected_subset,
+    scores_from_pairs,
+)
+
+HOSTED_URL = "https://api.cohere.com"
+
+
+class CohereProvider:
+    kind = "cohere"
+    remote = True
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        base = check_base_url(member.url, required=False) or HOSTED_URL
+        if base == HOSTED_URL:
+            # The hosted API needs both; a self-hosted gateway may need neither.
+            if member.api_key is None or not member.api_key.reveal():
+                raise MemberConfigError("api_key", "is required for the hosted Cohere API")
+            if not member.model:
+                raise MemberConfigError("model", "is required for the hosted Cohere API (e.g. rerank-v3.5)")
+        self.endpoint = base if base.endswith("/rerank") else f"{base}/{member.api_version}/rerank"
+        self.member = member
+        self.scale: Scale | None = member.scale or "probability"
+        self.client = RemoteClient(member)
+
+    def payload(self, request: ScoreRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"query": request.query, "documents": list(request.documents)}
+        if self.member.model:
+            body["model"] = self.member.model
+        top_n = expected_subset(self.member, len(request.documents))
+        if top_n is not None:
+            body["top_n"] = top_n
+        if self.member.api_version == "v1":
+            body["return_documents"] = False
+        elif self.member.max_tokens_per_doc is not None:
+            body["max_tokens_per_doc"] = self.member.max_tokens_per_doc
+        return body
+
+    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        n = len(request.documents)
+        if n == 0:
+            return []
+        answer = self.client.post_json(self.endpoint, self.payload(request), self.client.headers(request),
+                                       deadline=deadline)
+        if not isinstance(answer, dict):
+            raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
+        results = answer.get("results", answer.get("data"))
+        scores = scores_from_pairs(results, n, score_field="relevance_score")
+        check_subset_size(scores, n, expected_subset(self.member, n))
+        return scores
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,75 @@
+"""A generic rerank endpoint: ``POST {url}`` as configured, any of the common answer shapes.
+
+The request is Cohere-like (``query``, ``documents``, optional ``model`` and ``top_n``).
+Accepted answers:
+
+- ``{"results": [{"index", "relevance_score" | "score"}]}`` (Cohere-like)
+- ``{"rankings": [{"index", "score"}]}``
+- ``{"scores": [s0, s1, ...]}``: one score per document, in input order
+- ``[{"index", "score"}]``: a bare array (TEI-like)
+
+Its scale is whatever the endpoint emits, so it is declared (``RERANKQ_RERANKER_SCALE``);
+it defaults to ``probability``, and the chain rejects probabilities outside [0, 1], so an
+endpoint emitting logits fails over loudly instead of ranking on the wrong scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producer.settings import MemberSettings, Settings
+from worker.providers.base import Scale, ScoreRequest, UnusableResponse
+from worker.providers.remote import (
+    RemoteClient,
+    check_base_url,
+    check_subset_size,
+    expected_subset,
+    scores_from_pairs,
+    scores_in_order,
+)
+
+
+class HttpProvider:
+    kind = "http"
+    remote = True
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        url = check_base_url(member.url)
+        assert url is not None
+        self.endpoint = url
+        self.member = member
+        self.scale: Scale | None = member.scale or "probability"
+        self.client = RemoteClient(member)
+
+    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        n = len(request.documents)
+        if n == 0:
+            return []
+        body: dict[str, Any] = {"query": request.query, "documents": list(request.documents)}
+        if self.member.model:
+            body["model"] = self.member.model
+        top_n = expected_subset(self.member, n)
+        if top_n is not None:
+            body["top_n"] = top_n
+        answer = self.client.post_json(self.endpoint, body, self.client.headers(request), deadline=deadline)
+        scores = read_answer(answer, n)
+        check_subset_size(scores, n, top_n)
+        return scores
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def read_answer(answer: Any, n_documents: int) -> list[float | None]:
+    if isinstance(answer, list):
+        return scores_from_pairs(answer, n_documents, score_field="score")
+    if not isinstance(answer, dict):
+        raise UnusableResponse("bad_shape", f"expected an object or array, got {type(answer).__name__}")
+    if "scores" in answer:
+        return scores_in_order(answer["scores"], n_documents)
+    if "rankings" in answer:
+        return scores_from_pairs(answer["rankings"], n_documents, score_field="score")
+    if "results" in answer:
+        return scores_from_pairs(answer["results"], n_documents, score_field=("relevance_score", "score"))
+    keys = ", ".join(sorted(map(str, answer))[:5])
+    raise UnusableResponse("bad_shape", f"no results, rankings or scores in the answer (keys: {keys})")

@@ -1,0 +1,45 @@
+"""Hugging Face Text Embeddings Inference: ``POST {url}/rerank``.
+
+TEI answers a bare JSON array of ``{"index", "score"}`` sorted by score, not in input
+order (one reference stage misread this shape and silently fell back). TEI caps the texts
+per request (``--max-client-batch-size``, 32 by default) and answers 429 when its permit
+pool is full, so a window is sent in batches of ``batch_size`` and 429 is retried.
+"""
+
+from __future__ import annotations
+
+from producer.settings import MemberSettings, Settings
+from worker.providers.base import Scale, ScoreRequest
+from worker.providers.remote import RemoteClient, check_base_url, check_subset_size, scores_from_pairs
+
+
+class TeiProvider:
+    kind = "tei"
+    remote = True
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        base = check_base_url(member.url)
+        assert base is not None
+        self.endpoint = base if base.endswith("/rerank") else base + "/rerank"
+        # TEI applies the model's sigmoid unless asked for raw scores; declaring the scale
+        # "logit" asks for the raw ones and lets scoring apply the sigmoid itself.
+        self.scale: Scale | None = member.scale or "probability"
+        self._raw_scores = self.scale == "logit"
+        self.batch_size = member.batch_size
+        self.client = RemoteClient(member)
+
+    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        documents = list(request.documents)
+        headers = self.client.headers(request)
+        scores: list[float | None] = []
+        for start in range(0, len(documents), self.batch_size):
+            batch = documents[start:start + self.batch_size]
+            payload = {"query": request.query, "texts": batch, "raw_scores": self._raw_scores, "truncate": True}
+            answer = self.client.post_json(self.endpoint, payload, headers, deadline=deadline)
+            batch_scores = scores_from_pairs(answer, len(batch), score_field="score")
+            check_subset_size(batch_scores, len(batch), None)
+            scores.extend(batch_scores)
+        return scores
+
+    def close(self) -> None:
+        self.client.close()
