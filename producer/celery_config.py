@@ -1,50 +1,118 @@
 """The Celery configuration both sides share, so producer and worker agree on it.
 
 Each delivery setting is here for a reason; README's "Guarantees" explains them.
+Checked against Celery 5.7 / kombu 5.7 (the Redis transport's ack emulation):
+an unacknowledged message sits in the ``unacked`` hash until it is acked,
+rejected with requeue (put back at once), restored when its channel closes
+cleanly, or restored by any worker once it is older than the visibility timeout.
 """
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 from producer.settings import Settings
 
 TASK_NAME = "rerankq.score_window"
 
+# How long a warm (SIGTERM) shutdown lets running windows finish before it cancels
+# them and hands their messages back to the queue. Keep it under the orchestrator's
+# stop grace period (docker-compose.yml gives 30 s).
+SOFT_SHUTDOWN_S = 20.0
 
-def celery_config(settings: Settings) -> dict[str, Any]:
-    transport = {
-        # An unacknowledged message returns to its queue after this long. It must
-        # exceed the longest window scoring time, and be the same on every client.
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    """The Redis transport options; the one place the visibility timeout is set."""
+    return {
+        # An unacknowledged message is handed out again after this long. It must exceed
+        # the longest a window may run (task_time_limit below), and every client of the
+        # broker must use the same value: kombu's restore of old unacked messages runs
+        # in whichever worker gets there first, with its own value.
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_keepalive": True,
         "retry_on_timeout": True,
+        # A publish must not hang forever on a half-open connection (failover, NAT).
+        "socket_timeout": 30,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 25,
     }
+
+
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def broker_tls(url: str) -> dict[str, Any] | None:
+    """TLS options for a ``rediss://`` broker, read from the same URL the Redis client uses.
+
+    kombu given a bare ``rediss://`` URL connects with ``CERT_NONE`` (no certificate
+    check) and only warns; redis-py verifies by default. We verify too, unless the URL
+    says ``?ssl_cert_reqs=none``; ``ssl_ca_certs`` / ``ssl_certfile`` / ``ssl_keyfile``
+    in the query reach both clients.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme != "rediss":
+        return None
+    query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    options: dict[str, Any] = {
+        "ssl_cert_reqs": _CERT_REQS.get(query.get("ssl_cert_reqs", "required").lower(), ssl.CERT_REQUIRED)
+    }
+    options.update({k: query[k] for k in _TLS_FILES if k in query})
+    return options
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport = transport_options(settings)
     return {
+        "broker_use_ssl": broker_tls(settings.broker),
         "broker_url": settings.broker,
         "broker_transport_options": transport,
+        # Should a Redis result backend ever be configured, it reads the same options.
+        "result_backend_transport_options": transport,
+        # Reconnect to the broker forever, at start and after a loss, instead of exiting.
         "broker_connection_retry": True,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
-        # A message is a trigger: (stream_id, window). No pickle, ever.
+        # A message is a trigger: (stream_id, window). JSON only: a worker refuses (and
+        # drops, unexecuted) a pickle or any other content type.
         "task_serializer": "json",
         "accept_content": ["json"],
+        "result_accept_content": ["json"],
         "result_serializer": "json",
         "event_serializer": "json",
         # Redis keys are the result; Celery's result backend stays unused.
         "result_backend": None,
         "task_ignore_result": True,
         "task_store_errors_even_if_ignored": False,
-        # At-least-once: ack after the task ran, requeue if the process died mid-task.
+        # At-least-once: ack only after the task ran; when the process running it dies
+        # (OOM, segfault, SIGKILL) reject with requeue, so the same message comes back
+        # at once. A window that kills every process is capped by the attempt counter
+        # (RERANKQ_MAX_ATTEMPTS), not left to loop.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
+        # A task that raised is acked: its window is either committed (failures commit
+        # as `failed`) or still pending, and then the sweep re-sends it.
         "task_acks_on_failure_or_timeout": True,
-        # Long tasks: a process reserves only the message it works on.
+        # A window may run at most as long as its lease; then its process is killed and
+        # the sweep re-sends it. Keeps every attempt under the visibility timeout.
+        # (Enforced by the prefork pool; the GPU worker's threads pool cannot enforce it.)
+        "task_time_limit": settings.redeliver_after_s,
+        # Long tasks: a process reserves only the message it works on, and a worker
+        # fetches a message only when a process is free (Redis-only setting), so a
+        # queued window never waits behind a busy worker while another sits idle.
         "worker_prefetch_multiplier": 1,
+        "worker_disable_prefetch": True,
+        # On broker connection loss the running windows' acks cannot be delivered and
+        # their messages will be redelivered anyway: stop them instead of scoring twice.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # On a warm shutdown, give running windows time to commit, then requeue the rest.
-        "worker_soft_shutdown_timeout": 10.0,
-        "worker_enable_soft_shutdown_on_idle": True,
+        # Soft shutdown (a cold shutdown preceded by a bounded wait; the worker maps
+        # SIGTERM to it, see worker/app.py): running windows get SOFT_SHUTDOWN_S to
+        # commit, then are cancelled and their unacked messages restored to the queue.
+        # Not on idle: we use no ETA tasks, so an idle worker has nothing to hand back.
+        "worker_soft_shutdown_timeout": SOFT_SHUTDOWN_S,
+        "worker_enable_soft_shutdown_on_idle": False,
         "worker_hijack_root_logger": False,
         "task_default_queue": settings.cpu_queue,
         "task_create_missing_queues": True,

@@ -16,6 +16,7 @@ from producer.budget import apply_budget, check_over_fetch, limits_for
 from producer.dispatch import Dispatcher
 from producer.errors import ValidationError
 from producer.pages import build_page, windows_to_admit
+from producer.redelivery import resend_due
 from producer.settings import Settings, load_settings
 from producer.store import Store, connect
 from producer.validation import check_candidates, check_idempotency_key, check_spec, check_stream_id, to_candidates
@@ -189,6 +190,9 @@ class RerankClient:
                     log.info("windows_admitted", stream=stream_id, windows=admitted)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # A reader that waited in vain re-sends its stream's overdue windows, so
+                # a lost message is recovered even where no worker sweeps.
+                resend_due(self.store, self.dispatcher, [stream_id], retry_in_s=self.settings.redeliver_after_s)
                 return page
             self.store.wait_for_commit(stream_id, snapshot.last_event_id, remaining)
 

@@ -102,6 +102,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     redeliver_after_s: int = 300
     visibility_timeout_s: int = 3600
     event_log_maxlen: int = 1000
+    # How often the workers' sweep re-sends overdue windows (one worker at a time).
+    sweep_interval_s: float = 30.0
 
     members: list[MemberSettings] = []
 
@@ -127,7 +129,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
-    "visibility_timeout_s", "event_log_maxlen",
+    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s",
 )
 
 
@@ -219,6 +221,11 @@ def _check(settings: Settings) -> None:
             _env_name("window_size"),
             f"{settings.window_size} exceeds RERANKQ_MAX_WINDOW_SIZE={settings.max_window_size}",
         )
+    if settings.visibility_timeout_s <= settings.redeliver_after_s:
+        # A window's attempt is bounded by redeliver_after_s (its lease and time limit); a
+        # visibility timeout under that would have Redis hand a running window to a second worker.
+        raise ConfigError(_env_name("visibility_timeout_s"),
+                          f"must exceed RERANKQ_REDELIVER_AFTER_S={settings.redeliver_after_s}")
     _check_budget(settings)
     if not _NAME_RE.match(settings.namespace):
         raise ConfigError(_env_name("namespace"), "must be 1-64 of A-Z a-z 0-9 _ . -")

@@ -66,16 +66,26 @@ elseif command == 'admit' then
   return new
 
 elseif command == 'begin' then
-  -- A worker starts on a window. ARGV: window, deadline.
-  -- Returns the attempt number, -1 when already committed, -2 when never admitted.
+  -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
+  -- Returns the attempt number, -1 when already committed, -2 when never admitted,
+  -- -4 when another delivery holds a live lease on it.
+  --
+  -- The lease is what keeps the attempt count honest under at-least-once delivery:
+  -- a duplicate (a sweep's re-send while the first delivery is still scoring) is
+  -- turned away without counting, while the same delivery coming back (its process
+  -- was killed and Celery requeued the message) takes the lease over and counts.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
   local window = ARGV[3]
+  local lease_until, delivery = tonumber(ARGV[4]), ARGV[5]
   if redis.call('HEXISTS', results_key, window) == 1 then return -1 end
   if tonumber(window) >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return -2 end
+  local holder = redis.call('HMGET', attempts_key, 'holder:' .. window, 'until:' .. window)
+  if holder[1] and holder[1] ~= delivery and tonumber(holder[2]) > now then return -4 end
   local attempt = redis.call('HINCRBY', attempts_key, window, 1)
+  redis.call('HSET', attempts_key, 'holder:' .. window, delivery, 'until:' .. window, lease_until)
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
-  -- Push the deadline out while the window is being worked on, so the sweep leaves it be.
-  redis.call('ZADD', pending_key, 'XX', tonumber(ARGV[4]), window)
+  -- The sweep leaves the window be until the lease runs out.
+  redis.call('ZADD', pending_key, 'XX', lease_until, window)
   return attempt
 
 elseif command == 'commit' then
@@ -86,6 +96,7 @@ elseif command == 'commit' then
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
   redis.call('HSET', results_key, window, ARGV[4])
   redis.call('ZREM', pending_key, window)
+  redis.call('HDEL', attempts_key, 'holder:' .. window, 'until:' .. window)
   redis.call('HINCRBY', meta_key, 'committed', 1)
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
@@ -93,8 +104,8 @@ elseif command == 'commit' then
   return 1
 
 elseif command == 'due' then
-  -- The sweep: windows whose deadline passed; their deadline moves to ARGV[3] so a
-  -- second sweeper does not take them too.
+  -- The sweep: admitted, uncommitted windows whose deadline (enqueue grace or lease)
+  -- passed; their deadline moves to ARGV[3] so a second sweeper does not take them too.
   if redis.call('EXISTS', meta_key) == 0 then return {} end
   local due = redis.call('ZRANGEBYSCORE', pending_key, '-inf', now)
   for _, window in ipairs(due) do

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from celery import Celery, signals
+import os
 
-from producer.celery_config import TASK_NAME, celery_config
-from producer.settings import Settings
-from worker.runtime import get_runtime, reset_runtime
+# SIGTERM (what docker, systemd and Kubernetes send) starts Celery's soft shutdown:
+# running windows get worker_soft_shutdown_timeout to commit, then their messages go
+# back to the queue. Plain warm shutdown would wait on them without bound, until the
+# orchestrator's SIGKILL leaves them unacked for a whole visibility timeout. billiard
+# reads this once at import, so it is set before Celery's worker modules load; an
+# operator's own value wins.
+os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
+
+from celery import Celery, signals  # noqa: E402
+
+from producer.celery_config import TASK_NAME, celery_config  # noqa: E402
+from producer.settings import Settings  # noqa: E402
+from worker.runtime import get_runtime, reset_runtime  # noqa: E402
+from worker.sweep import SweepTimer  # noqa: E402
 
 
-def create_app(settings: Settings, *, eager_runtime: bool = True) -> Celery:
+def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True) -> Celery:
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
 
@@ -18,7 +29,7 @@ def create_app(settings: Settings, *, eager_runtime: bool = True) -> Celery:
         from producer.validation import check_stream_id
 
         check_stream_id(stream_id)
-        return get_runtime(settings).scorer.process(stream_id, int(window))
+        return get_runtime(settings).scorer.process(stream_id, int(window), delivery=str(self.request.id))
 
     if eager_runtime:
         @signals.worker_process_init.connect(weak=False)
@@ -32,6 +43,18 @@ def create_app(settings: Settings, *, eager_runtime: bool = True) -> Celery:
             pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
             if "prefork" not in pool:
                 get_runtime(settings)
+
+    if sweep:
+        timer = SweepTimer(settings)
+
+        # The main process sweeps (worker_ready fires there only, after the pool forked).
+        @signals.worker_ready.connect(weak=False)
+        def _start_sweep(**_: object) -> None:
+            timer.start()
+
+        @signals.worker_shutting_down.connect(weak=False)
+        def _stop_sweep(**_: object) -> None:
+            timer.request_stop()  # no join: this runs inside a signal handler
 
     app.score_window = score_window  # type: ignore[attr-defined]
     return app

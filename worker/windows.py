@@ -23,10 +23,21 @@ class WindowScorer:
         self.store = store
         self.chain = chain
 
-    def process(self, stream_id: str, window: int) -> str:
-        """Returns what happened: committed, already_committed, not_admitted, gone, failed."""
+    def process(self, stream_id: str, window: int, *, delivery: str) -> str:
+        """Returns what happened: committed, already_committed, not_admitted, gone, in_progress, failed.
+
+        ``delivery`` names this message (the Celery task id): the same message coming
+        back after its process died takes the window over; another one is a duplicate.
+        """
         bound = log.bind(stream=stream_id, window=window)
-        attempt = self.store.begin(stream_id, window, work_deadline_s=self.settings.redeliver_after_s)
+        attempt = self.store.begin(stream_id, window, work_deadline_s=self.settings.redeliver_after_s,
+                                   delivery=delivery)
+        if attempt == -4:
+            bound.info("window_in_progress_elsewhere")
+            return "in_progress"
+        if attempt > 1:
+            # A redelivery: an earlier attempt died (killed process, lost message, time limit).
+            bound.warning("window_attempt_again", attempt=attempt, max_attempts=self.settings.max_attempts)
         if attempt == -1:
             bound.debug("window_already_committed")
             return "already_committed"
@@ -45,15 +56,15 @@ class WindowScorer:
         if attempt > self.settings.max_attempts:
             # A window that keeps killing its process is committed as failed, not looped on.
             reason = f"poison: gave up after {attempt - 1} attempts"
-            bound.error("window_poisoned", attempts=attempt - 1)
+            bound.error("window_poisoned", attempts=attempt - 1, reason=reason)
             decisions = [
                 Failed(id=c.id, index=start + i, document=documents[i], reason=reason)
                 for i, c in enumerate(candidates)
             ]
             result = WindowResult(window=window, start=start, end=end, served_by=None, passthrough=False,
                                   attempts=attempt - 1, committed_at=time.time(), decisions=decisions, reason=reason)
-            self.store.commit(stream_id, result)
-            self.store.incr_counter("windows_poisoned")
+            if self.store.commit(stream_id, result) == 1:
+                self.store.incr_counter("windows_poisoned")
             return "failed"
 
         scorable = [i for i, c in enumerate(candidates) if c.text]
