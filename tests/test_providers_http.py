@@ -1,0 +1,300 @@
+"""Remote providers against real HTTP servers on loopback, in process (no worker).
+
+Each case runs the real provider class through a real Chain ending in rrf, so what is
+asserted is what the chain decides: who served, and why each member was skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import structlog
+
+from producer.settings import MemberSettings, Secret, Settings, load_settings
+from rerank_servers import RerankServer, closed_port_url, expected_score
+from worker.chain import Chain, ChainOutcome
+from worker.providers import build_provider
+from worker.providers.base import ProviderStartError, ScoreRequest
+
+KEY = "sk-test-SECRET-4f9a2b"
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[[str], RerankServer]]:
+    started: list[RerankServer] = []
+
+    def start(shape: str) -> RerankServer:
+        started.append(RerankServer(shape).start())
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def documents(n: int) -> list[str]:
+    return [f"payment gateway error number {i}" for i in range(n)]
+
+
+def request(n: int, **kw: object) -> ScoreRequest:
+    return ScoreRequest(query="gateway error", documents=documents(n), stream_id="s_test", window=0, **kw)  # type: ignore[arg-type]
+
+
+def run(member: MemberSettings, n: int = 10, settings: Settings | None = None, **kw: object) -> ChainOutcome:
+    base = settings or Settings()
+    chain = Chain.from_settings(Settings(**{**{f: getattr(base, f) for f in base.__struct_fields__},
+                                            "members": [member, MemberSettings(provider="rrf")]}))
+    try:
+        return chain.run(request(n, **kw))
+    finally:
+        chain.close()
+
+
+def member_for(shape: str, url: str, **kw: object) -> MemberSettings:
+    if shape == "tei":
+        return MemberSettings(provider="tei", url=url, timeout_s=1, **kw)  # type: ignore[arg-type]
+    if shape in ("cohere", "infinity"):
+        return MemberSettings(provider="cohere", url=url, model="rerank-test", timeout_s=1, **kw)  # type: ignore[arg-type]
+    return MemberSettings(provider="http", url=url + "/rerank", timeout_s=1, **kw)  # type: ignore[arg-type]
+
+
+# -- the shapes ----------------------------------------------------------------
+
+
+def test_tei_splits_a_window_into_batches_and_merges_them(server):
+    tei = server("tei")
+    outcome = run(MemberSettings(provider="tei", url=tei.url, batch_size=4, timeout_s=2), n=10)
+    assert outcome.served_by == "0:tei" and outcome.scale == "probability"
+    assert outcome.scores == pytest.approx([expected_score(d) for d in documents(10)])
+    assert [len(r.body["texts"]) for r in tei.requests] == [4, 4, 2]
+    assert {r.path for r in tei.requests} == {"/rerank"}
+    assert all(r.body["raw_scores"] is False and r.body["truncate"] is True for r in tei.requests)
+
+
+def test_tei_declared_logit_asks_for_raw_scores(server):
+    tei = server("tei")
+    outcome = run(MemberSettings(provider="tei", url=tei.url + "/rerank", scale="logit", timeout_s=1), n=3)
+    assert outcome.scale == "logit" and tei.requests[0].body["raw_scores"] is True
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cohere_request_shape_per_api_version(server, version):
+    cohere = server("cohere")
+    member = MemberSettings(provider="cohere", url=cohere.url, model="rerank-v3.5", api_key=Secret(KEY),
+                            api_version=version, max_tokens_per_doc=512, timeout_s=1)
+    outcome = run(member, n=5)
+    assert outcome.served_by == "0:cohere" and outcome.scale == "probability"
+    assert outcome.scores == pytest.approx([expected_score(d) for d in documents(5)])
+    seen = cohere.requests[0]
+    assert seen.path == f"/{version}/rerank"
+    assert seen.headers["authorization"] == f"Bearer {KEY}"
+    assert seen.body["model"] == "rerank-v3.5" and seen.body["documents"] == documents(5)
+    assert "top_n" not in seen.body
+    if version == "v2":
+        assert seen.body["max_tokens_per_doc"] == 512 and "return_documents" not in seen.body
+    else:
+        assert seen.body["return_documents"] is False and "max_tokens_per_doc" not in seen.body
+
+
+def test_infinity_plain_string_documents_through_cohere_base_url(server):
+    infinity = server("infinity")
+    outcome = run(MemberSettings(provider="cohere", url=infinity.url + "/rerank", timeout_s=1), n=6)
+    assert outcome.served_by == "0:cohere"
+    assert outcome.scores == pytest.approx([expected_score(d) for d in documents(6)])
+    assert infinity.requests[0].path == "/rerank" and "authorization" not in infinity.requests[0].headers
+
+
+@pytest.mark.parametrize("shape", ["scores", "rankings", "cohere", "tei"])
+def test_generic_http_reads_every_shape(server, shape):
+    endpoint = server(shape)
+    outcome = run(MemberSettings(provider="http", url=endpoint.url + "/rerank", model="m", timeout_s=1), n=7)
+    assert outcome.served_by == "0:http", outcome.failovers
+    assert outcome.scores == pytest.approx([expected_score(d) for d in documents(7)])
+    assert endpoint.requests[0].body["query"] == "gateway error"
+
+
+# -- unusable answers: each one fails over, with its reason -------------------
+
+UNUSABLE = [
+    ("tei", "malformed", "unparsable"),
+    ("tei", "wrong_count", "wrong_count"),
+    ("tei", "repeated_index", "repeated_index"),
+    ("tei", "out_of_range", "index_out_of_range"),
+    ("tei", "nan", "non_finite"),
+    ("tei", "flat", "flat_scores"),
+    ("tei", "subset", "wrong_count"),  # a subset nobody asked for is a wrong count
+    ("cohere", "malformed", "unparsable"),
+    ("cohere", "wrong_count", "wrong_count"),
+    ("cohere", "repeated_index", "repeated_index"),
+    ("cohere", "nan", "non_finite"),
+    ("cohere", "flat", "flat_scores"),
+    ("infinity", "out_of_range", "index_out_of_range"),
+    ("infinity", "flat", "flat_scores"),
+    ("scores", "wrong_count", "wrong_count"),
+    ("scores", "nan", "non_finite"),
+    ("scores", "flat", "flat_scores"),
+    ("rankings", "repeated_index", "repeated_index"),
+    ("rankings", "out_of_range", "index_out_of_range"),
+    ("rankings", "logits", "out_of_scale"),  # declared probability, answered logits
+]
+
+
+@pytest.mark.parametrize(("shape", "mode", "reason"), UNUSABLE)
+def test_unusable_answer_fails_over(server, shape, mode, reason):
+    endpoint = server(shape)
+    endpoint.mode = mode
+    member = member_for(shape, endpoint.url, max_retries=0)
+    outcome = run(member, n=10)
+    assert outcome.served_by == "1:rrf" and outcome.passthrough
+    assert outcome.failovers == [f"0:{member.provider}: {reason}"]
+    assert endpoint.count == 1  # an unusable answer is not retried
+
+
+def test_declared_logit_scale_accepts_logits(server):
+    endpoint = server("rankings")
+    endpoint.mode = "logits"
+    outcome = run(member_for("rankings", endpoint.url, scale="logit"), n=10)
+    assert outcome.served_by == "0:http" and outcome.scale == "logit"
+
+
+def test_flat_threshold_comes_from_settings(server):
+    tei = server("tei")
+    tei.mode = "flat"
+    member = member_for("tei", tei.url)
+    # Five flat scores are too few to judge by default (8) ...
+    assert run(member, n=5).served_by == "0:tei"
+    # ... but not with RERANKQ_FLAT_MIN_WINDOW=4.
+    strict = load_settings({"RERANKQ_FLAT_MIN_WINDOW": "4", "RERANKQ_FLAT_RANGE": "0.01"})
+    assert strict.flat_min_window == 4 and strict.flat_range == 0.01
+    assert run(member, n=5, settings=strict).failovers == ["0:tei: flat_scores"]
+
+
+@pytest.mark.parametrize("shape", ["cohere", "rankings"])
+def test_valid_subset_marks_the_rest_omitted(server, shape):
+    endpoint = server(shape)
+    endpoint.mode = "subset"
+    outcome = run(member_for(shape, endpoint.url, top_n=3), n=10)
+    assert outcome.served_by.startswith("0:"), outcome.failovers
+    assert endpoint.requests[0].body["top_n"] == 3
+    kept = [i for i, s in enumerate(outcome.scores) if s is not None]
+    assert len(kept) == 3
+    best = sorted(range(10), key=lambda i: -expected_score(documents(10)[i]))[:3]
+    assert sorted(kept) == sorted(best)
+
+
+# -- transport failures, retries, deadlines -------------------------------------
+
+
+def test_hang_past_timeout_fails_over_within_the_deadline(server):
+    tei = server("tei")
+    tei.mode = "hang"
+    began = time.monotonic()
+    outcome = run(MemberSettings(provider="tei", url=tei.url, timeout_s=0.5), n=4)
+    assert outcome.failovers == ["0:tei: timeout"]
+    assert time.monotonic() - began < 1.5
+
+
+def test_refused_connection_fails_over():
+    outcome = run(MemberSettings(provider="tei", url=closed_port_url(), timeout_s=1), n=4)
+    assert outcome.failovers == ["0:tei: connect_error"] and outcome.served_by == "1:rrf"
+
+
+def test_500_is_retried_a_bounded_number_of_times(server):
+    tei = server("tei")
+    tei.mode = "500"
+    outcome = run(MemberSettings(provider="tei", url=tei.url, max_retries=2, timeout_s=3), n=4)
+    assert outcome.failovers == ["0:tei: http_500"]
+    assert tei.count == 3
+    tei.requests.clear()
+    tei.plan = ["500"]
+    tei.mode = "ok"
+    assert run(MemberSettings(provider="tei", url=tei.url, max_retries=2, timeout_s=3), n=4).served_by == "0:tei"
+    assert tei.count == 2
+
+
+def test_429_honours_retry_after(server):
+    tei = server("tei")
+    tei.plan = ["429"]
+    tei.retry_after = "1"
+    began = time.monotonic()
+    outcome = run(MemberSettings(provider="tei", url=tei.url, max_retries=1, timeout_s=3), n=4)
+    assert outcome.served_by == "0:tei" and tei.count == 2
+    assert time.monotonic() - began >= 0.95
+
+
+def test_429_whose_retry_after_outlives_the_deadline_fails_over_at_once(server):
+    tei = server("tei")
+    tei.mode = "429"
+    tei.retry_after = "30"
+    began = time.monotonic()
+    outcome = run(MemberSettings(provider="tei", url=tei.url, max_retries=3, timeout_s=1), n=4)
+    assert outcome.failovers == ["0:tei: http_429"] and tei.count == 1
+    assert time.monotonic() - began < 0.5
+
+
+# -- privacy --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("send_tenant", [False, True])
+def test_tenant_header_only_when_enabled_for_the_member(server, send_tenant):
+    cohere = server("cohere")
+    run(member_for("cohere", cohere.url, send_tenant=send_tenant), n=3, tenant="acme-eu")
+    assert cohere.requests[0].headers.get("x-rerankq-tenant") == ("acme-eu" if send_tenant else None)
+    assert "acme-eu" not in str(cohere.requests[0].body)
+
+
+def test_api_key_never_in_an_error_or_log(server):
+    cohere = server("cohere")
+    cohere.mode = "echo_auth"  # the server echoes the Authorization header in its error body
+    refused = closed_port_url().replace("http://", f"http://user:{KEY}@") + f"/rerank?api-key={KEY}"
+    with structlog.testing.capture_logs() as logs:
+        echoed = run(member_for("cohere", cohere.url, api_key=Secret(KEY)), n=3)
+        unreachable = run(MemberSettings(provider="cohere", url=refused, api_key=Secret(KEY), timeout_s=1), n=3)
+    assert echoed.failovers == ["0:cohere: http_401"]
+    assert unreachable.failovers == ["0:cohere: connect_error"]
+    assert cohere.requests[0].headers["authorization"] == f"Bearer {KEY}"  # it was sent ...
+    text = repr(logs) + repr(echoed) + repr(unreachable)
+    assert "reranker_failover" in text and "***" in text
+    assert KEY not in text  # ... and never written down
+    assert KEY not in repr(MemberSettings(api_key=Secret(KEY)))
+
+
+# -- configuration ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("member", "field"),
+    [
+        (MemberSettings(provider="tei"), "url"),
+        (MemberSettings(provider="http", url="ftp://example.com/rerank"), "url"),
+        (MemberSettings(provider="cohere", model="rerank-v3.5"), "api_key"),
+        (MemberSettings(provider="cohere", api_key=Secret(KEY)), "model"),
+        (MemberSettings(provider="tei", url="http://127.0.0.1:1", batch_size=0), "batch_size"),
+    ],
+)
+def test_bad_member_config_names_the_variable(member, field):
+    with pytest.raises(ProviderStartError) as raised:
+        build_provider(member, Settings())
+    assert raised.value.field == field  # type: ignore[attr-defined]
+    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf"), member]))
+    chain.members = chain.members[::-1]  # the bad one first, as member 1 of the config
+    with structlog.testing.capture_logs() as logs:
+        outcome = chain.run(request(3))
+    assert outcome.served_by == "0:rrf" and outcome.failovers == [f"1:{member.provider}: config"]
+    started = [e for e in logs if e["event"] == "member_start_failed"]
+    assert started[0]["variable"] == f"RERANKQ_RERANKER_1_{field.upper()}"
+
+
+def test_failed_start_is_retried_no_sooner_than_member_restart_s():
+    settings = Settings(members=[MemberSettings(provider="tei"), MemberSettings(provider="rrf")],
+                        member_restart_s=0.3)
+    chain = Chain.from_settings(settings)
+    for _ in range(3):
+        assert chain.run(request(2)).served_by == "1:rrf"
+    assert chain.members[0].start_attempts == 1
+    assert chain.run(request(2)).failovers == ["0:tei: not_started"]
+    time.sleep(0.35)
+    assert chain.run(request(2)).failovers == ["0:tei: config"]
+    assert chain.members[0].start_attempts == 2
