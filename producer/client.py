@@ -12,10 +12,11 @@ from typing import Any
 import msgspec
 import structlog
 
-from producer.budget import apply_budget, check_over_fetch, limits_for
+from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
 from producer.dispatch import Dispatcher
 from producer.errors import ValidationError
 from producer.pages import build_page, windows_to_admit
+from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redelivery import resend_due
 from producer.settings import Settings, load_settings
 from producer.store import Store, connect
@@ -195,6 +196,36 @@ class RerankClient:
                 resend_due(self.store, self.dispatcher, [stream_id], retry_in_s=self.settings.redeliver_after_s)
                 return page
             self.store.wait_for_commit(stream_id, snapshot.last_event_id, remaining)
+
+    def select(
+        self,
+        stream_id: str,
+        keep: int,
+        *,
+        depth: int | None = None,
+        per_doc: int | None = None,
+        gap_ratio: float | None = None,
+        mmr_lambda: float | None = None,
+        timeout: float = 30.0,
+        raise_on_failed: bool = False,
+    ) -> Selection:
+        """The top ``depth`` rows (default ``max(25, 4 * keep)``), post-processed down to ``keep``.
+
+        Optional per-document cap, score-gap truncation and MMR (``producer.postprocess``);
+        embeddings and doc ids come from the stream's stored candidates. Nothing is written.
+        """
+        options = PostProcess(per_doc=per_doc, gap_ratio=gap_ratio, mmr_lambda=mmr_lambda)
+        check_postprocess(options, keep)
+        depth = depth if depth is not None else required_depth(keep)
+        if not isinstance(depth, int) or depth < keep:
+            raise ValidationError("depth", f"must be an integer of at least keep={keep}, got {depth!r}")
+        page = self.pull(stream_id, 0, depth, timeout=timeout, raise_on_failed=raise_on_failed)
+        candidates: dict[int, Candidate] = {}
+        if options.needs_candidates and page.rows:
+            end = max(row.decision.index for row in page.rows) + 1
+            candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
+        rows = postprocess(page.rows, candidates, keep, options)
+        return Selection(stream_id=stream_id, keep=keep, considered=len(page.rows), rows=rows, complete=page.complete)
 
     def status(self, stream_id: str) -> StreamStatus:
         """Where every window of a stream stands: not admitted, admitted, or committed with counts."""
