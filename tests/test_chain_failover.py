@@ -1,0 +1,167 @@
+"""The chain through a real worker: what reaches Redis when members misbehave.
+
+Real rerank servers on loopback, a real ``python -m worker``, a real Redis; assertions
+read committed windows, counters and the worker's own log.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from conftest import make_candidates
+from rerank_servers import RerankServer, closed_port_url, expected_score
+
+KEY = "sk-live-CHAIN-7d1e0c9a"
+DEBUG = ["--device", "cpu", "--loglevel", "DEBUG"]
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[[str], RerankServer]]:
+    started: list[RerankServer] = []
+
+    def start(shape: str) -> RerankServer:
+        started.append(RerankServer(shape).start())
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def wait_committed(client, stream: str, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.status(stream)
+        if all(w.state == "committed" for w in status.windows):
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"windows not committed: {client.status(stream)}")
+
+
+def log_lines(worker, event: str) -> list[str]:
+    return [line for line in worker.log().splitlines() if event in line]
+
+
+def test_timeout_fails_over_to_hosted_member(server, start_worker, make_client):
+    tei, cohere = server("tei"), server("cohere")
+    tei.mode = "hang"
+    worker = start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
+        "RERANKQ_RERANKER_API_KEY": KEY, "RERANKQ_RERANKER_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": cohere.url,
+        "RERANKQ_RERANKER_1_MODEL": "rerank-v3.5", "RERANKQ_RERANKER_1_API_KEY": KEY,
+        "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
+        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+    }, args=DEBUG, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    stream = client.open("gateway error", make_candidates(10), window_size=5, first_windows=2, tenant="acme-eu")
+    status = wait_committed(client, stream)
+
+    assert [w.served_by for w in status.windows] == ["1:cohere", "1:cohere"]
+    assert [w.ranked for w in status.windows] == [5, 5]
+    results = client.store.snapshot(stream).results
+    assert [results[w].failovers for w in (0, 1)] == [["0:tei: timeout"]] * 2
+    for decision in results[0].decisions + results[1].decisions:
+        assert decision.served_by == "1:cohere"
+        assert decision.score == pytest.approx(expected_score(decision.document))
+    counters = client.store.counters()
+    assert counters["provider_calls:0:tei"] == 2 and counters["failovers:0:tei"] == 2
+    assert counters["provider_calls:1:cohere"] == 2 and "failovers:1:cohere" not in counters
+    assert tei.count == 2 and cohere.count == 2
+    # The tenant stays home: neither member was trusted with it.
+    assert all("x-rerankq-tenant" not in r.headers for r in tei.requests + cohere.requests)
+    assert cohere.requests[0].headers["authorization"] == f"Bearer {KEY}"
+
+    failovers = log_lines(worker, "reranker_failover")
+    assert len(failovers) == 2
+    for window, line in enumerate(failovers):
+        assert "warning" in line.lower() and "member=0:tei" in line and "reason=timeout" in line
+        assert f"stream={stream}" in line and f"window={window}" in line
+    assert KEY not in worker.log()
+
+
+def test_chain_fails_open_to_fusion_order(server, start_worker, make_client):
+    cohere = server("cohere")
+    cohere.mode = "malformed"
+    worker = start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": closed_port_url(),
+        "RERANKQ_RERANKER_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": cohere.url + "/rerank",
+        "RERANKQ_RERANKER_1_API_KEY": KEY, "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+    }, args=DEBUG, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    stream = client.open("gateway error", make_candidates(6), window_size=6)
+    wait_committed(client, stream)
+    result = client.store.snapshot(stream).results[0]
+    assert result.served_by == "2:rrf" and result.passthrough
+    assert result.failovers == ["0:tei: connect_error", "1:cohere: unparsable"]
+    assert [d.id for d in result.decisions] == [f"c{i}" for i in range(6)]  # fusion order kept
+    page = client.pull(stream, 0, 6, timeout=5)
+    assert {row.served_by for row in page.rows} == {"2:rrf"}
+    counters = client.store.counters()
+    assert counters["failovers:0:tei"] == 1 and counters["failovers:1:cohere"] == 1
+    assert KEY not in worker.log()
+
+
+def test_chain_without_a_fail_open_member_commits_failed_once(server, start_worker, make_client):
+    tei = server("tei")
+    tei.mode = "500"
+    start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
+        "RERANKQ_RERANKER_TIMEOUT_S": "1", "RERANKQ_RERANKER_MAX_RETRIES": "1",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    stream = client.open("gateway error", make_candidates(4), window_size=4)
+    window = wait_committed(client, stream).windows[0]
+    assert window.served_by is None and window.failed == 4 and window.ranked == 0
+    assert "0:tei: http_500" in (window.reason or "")
+    assert window.attempts == 1 and tei.count == 2  # one call, one retry of the 500
+    page = client.pull(stream, 0, 4, timeout=2)
+    assert [row.kind for row in page.rows] == ["failed"] * 4
+    time.sleep(1.0)  # nothing comes back for it: committed means done
+    assert tei.count == 2 and client.status(stream).windows[0].attempts == 1
+
+
+def test_valid_subset_commits_omitted_and_tenant_goes_only_where_enabled(server, start_worker, make_client):
+    generic = server("rankings")
+    generic.mode = "subset"
+    start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "http", "RERANKQ_RERANKER_URL": generic.url + "/rerank",
+        "RERANKQ_RERANKER_TOP_N": "3", "RERANKQ_RERANKER_SEND_TENANT": "true",
+        "RERANKQ_RERANKER_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    stream = client.open("gateway error", make_candidates(8), window_size=8, tenant="acme-eu")
+    window = wait_committed(client, stream).windows[0]
+    assert window.served_by == "0:http" and window.ranked == 3 and window.omitted == 5
+    result = client.store.snapshot(stream).results[0]
+    assert [type(d).__name__ for d in result.decisions] == ["Ranked"] * 3 + ["Omitted"] * 5
+    assert generic.requests[0].body["top_n"] == 3
+    assert generic.requests[0].headers["x-rerankq-tenant"] == "acme-eu"
+
+
+def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, tiny_model_dir, tmp_path):
+    model_dir = tmp_path / "model-not-there-yet"
+    worker = start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": str(model_dir),
+        "RERANKQ_RERANKER_1_PROVIDER": "rrf", "RERANKQ_MEMBER_RESTART_S": "2",
+    })
+    client = make_client()
+    stream = client.open("gateway error", make_candidates(9), window_size=3, first_windows=3)
+    status = wait_committed(client, stream)
+    assert [w.served_by for w in status.windows] == ["1:rrf"] * 3
+    reasons = [f for r in client.store.snapshot(stream).results.values() for f in r.failovers]
+    assert set(reasons) <= {"0:local: model_load", "0:local: not_started"}
+    assert reasons.count("0:local: not_started") >= 2  # not reloaded on every window
+    assert 1 <= len(log_lines(worker, "member_start_failed")) <= 2
+
+    shutil.copytree(tiny_model_dir, model_dir)  # the model arrives; no restart needed
+    time.sleep(2.1)
+    stream = client.open("gateway error", make_candidates(3, prefix="d"), window_size=3)
+    assert wait_committed(client, stream).windows[0].served_by == "0:local"
