@@ -99,8 +99,17 @@ class WorkerProcess:
         self.proc = None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
 @pytest.fixture
-def start_worker(base_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+def start_worker(
+    base_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., WorkerProcess]]:
     """Start real workers for this test; extra env and CLI args per call; all stopped after."""
     started: list[WorkerProcess] = []
 
@@ -116,6 +125,10 @@ def start_worker(base_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[
     yield start
     for worker in started:
         worker.stop()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for worker in started:
+            print(f"--- {worker.log_path.name} ---\n{worker.log()[-6000:]}")
 
 
 @pytest.fixture

@@ -16,8 +16,10 @@ import time
 from importlib import resources
 
 from producer import RerankClient, load_settings
+from producer.settings import DEFAULT_MODEL
 from producer.wire import Page
 from worker.embedded_redis import EmbeddedRedis
+from worker.logs import configure_logging
 
 
 def start_worker(env: dict[str, str], log_path: str, *, timeout_s: float = 120.0) -> subprocess.Popen[bytes]:
@@ -58,6 +60,7 @@ def print_page(title: str, page: Page) -> None:
 
 
 def main() -> int:
+    configure_logging(level="WARNING")
     env = dict(os.environ)
     redis_server: EmbeddedRedis | None = None
     if not env.get("RERANKQ_REDIS_URL"):
@@ -91,7 +94,7 @@ def main() -> int:
             if served and all(s.endswith(":rrf") for s in served):
                 print(
                     "\nThe cross-encoder could not load (no network to fetch "
-                    f"{load_settings(env).chain()[0].model or 'the default model'}?), so windows kept fusion order "
+                    f"{load_settings(env).chain()[0].model or DEFAULT_MODEL}?), so windows kept fusion order "
                     "(served by rrf).\nTo score with a model, point RERANKQ_RERANKER_MODEL at a local path, e.g.\n"
                     "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo\n"
                     f"Worker log: {log_path}"
