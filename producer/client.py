@@ -15,7 +15,7 @@ import structlog
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
 from producer.dispatch import Dispatcher
 from producer.errors import ValidationError
-from producer.pages import build_page, windows_to_admit
+from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redelivery import resend_due
 from producer.settings import Settings, load_settings
@@ -179,10 +179,9 @@ class RerankClient:
         spec_device: str | None = None
         while True:
             snapshot = self.store.snapshot(stream_id)
-            page, missing = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
-            if missing == 0:
+            page, target = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
+            if target < 0:
                 return page
-            target = windows_to_admit(snapshot, missing)
             if target > snapshot.admitted:
                 admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
                 if admitted:

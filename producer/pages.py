@@ -34,7 +34,8 @@ def visible_rows(snapshot: Snapshot, *, raise_on_failed: bool = False, stream_id
 def build_page(
     stream_id: str, snapshot: Snapshot, offset: int, limit: int, *, raise_on_failed: bool = False
 ) -> tuple[Page, int]:
-    """The page, and how many more rows it needs to be full (0 when full or final)."""
+    """The page, and the window count to admit so it can fill: -1 when the page is full or
+    final, ``snapshot.admitted`` when windows already in flight may fill it."""
     rows, prefix = visible_rows(snapshot, raise_on_failed=raise_on_failed, stream_id=stream_id)
     complete = prefix >= snapshot.n_windows
     wanted = offset + limit
@@ -48,16 +49,12 @@ def build_page(
         pending_windows=snapshot.admitted - len(snapshot.results),
     )
     missing = 0 if complete else max(0, wanted - len(rows))
-    return page, missing
+    return page, _windows_to_admit(snapshot, prefix, missing) if missing else -1
 
 
-def windows_to_admit(snapshot: Snapshot, missing_rows: int) -> int:
-    """The admitted window count that could fill ``missing_rows`` more rows.
-
-    Uncommitted windows past the readable prefix are counted at full size (they
-    may filter nothing); committed ones at what they show.
-    """
-    _, prefix = visible_rows(snapshot)
+def _windows_to_admit(snapshot: Snapshot, prefix: int, missing_rows: int) -> int:
+    # Uncommitted windows past the readable prefix count at full size (they may
+    # filter nothing); committed ones at what they show.
     potential = 0
     for window in range(prefix, snapshot.admitted):
         result = snapshot.results.get(window)
