@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rerankq-worker", description=__doc__)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--processes", type=int, default=None, help="worker processes (cpu) ")
-    parser.add_argument("--threads", type=int, default=None, help="concurrent windows per process (gpu)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="concurrent windows per process (gpu, or cpu with --pool threads)")
+    parser.add_argument("--pool", choices=["prefork", "threads"], default=None,
+                        help="cpu only: prefork (default) or threads, one process whose windows "
+                             "coalesce into shared forward passes")
     parser.add_argument("--gpu-index", type=int, default=None, help="pin to cuda:N")
     parser.add_argument("--loglevel", default=os.environ.get("RERANKQ_LOG_LEVEL", "INFO"))
     parser.add_argument("--json-logs", action="store_true")
@@ -49,10 +53,20 @@ def main(argv: list[str] | None = None) -> None:
         settings = msgspec.structs.replace(settings, device=device)
         queues = [settings.gpu_queue, settings.any_queue]
         pool, concurrency = "threads", args.threads or 8
+        settings = msgspec.structs.replace(settings, coalesce=True if settings.coalesce is None else settings.coalesce)
+    elif args.pool == "threads":
+        # One process, all cores to torch, windows of concurrent tasks coalesced: the
+        # GPU worker's code path on the CPU (tests run it this way).
+        threads = settings.torch_threads or quota
+        coalesce = True if settings.coalesce is None else settings.coalesce
+        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=threads, coalesce=coalesce)
+        queues = [settings.cpu_queue, settings.any_queue]
+        pool, concurrency = "threads", args.threads or 4
     else:
         processes = args.processes or settings.worker_processes or 1
         threads = settings.torch_threads or max(1, quota // processes)
-        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=threads)
+        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=threads,
+                                           coalesce=bool(settings.coalesce))
         queues = [settings.cpu_queue, settings.any_queue]
         # prefork even for one process: a child killed mid-window (OOM, segfault) is
         # noticed by the parent, which requeues the message.

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
+from worker.coalesce import CoalesceTimeout, Coalescer
 from worker.providers.base import ProviderStartError, ProviderUnavailable, Scale, ScoreRequest
+
+if TYPE_CHECKING:
+    from worker.engine import ScoringEngine
 
 log = structlog.get_logger("rerankq.provider.local")
 
@@ -42,27 +49,54 @@ def activation_scale(model: object) -> Scale:
 
 
 class LocalProvider:
+    """The in-process model: one engine (one model copy) per process, shared by members
+    naming the same model; with coalescing on, windows in flight together share a forward pass."""
+
     kind = "local"
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
-        from worker.engine import ScoringEngine, load_cross_encoder
+        from worker.engine import shared_engine
 
         self.model_name = member.model or DEFAULT_MODEL
         device = resolve_device(member.device or settings.device, allow_mps=member.allow_mps)
         try:
-            model = load_cross_encoder(self.model_name, device=device)
+            self.engine = shared_engine(self.model_name, device=device, settings=settings)
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
-        self.engine = ScoringEngine(model, settings=settings)
-        self.scale: Scale | None = member.scale or activation_scale(model)
-        log.info("model_loaded", model=self.model_name, device=device, scale=self.scale)
+        self.scale: Scale | None = member.scale or activation_scale(self.engine.cross_encoder)
+        # Scores differ in their last digits between precisions: a cached score is only
+        # reused by the same model at the same precision.
+        self.cache_identity = f"local|{self.model_name}|{self.engine.precision}"
+        self.coalescer = shared_coalescer(self.engine, settings) if settings.coalesce else None
+        log.info("model_loaded", model=self.model_name, device=device, scale=self.scale,
+                 precision=self.engine.precision, coalesce=self.coalescer is not None)
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         try:
-            scores = self.engine.score(request.query, list(request.documents))
+            if self.coalescer is not None:
+                scores = self.coalescer.score(request.query, list(request.documents), deadline=deadline)
+            else:
+                scores = self.engine.score(request.query, list(request.documents))
+        except CoalesceTimeout as exc:
+            raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:
             raise ProviderUnavailable("model_error", f"{type(exc).__name__}: {exc}") from None
         return [float(s) for s in scores]
 
     def close(self) -> None:
-        pass
+        pass  # the engine and coalescer live as long as the process; other members may share them
+
+
+_coalescers: dict[int, Coalescer] = {}
+_coalescers_lock = threading.Lock()
+
+
+def shared_coalescer(engine: ScoringEngine, settings: Settings) -> Coalescer:
+    """One coalescer per engine, so every member and thread using the model meets in it."""
+    with _coalescers_lock:
+        coalescer = _coalescers.get(id(engine))
+        if coalescer is None:
+            coalescer = Coalescer(engine.score_pairs, max_pairs=settings.coalesce_max_pairs,
+                                  max_delay_s=settings.coalesce_delay_ms / 1000.0)
+            _coalescers[id(engine)] = coalescer
+        return coalescer

@@ -1,0 +1,47 @@
+"""Ranking parity between two score lists: what "keeps ranking parity" means here.
+
+A reduced precision is acceptable only where it orders a window the way fp32 does
+(Spearman rank correlation), whatever it does to the last digits of each score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: The bar a reduced precision must clear per window against fp32.
+MIN_SPEARMAN = 0.99
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Average ranks, so ties rank alike (the Spearman definition for ties)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Pearson correlation of ranks; 1.0 for windows too small or too flat to disagree."""
+    if len(a) != len(b):
+        raise ValueError(f"lengths differ: {len(a)} and {len(b)}")
+    if len(a) < 2:
+        return 1.0
+    ra, rb = _ranks(a), _ranks(b)
+    mean_a, mean_b = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(ra, rb))
+    var_a = sum((x - mean_a) ** 2 for x in ra)
+    var_b = sum((y - mean_b) ** 2 for y in rb)
+    if var_a == 0 or var_b == 0:
+        return 1.0 if var_a == var_b else 0.0
+    return cov / (var_a * var_b) ** 0.5
+
+
+def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
