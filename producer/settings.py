@@ -98,6 +98,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     device: str = "cpu"
     worker_processes: int | None = None
     torch_threads: int | None = None
+
+    # The local engine (issue 6). precision: auto picks bf16 on CPUs with native bf16
+    # (AMX / avx512_bf16) and fp16 on CUDA, each kept only if a ranking-parity probe at
+    # load passes; int8 (dynamic quantisation) is opt-in. Batches are sized by padded
+    # tokens, not pair count, so short documents share a batch and long ones do not pad it.
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
+    token_budget: int = 8192
+    # Coalescing: windows of many streams scored in one forward pass (threads pool).
+    # None: on for the GPU worker and the threads pool, off for prefork.
+    coalesce: bool | None = None
+    coalesce_delay_ms: float = 5.0
+    coalesce_max_pairs: int = 256
+    # Pair-score cache: (provider and model, query, document) -> score, kept cache_ttl_s.
+    pair_cache: bool = True
     max_attempts: int = 3
     redeliver_after_s: int = 300
     visibility_timeout_s: int = 3600
@@ -129,7 +143,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
-    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s",
+    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "token_budget", "coalesce_max_pairs",
 )
 
 
@@ -209,7 +223,7 @@ def load_settings(
     return settings
 
 
-_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads"}
+_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce"}
 
 
 def _check(settings: Settings) -> None:

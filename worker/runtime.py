@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 
-from producer.settings import Settings
+from producer.settings import MemberSettings, Settings
 from producer.store import Store, connect
 from worker.chain import Chain
+from worker.providers.base import Provider
 from worker.windows import WindowScorer
 
 _lock = threading.Lock()
@@ -22,11 +23,21 @@ class Runtime:
         self.settings = settings
         self.store = Store(connect(settings.broker if settings.redis_url is None else settings.redis_url),
                            settings.namespace, event_log_maxlen=settings.event_log_maxlen)
-        self.chain = Chain.from_settings(settings, on_call=self._count_call, on_failover=self._count_failover)
+        self.chain = Chain.from_settings(settings, wrap=self._wrap_member, on_failover=self._count_failover,
+                                         redis_client=self.store.client)
         self.scorer = WindowScorer(settings, self.store, self.chain)
 
-    def _count_call(self, member: str) -> None:
-        self.store.incr_counter(f"provider_calls:{member}")
+    def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
+        """Meter real provider calls; in front of that, the pair-score cache (never for rrf,
+        whose seeded scores come from fusion rank, not from the pair)."""
+        from worker.cache import CachedProvider, MeteredProvider, provider_identity
+
+        label = f"{index}:{member.provider}"
+        metered = MeteredProvider(provider, label=label, count=self.store.incr_counter)
+        if not self.settings.pair_cache or provider.scale is None:
+            return metered
+        return CachedProvider(metered, identity=provider_identity(member, provider), client=self.store.client,
+                              keys=self.store.keys, ttl_s=self.settings.cache_ttl_s, count=self.store.incr_counter)
 
     def _count_failover(self, member: str, reason: str) -> None:
         self.store.incr_counter("failovers")
