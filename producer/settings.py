@@ -119,6 +119,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # How often the workers' sweep re-sends overdue windows (one worker at a time).
     sweep_interval_s: float = 30.0
 
+    # The provider chain (issue 3): an answer whose scores span less than flat_range
+    # across at least flat_min_window documents is a broken model, not a judgement.
+    flat_min_window: int = 8
+    flat_range: float = 1e-6
+    # A remote member that fails breaker_failures times in a row is skipped, by every
+    # worker process, for breaker_cooldown_s; then one probe call is let through.
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 30.0
+    # A member that failed to start (missing model, bad URL) is tried again after this long.
+    member_restart_s: float = 30.0
+    # Named subsets of the chain a stream may ask for (StreamSpec.chain):
+    # RERANKQ_CHAIN_<NAME>="0,2" → {"name": [0, 2]}, member indexes in the order tried.
+    chain_profiles: dict[str, list[int]] = {}
+
     members: list[MemberSettings] = []
 
     @property
@@ -144,6 +158,7 @@ _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
     "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "token_budget", "coalesce_max_pairs",
+    "flat_min_window", "breaker_failures", "breaker_cooldown_s", "member_restart_s",
 )
 
 
@@ -170,6 +185,27 @@ def _convert(raw: Mapping[str, Any], type_: type, env_of: Any) -> Any:
         field = match.group(1) if match else "?"
         message = text.split(" - at ")[0]
         raise ConfigError(env_of(field), message) from None
+
+
+CHAIN_PROFILE_PREFIX = PREFIX + "CHAIN_"
+
+
+def chain_profile_variable(name: str) -> str:
+    return CHAIN_PROFILE_PREFIX + name.upper()
+
+
+def _read_chain_profiles(environ: Mapping[str, str]) -> dict[str, list[int]]:
+    profiles: dict[str, list[int]] = {}
+    for key, value in environ.items():
+        match = re.match(rf"^{CHAIN_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})$", key)
+        if not match:
+            continue
+        try:
+            indexes = [int(part) for part in value.split(",")]
+        except ValueError:
+            raise ConfigError(key, f"must be comma-separated member indexes such as 0,2; got {value!r}") from None
+        profiles[match.group(1).lower()] = indexes
+    return profiles
 
 
 def _read_members(environ: Mapping[str, str]) -> list[MemberSettings]:
@@ -210,7 +246,7 @@ def load_settings(
             raise ConfigError(PREFIX + "CONFIG_FILE", f"cannot read {path}: {exc}") from None
         raw.pop("members", None)
     for field in Settings.__struct_fields__:
-        if field == "members":
+        if field in ("members", "chain_profiles"):
             continue
         value = environ.get(_env_name(field))
         if value is not None:
@@ -218,6 +254,8 @@ def load_settings(
     raw.update(overrides)
     if "members" not in overrides:
         raw["members"] = _read_members(environ)
+    if "chain_profiles" not in overrides:
+        raw["chain_profiles"] = {**raw.get("chain_profiles", {}), **_read_chain_profiles(environ)}
     settings = _convert(raw, Settings, _env_name)
     _check(settings)
     return settings
@@ -240,6 +278,13 @@ def _check(settings: Settings) -> None:
         # visibility timeout under that would have Redis hand a running window to a second worker.
         raise ConfigError(_env_name("visibility_timeout_s"),
                           f"must exceed RERANKQ_REDELIVER_AFTER_S={settings.redeliver_after_s}")
+    n_members = len(settings.chain())
+    for name, indexes in settings.chain_profiles.items():
+        if not indexes or len(set(indexes)) != len(indexes) or not all(0 <= i < n_members for i in indexes):
+            raise ConfigError(chain_profile_variable(name),
+                              f"must name distinct members 0..{n_members - 1} of the chain, got {indexes}")
+    if settings.flat_range < 0:
+        raise ConfigError(_env_name("flat_range"), f"must not be negative, got {settings.flat_range}")
     _check_budget(settings)
     if not _NAME_RE.match(settings.namespace):
         raise ConfigError(_env_name("namespace"), "must be 1-64 of A-Z a-z 0-9 _ . -")

@@ -165,3 +165,28 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
     time.sleep(2.1)
     stream = client.open("gateway error", make_candidates(3, prefix="d"), window_size=3)
     assert wait_committed(client, stream).windows[0].served_by == "0:local"
+
+
+def test_chain_profiles_select_members_and_never_widen(server, start_worker, make_client):
+    cohere = server("cohere")
+    start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": closed_port_url(),
+        "RERANKQ_RERANKER_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": cohere.url,
+        "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+        "RERANKQ_CHAIN_PRIVATE": "0,2", "RERANKQ_CHAIN_HOSTED": "1",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    served = {}
+    for profile in ("private", "HOSTED", None, "missing"):
+        # Distinct texts per stream, so no pair score is served from the cache.
+        candidates = make_candidates(3, prefix=str(profile), text=f"{profile} gateway error {{i}}")
+        stream = client.open("gateway error", candidates, window_size=3, chain=profile)
+        served[profile] = wait_committed(client, stream).windows[0]
+    assert served["private"].served_by == "2:rrf"  # tei refused; the hosted member is not in this profile
+    assert served["HOSTED"].served_by == "1:cohere"
+    assert served[None].served_by == "1:cohere"
+    assert served["missing"].served_by is None and served["missing"].failed == 3
+    assert "RERANKQ_CHAIN_MISSING" in (served["missing"].reason or "")
+    assert cohere.count == 2  # the hosted and the whole chain; never the private stream

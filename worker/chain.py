@@ -10,6 +10,7 @@ the member, the reason, the stream and the window, and counted through ``on_fail
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import redis
 import structlog
 
 from producer.keys import Keys
-from producer.settings import MEMBER_PREFIX, MemberSettings, Settings
+from producer.settings import MEMBER_PREFIX, MemberSettings, Settings, chain_profile_variable
 from worker.breaker import Breaker, Gate, breaker_id
 from worker.providers import build_provider
 from worker.providers.base import Provider, ProviderError, ProviderStartError, Scale, ScoreRequest, UnusableResponse
@@ -98,6 +99,7 @@ class Member:
         self.restart_s = restart_s
         self._build = build
         self._provider: Provider | None = None
+        self._lock = threading.Lock()
         self._failed_at: float | None = None
         self._last_error: ProviderStartError | None = None
         self.start_attempts = 0
@@ -105,6 +107,11 @@ class Member:
     def provider(self) -> Provider:
         if self._provider is not None:
             return self._provider
+        # A threads-pool worker runs windows concurrently; one of them builds, the rest wait.
+        with self._lock:
+            return self._provider or self._start()
+
+    def _start(self) -> Provider:
         if self._failed_at is not None:
             wait = self._failed_at + self.restart_s - time.monotonic()
             if wait > 0:
@@ -121,14 +128,15 @@ class Member:
             self._start_failed(error)
             raise error from None
         self._failed_at = None
-        return self._provider
+        return self._provider  # type: ignore[return-value]
 
     def _start_failed(self, exc: ProviderStartError) -> None:
         self._failed_at = time.monotonic()
         self._last_error = exc
-        variable = member_variable(self.index, exc.field) if isinstance(getattr(exc, "field", None), str) else None
+        field_name = getattr(exc, "field", None)
+        named = {"variable": member_variable(self.index, field_name)} if isinstance(field_name, str) else {}
         log.warning("member_start_failed", member=self.label, reason=exc.reason, detail=exc.detail,
-                    variable=variable, retry_in_s=self.restart_s)
+                    retry_in_s=self.restart_s, **named)
 
     def close(self) -> None:
         if self._provider is not None:
@@ -145,8 +153,10 @@ class Chain:
         breaker: Breaker | None = None,
         flat_min_window: int = FLAT_MIN_WINDOW,
         flat_range: float = FLAT_RANGE,
+        profiles: dict[str, list[int]] | None = None,
     ) -> None:
         self.members = members
+        self.profiles = profiles or {}
         self.breaker = breaker
         self.flat_min_window = flat_min_window
         self.flat_range = flat_range
@@ -191,6 +201,7 @@ class Chain:
                                             failures=settings.breaker_failures, cooldown_s=settings.breaker_cooldown_s)
         kwargs.setdefault("flat_min_window", settings.flat_min_window)
         kwargs.setdefault("flat_range", settings.flat_range)
+        kwargs.setdefault("profiles", settings.chain_profiles)
         return cls(members, **kwargs)  # type: ignore[arg-type]
 
     def warm_up(self) -> None:
@@ -201,8 +212,25 @@ class Chain:
             except ProviderStartError:
                 pass  # logged by the member; retried on a later window
 
+    def members_for(self, profile: str | None) -> list[Member] | None:
+        """The members a stream's chain profile selects, in its order; None if it is not configured."""
+        if profile is None:
+            return self.members
+        indexes = self.profiles.get(profile.lower())
+        if indexes is None:
+            return None
+        by_index = {m.index: m for m in self.members}
+        return [by_index[i] for i in indexes if i in by_index]
+
     def run(self, request: ScoreRequest) -> ChainOutcome:
         failovers: list[str] = []
+        members = self.members_for(request.chain)
+        if not members:
+            # Never fall back to the whole chain: a profile may exist to keep data away
+            # from a hosted member.
+            reason = f"chain profile {request.chain!r} is not configured ({chain_profile_variable(request.chain or '')})"
+            log.error("chain_profile_missing", profile=request.chain, stream=request.stream_id, window=request.window)
+            return ChainOutcome(served_by=None, scale=None, scores=None, reason=reason)
 
         def fail_over(member: Member, reason: str, detail: str) -> None:
             failovers.append(f"{member.label}: {reason}")
@@ -210,7 +238,7 @@ class Chain:
                         stream=request.stream_id, window=request.window)
             self._on_failover(member.label, reason)
 
-        for member in self.members:
+        for member in members:
             try:
                 provider = member.provider()
             except ProviderStartError as exc:

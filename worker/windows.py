@@ -69,7 +69,7 @@ class WindowScorer:
 
         scorable = [i for i, c in enumerate(candidates) if c.text]
         request = ScoreRequest(query=spec.query, documents=[documents[i] for i in scorable],
-                               stream_id=stream_id, window=window, tenant=spec.tenant)
+                               stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain)
         outcome = self.chain.run(request)
         if outcome.scores is not None:
             # Re-spread the member's scores over the whole window (text-less rows get none).

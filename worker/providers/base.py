@@ -39,6 +39,8 @@ class ScoreRequest:
     stream_id: str = ""
     window: int = -1
     tenant: str | None = None
+    #: The chain profile the stream asked for (StreamSpec.chain); None for the whole chain.
+    chain: str | None = None
 
 
 @runtime_checkable
