@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+import msgspec
 import pytest
 import structlog
 
@@ -43,9 +44,8 @@ def request(n: int, **kw: object) -> ScoreRequest:
 
 
 def run(member: MemberSettings, n: int = 10, settings: Settings | None = None, **kw: object) -> ChainOutcome:
-    base = settings or Settings()
-    chain = Chain.from_settings(Settings(**{**{f: getattr(base, f) for f in base.__struct_fields__},
-                                            "members": [member, MemberSettings(provider="rrf")]}))
+    chain = Chain.from_settings(msgspec.structs.replace(settings or Settings(),
+                                                        members=[member, MemberSettings(provider="rrf")]))
     try:
         return chain.run(request(n, **kw))
     finally:

@@ -81,6 +81,10 @@ def check_scores(
         raise UnusableResponse("flat_scores", f"range under {flat_range} across {len(present)} documents")
 
 
+def _not_bound() -> Provider:
+    raise ProviderStartError("not_bound", "member has no builder")
+
+
 class Member:
     """One configured provider; built on first use, rebuilt after a failed start.
 
@@ -187,7 +191,9 @@ class Chain:
 
         members = []
         for index, member_settings in enumerate(settings.chain()):
-            member = Member(index, member_settings, lambda: None, restart_s=settings.member_restart_s)  # type: ignore[arg-type,return-value]
+            # The builder needs its member (to note whether the raw provider is remote
+            # before ``wrap`` hides it), so it is attached once the member exists.
+            member = Member(index, member_settings, _not_bound, restart_s=settings.member_restart_s)
             member._build = builder(member)
             members.append(member)
         if "breaker" not in kwargs:

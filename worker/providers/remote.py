@@ -14,7 +14,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Mapping
@@ -56,6 +55,8 @@ def public_url(url: str) -> str:
     """The URL as it may appear in a log: no credentials, no query string."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
