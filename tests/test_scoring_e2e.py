@@ -56,10 +56,11 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
         {"id": "empty", "text": ""},
         {"id": "long", "text": long_text},
         {"id": "plain", "text": "checkout recovery after an outage"},
+        {"id": "blank", "text": "  \n "},
     ]
     stream = client.open(QUERY, items, window_size=10, reference_time=REF, document_budget=120)
     page = client.pull(stream, 0, 10, timeout=60)
-    assert page.complete and page.total == 4  # the text-less row is counted, never dropped
+    assert page.complete and page.total == 5  # text-less rows are counted, never dropped
     by_id = {r.id: r.decision for r in page.rows}
 
     assert by_id["dated"].document == (
@@ -80,9 +81,10 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
     raw = float(model.predict([(QUERY, items[0]["text"])])[0])
     assert abs(raw - by_id["dated"].score) > 1e-3, "the raw text would have scored differently"
 
-    last = page.rows[-1]
-    assert last.id == "empty" and last.kind == "ranked"
-    assert last.score == -math.inf and last.final_score == -math.inf
+    # Both text-less rows (empty, whitespace only) sink, in fusion order among themselves.
+    assert [r.id for r in page.rows[-2:]] == ["empty", "blank"]
+    for last in page.rows[-2:]:
+        assert last.kind == "ranked" and last.score == -math.inf and last.final_score == -math.inf
 
 
 def test_min_filters_reach_redis_with_their_scores(

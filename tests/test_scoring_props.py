@@ -328,15 +328,16 @@ def test_min_score_and_min_final_score_filter_with_scores_kept() -> None:
 
 
 def test_a_candidate_without_text_sinks_and_is_never_dropped() -> None:
-    cands = [Candidate(id="a", text="t"), Candidate(id="empty", text=""), Candidate(id="b", text="t")]
-    decisions = run(spec(min_score=0.5), cands, served([0.01, None, 0.02]))
-    assert [d.id for d in decisions] == ["b", "a", "empty"]
-    empty = decisions[-1]
-    assert isinstance(empty, Ranked)  # not filtered either: -inf is "no text", not "irrelevant"
-    assert empty.score == -math.inf and empty.final_score == -math.inf
+    cands = [Candidate(id="a", text="t"), Candidate(id="empty", text=""), Candidate(id="b", text="t"),
+             Candidate(id="blank", text=" \t\n")]
+    decisions = run(spec(min_score=0.5), cands, served([0.01, None, 0.02, None]))
+    assert [d.id for d in decisions] == ["b", "a", "empty", "blank"]
+    for empty in decisions[-2:]:
+        assert isinstance(empty, Ranked)  # not filtered either: -inf is "no text", not "irrelevant"
+        assert empty.score == -math.inf and empty.final_score == -math.inf
     # The same for a passthrough window.
-    seeded = run(spec(), cands, passthrough(3))
-    assert [d.id for d in seeded][-1] == "empty" and len(seeded) == 3
+    seeded = run(spec(), cands, passthrough(4))
+    assert [d.id for d in seeded][-2:] == ["empty", "blank"] and len(seeded) == 4
 
 
 def test_an_omitted_candidate_stays_omitted() -> None:

@@ -153,6 +153,12 @@ def excerpt(text: str, query: str, budget: int) -> str:
 # -- the assembled document --------------------------------------------------
 
 
+def has_text(candidate: Candidate) -> bool:
+    """Whether there is anything to score; whitespace alone is no text (it would get a
+    confident-looking score for nothing)."""
+    return bool(candidate.text and candidate.text.strip())
+
+
 def header(candidate: Candidate) -> str:
     """Everything before the candidate's text: date, heading path, context."""
     parts = date_prefix(effective_time(candidate))
@@ -171,7 +177,7 @@ def assemble(candidate: Candidate, query: str, *, budget: int) -> str:
     is cut to the part around the first query-term match.
     """
     head = header(candidate)
-    if not candidate.text:
+    if not has_text(candidate):
         return clip(head.rstrip(), budget)
     if len(head) + len(candidate.text) <= budget:
         return head + candidate.text

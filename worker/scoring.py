@@ -11,6 +11,7 @@ import math
 from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
 from worker import boosts
 from worker.chain import ChainOutcome
+from worker.documents import has_text
 
 
 def sigmoid(x: float) -> float:
@@ -86,7 +87,7 @@ def decide(
     omitted: list[Decision] = []
     for i, c in enumerate(candidates):
         index = first_index + i
-        if not c.text:
+        if not has_text(c):
             # No text: sinks to the bottom of its window, never dropped.
             score = final = -math.inf
         elif base[i] is None:

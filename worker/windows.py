@@ -10,7 +10,7 @@ from producer.settings import Settings
 from producer.store import Store
 from producer.wire import Failed, WindowResult
 from worker.chain import Chain
-from worker.documents import assemble
+from worker.documents import assemble, has_text
 from worker.providers.base import ScoreRequest
 from worker.scoring import decide
 
@@ -67,7 +67,7 @@ class WindowScorer:
                 self.store.incr_counter("windows_poisoned")
             return "failed"
 
-        scorable = [i for i, c in enumerate(candidates) if c.text]
+        scorable = [i for i, c in enumerate(candidates) if has_text(c)]
         request = ScoreRequest(query=spec.query, documents=[documents[i] for i in scorable],
                                stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain)
         outcome = self.chain.run(request)
