@@ -190,3 +190,23 @@ def test_chain_profiles_select_members_and_never_widen(server, start_worker, mak
     assert served["missing"].served_by is None and served["missing"].failed == 3
     assert "RERANKQ_CHAIN_MISSING" in (served["missing"].reason or "")
     assert cohere.count == 2  # the hosted and the whole chain; never the private stream
+
+
+def test_an_unusable_answer_is_never_cached(server, start_worker, make_client):
+    # Flat or NaN scores must not reach the pair-score cache, or the same pairs would be
+    # "answered" from the cache, rejected again, and never sent to the recovered member.
+    tei = server("tei")
+    tei.plan = ["flat", "nan"]
+    start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
+        "RERANKQ_RERANKER_TIMEOUT_S": "1", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    served = []
+    for _ in range(3):  # the same query and texts each time
+        stream = client.open("gateway error", make_candidates(8), window_size=8)
+        served.append(wait_committed(client, stream).windows[0].served_by)
+    assert served == ["1:rrf", "1:rrf", "0:tei"] and tei.count == 3
+    stream = client.open("gateway error", make_candidates(8), window_size=8)
+    assert wait_committed(client, stream).windows[0].served_by == "0:tei"
+    assert tei.count == 3  # the good answer was cached

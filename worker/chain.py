@@ -81,6 +81,48 @@ def check_scores(
         raise UnusableResponse("flat_scores", f"range under {flat_range} across {len(present)} documents")
 
 
+class CheckedProvider:
+    """A member's raw provider as the chain trusts it: every answer is checked here,
+    beneath ``wrap``, so the pair-score cache above never keeps a NaN or flat answer
+    (it would serve it back, be rejected again, and hide the member's recovery).
+
+    It also notes, per thread, whether the provider was really called, so the breaker
+    learns only from real calls and not from windows the cache answered.
+    """
+
+    def __init__(self, inner: Provider, *, flat_min_window: int, flat_range: float) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.remote = bool(getattr(inner, "remote", False))
+        self.flat_min_window = flat_min_window
+        self.flat_range = flat_range
+        self._calls = threading.local()
+
+    @property
+    def scale(self) -> Scale | None:
+        return self.inner.scale
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)  # e.g. cache_identity, engine
+
+    def begin(self) -> None:
+        self._calls.made = False
+
+    @property
+    def called(self) -> bool:
+        return getattr(self._calls, "made", True)
+
+    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        self._calls.made = True
+        scores = self.inner.score(request, deadline=deadline)
+        check_scores(scores, len(request.documents), scale=self.inner.scale,
+                     flat_min_window=self.flat_min_window, flat_range=self.flat_range)
+        return scores
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def _not_bound() -> Provider:
     raise ProviderStartError("not_bound", "member has no builder")
 
@@ -100,6 +142,8 @@ class Member:
         self.breaker_id = breaker_id(self.label, settings)
         #: Whether calls leave this process (and so go through the shared breaker); known once built.
         self.remote = False
+        #: The checked raw provider beneath any wrap; set by Chain.from_settings.
+        self.checked: CheckedProvider | None = None
         self.restart_s = restart_s
         self._build = build
         self._provider: Provider | None = None
@@ -184,9 +228,10 @@ class Chain:
 
         def builder(member: Member) -> Callable[[], Provider]:
             def build() -> Provider:
-                provider = build_provider(member.settings, settings)
-                member.remote = bool(getattr(provider, "remote", False))
-                return wrap(member.index, member.settings, provider) if wrap else provider
+                checked = CheckedProvider(build_provider(member.settings, settings),
+                                          flat_min_window=settings.flat_min_window, flat_range=settings.flat_range)
+                member.remote, member.checked = checked.remote, checked
+                return wrap(member.index, member.settings, checked) if wrap else checked
             return build
 
         members = []
@@ -255,10 +300,13 @@ class Chain:
                 fail_over(member, "breaker_open", "skipped without a call; another process holds the probe"
                           " or the cooldown has not passed")
                 continue
+            if member.checked is not None:
+                member.checked.begin()
             try:
                 self._on_call(member.label)
                 deadline = time.monotonic() + member.settings.timeout_s
                 scores = provider.score(request, deadline=deadline)
+                # Again over the whole answer: cached and fresh scores together.
                 check_scores(scores, len(request.documents), scale=provider.scale,
                              flat_min_window=self.flat_min_window, flat_range=self.flat_range)
             except ProviderError as exc:
@@ -290,6 +338,10 @@ class Chain:
 
     def _record(self, member: Member, *, ok: bool, reason: str | None, request: ScoreRequest) -> None:
         if self.breaker is None or not member.remote:
+            return
+        if member.checked is not None and not member.checked.called:
+            # The cache answered every pair: nothing was learnt about the member. A probe
+            # taken for this window lapses after its lease and the next window probes.
             return
         try:
             if ok:
