@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from producer import RerankClient
-from producer.wire import Filtered, Ranked, WindowResult
+from producer.wire import Filtered, Ranked, TimeRange, WindowResult
 
 REF = dt.datetime(2023, 3, 1, tzinfo=dt.timezone.utc)
 QUERY = "payment gateway error"
@@ -38,6 +38,12 @@ def seeded(rank: int, n: int) -> float:
 def linear_recency_factor(age_days: float) -> float:
     recency = 1.0 if age_days <= 0 else max(0.1, 1.0 - 0.9 * age_days / 365.0)
     return 1.0 + 0.2 * (recency - 0.5)
+
+
+def temporal_factor(age_days: float, range_from_days: float, range_to_days: float) -> float:
+    """1.0 inside the query's range, halving every 30 days outside it."""
+    outside = max(0.0, age_days - range_from_days, range_to_days - age_days)
+    return 1.0 + 0.2 * (0.5 ** (outside / 30.0) - 0.5)
 
 
 def proof_factor(n: int) -> float:
@@ -137,8 +143,10 @@ def test_an_rrf_window_keeps_fusion_order_gently_boosted(
              for i in range(n)]
     items[3]["proof_count"] = 40
     items[5]["source"] = "graph"
+    # The query asks about 100 to 50 days before the reference time.
+    query_range = TimeRange(start=REF - dt.timedelta(days=100), end=REF - dt.timedelta(days=50))
     stream = client.open(QUERY, items, window_size=n, reference_time=REF, min_score=0.99, min_final_score=0.99,
-                         strategy_boosts="graph:high")
+                         strategy_boosts="graph:high", query_range=query_range)
     page = client.pull(stream, 0, n, timeout=60)
     [result] = committed(client, stream)
     assert result.passthrough and result.served_by and result.served_by.endswith("rrf")
@@ -146,7 +154,7 @@ def test_an_rrf_window_keeps_fusion_order_gently_boosted(
 
     expected = {}
     for i in range(n):
-        final = seeded(i, n) * linear_recency_factor(ages[i])
+        final = seeded(i, n) * linear_recency_factor(ages[i]) * temporal_factor(ages[i], 100, 50)
         if i == 3:
             final *= proof_factor(40)
         if i == 5:
