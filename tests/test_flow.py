@@ -80,7 +80,7 @@ def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis):
     client.dispatcher.app.send_task(TASK_NAME, args=[stream, 0], queue=queue)
     client.dispatcher.app.send_task(TASK_NAME, args=[stream, 0], queue=queue)
     # A later window's commit tells us both duplicates were consumed before it (one worker, FIFO).
-    stream2 = client.open("payment gateway error", make_candidates(10), window_size=10)
+    stream2 = client.open("payment gateway error", make_candidates(10, text="cache miss {i}"), window_size=10)
     client.pull(stream2, 0, 1, timeout=60)
 
     events = raw_redis.xrange(client.store.keys.stream(stream).events)
