@@ -17,11 +17,6 @@ from producer.settings import Settings
 
 TASK_NAME = "rerankq.score_window"
 
-# How long a warm (SIGTERM) shutdown lets running windows finish before it cancels
-# them and hands their messages back to the queue. Keep it under the orchestrator's
-# stop grace period (docker-compose.yml gives 30 s).
-SOFT_SHUTDOWN_S = 20.0
-
 
 def transport_options(settings: Settings) -> dict[str, Any]:
     """The Redis transport options; the one place the visibility timeout is set."""
@@ -107,11 +102,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # On broker connection loss the running windows' acks cannot be delivered and
         # their messages will be redelivered anyway: stop them instead of scoring twice.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # Soft shutdown (a cold shutdown preceded by a bounded wait; the worker maps
-        # SIGTERM to it, see worker/app.py): running windows get SOFT_SHUTDOWN_S to
-        # commit, then are cancelled and their unacked messages restored to the queue.
-        # Not on idle: we use no ETA tasks, so an idle worker has nothing to hand back.
-        "worker_soft_shutdown_timeout": SOFT_SHUTDOWN_S,
+        # Soft shutdown: a cold shutdown (SIGQUIT; SIGTERM too where REMAP_SIGTERM=SIGQUIT,
+        # as docker-compose.yml sets) first waits this long (Celery sleeps the whole time
+        # when any task is active), then cancels the running windows and restores their
+        # unacked messages to the queue at once, instead of after the visibility timeout.
+        # Keep it under the orchestrator's stop grace period. Not on idle: we use no ETA
+        # tasks, so an idle worker has nothing to hand back and exits at once.
+        "worker_soft_shutdown_timeout": settings.soft_shutdown_s,
         "worker_enable_soft_shutdown_on_idle": False,
         "worker_hijack_root_logger": False,
         "task_default_queue": settings.cpu_queue,

@@ -12,7 +12,7 @@ import msgspec
 
 from producer.errors import ValidationError
 from producer.settings import Settings
-from producer.wire import Candidate, StreamSpec
+from producer.wire import Candidate, StreamSpec, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
 # plain tokens, so neither can reach into another stream's key space.
@@ -42,9 +42,10 @@ def _field_path(prefix: str, exc: msgspec.ValidationError) -> ValidationError:
 
 
 def to_candidates(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[Candidate]:
+    if isinstance(candidates, (str, bytes, Mapping)) or not isinstance(candidates, Iterable):
+        raise ValidationError("candidates", f"must be a list of candidates, got {type(candidates).__name__}")
     items = list(candidates)
-    if all(isinstance(c, Candidate) for c in items):
-        return items  # type: ignore[return-value]
+    # Candidate instances go through msgspec too: a struct built in Python is not type-checked.
     try:
         return msgspec.convert(
             [msgspec.structs.asdict(c) if isinstance(c, Candidate) else c for c in items],
@@ -94,8 +95,16 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
         if sum(len(h) for h in c.heading_path) > settings.max_text_chars:
             raise ValidationError(f"{at}.heading_path", f"exceeds the limit of {settings.max_text_chars} characters")
         _finite(f"{at}.fusion_score", c.fusion_score)
-        if c.proof_count is not None and c.proof_count < 0:
-            raise ValidationError(f"{at}.proof_count", "must not be negative")
+        if c.proof_count is not None and not 0 <= c.proof_count < 2**63:
+            raise ValidationError(f"{at}.proof_count", "must be a non-negative 64-bit integer")
+        if c.metadata:
+            # Stored as msgpack: it must encode (integers within 64 bits) and stay small.
+            try:
+                size = len(encode(c.metadata))
+            except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+                raise ValidationError(f"{at}.metadata", f"cannot be stored: {exc}") from None
+            if size > settings.max_text_chars:
+                raise ValidationError(f"{at}.metadata", f"{size} bytes encoded exceeds the limit of {settings.max_text_chars}")
         if c.embedding is not None:
             if not c.embedding:
                 raise ValidationError(f"{at}.embedding", "must not be empty")
@@ -117,6 +126,13 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
 
 
 def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
+    # A struct built from a caller's keyword arguments is not type-checked: run it through
+    # msgspec so a wrong type is a ValidationError naming the field, not a TypeError later.
+    try:
+        spec = msgspec.convert(msgspec.structs.asdict(spec), StreamSpec)
+    except msgspec.ValidationError as exc:
+        error = _field_path("", exc)
+        raise ValidationError(error.field.lstrip(".") or "spec", error.message) from None
     if not spec.query or not spec.query.strip():
         raise ValidationError("query", "must not be empty")
     if len(spec.query) > settings.max_query_chars:

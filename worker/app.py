@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import os
+from celery import Celery, signals
 
-# SIGTERM (what docker, systemd and Kubernetes send) starts Celery's soft shutdown:
-# running windows get worker_soft_shutdown_timeout to commit, then their messages go
-# back to the queue. Plain warm shutdown would wait on them without bound, until the
-# orchestrator's SIGKILL leaves them unacked for a whole visibility timeout. billiard
-# reads this once at import, so it is set before Celery's worker modules load; an
-# operator's own value wins.
-os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
-
-from celery import Celery, signals  # noqa: E402
-
-from producer.celery_config import TASK_NAME, celery_config  # noqa: E402
-from producer.settings import Settings  # noqa: E402
-from worker.runtime import get_runtime, reset_runtime  # noqa: E402
-from worker.sweep import SweepTimer  # noqa: E402
+from producer.celery_config import TASK_NAME, celery_config
+from producer.settings import Settings
+from worker.runtime import get_runtime, reset_runtime
+from worker.sweep import SweepTimer
 
 
 def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True) -> Celery:

@@ -38,24 +38,36 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    """Start, stop and restart one private redis-server; data survives a restart when AOF is on."""
+    """Start, stop and restart one private redis-server; data survives a restart when AOF is on.
+
+    With ``tls=(cert_file, key_file)`` it serves TLS only (the certificate is also the CA
+    clients trust), and ``url`` is a ``rediss://`` URL carrying ``ssl_ca_certs``.
+    """
 
     def __init__(self, *, appendonly: bool = False, port: int | None = None, directory: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None, tls: tuple[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
+        self.tls = tls
         self.directory = directory or tempfile.mkdtemp(prefix="rerankq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls[0]}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
+        ports = ["--port", str(self.port)]
+        if self.tls:
+            cert, key = self.tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key,
+                     "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
         args = [
-            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.directory,
+            redis_server_binary(), *ports, "--bind", "127.0.0.1", "--dir", self.directory,
             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", os.path.join(self.directory, "redis.log"),
         ]

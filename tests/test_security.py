@@ -1,0 +1,133 @@
+"""Hostile input and secrets: no pickle, no reaching another stream, passwords and TLS, redaction."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from conftest import make_candidates, namespace_keys
+from delivery_helpers import provider_env, pull_until_complete, wait_for
+from producer import ValidationError
+from producer.celery_config import TASK_NAME, broker_tls, celery_config
+from producer.settings import load_settings
+from worker.embedded_redis import EmbeddedRedis
+from worker.logs import _RedactingFilter, redact_text
+
+
+class RunsWhenUnpickled:
+    """Unpickling this creates a file: proof that a worker executed attacker data."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (str(self.path), "w"))
+
+
+def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client, base_env, tmp_path, raw_redis,
+                                                      namespace):
+    worker = start_worker(env=provider_env("FastProvider"))
+    settings = load_settings(base_env)
+    sender = Celery("attacker", set_as_current=False)
+    sender.conf.update(celery_config(settings))
+    proof = tmp_path / "pwned"
+
+    sender.send_task(TASK_NAME, args=[RunsWhenUnpickled(proof), 0], queue=settings.cpu_queue, serializer="pickle")
+    # A JSON message whose stream id tries to reach outside its own keys.
+    for hostile in ("s_x}:results", "k_*", "k_a}{b", "../" * 3):
+        sender.send_task(TASK_NAME, args=[hostile, 0], queue=settings.cpu_queue)
+    wait_for(lambda: "Refusing to deserialize" in worker.log(), 20, "the worker to refuse the pickle")
+    wait_for(lambda: worker.log().count("ValidationError") >= 4, 20, "the hostile ids to be refused")
+
+    assert not proof.exists(), "the pickle payload was executed"
+    assert namespace_keys(raw_redis, namespace) == []
+    # The worker is still serving honest work.
+    client = make_client()
+    stream = client.open("payment gateway error", make_candidates(10), window_size=10)
+    assert pull_until_complete(client, stream, 10, timeout_s=20).total == 10
+    sender.close()
+
+
+def test_idempotency_keys_and_stream_ids_are_tokens(make_client):
+    client = make_client()
+    for key in ("a}b", "a:b", "a*", "", "x" * 65, "a b", "é"):
+        with pytest.raises(ValidationError) as err:
+            client.open("q", make_candidates(3), idempotency_key=key, allow_shallow=True)
+        assert err.value.field == "idempotency_key"
+    for stream_id in ("s_" + "g" * 32, "k_a}b", "x", "s_abc"):
+        with pytest.raises(ValidationError) as err:
+            client.status(stream_id)
+        assert err.value.field == "stream_id"
+
+
+def test_password_protected_redis_end_to_end_and_the_password_is_never_logged(start_worker, make_client):
+    password = "pw-" + uuid.uuid4().hex
+    server = EmbeddedRedis(password=password).start()
+    try:
+        env = provider_env("FastProvider")
+        env["RERANKQ_REDIS_URL"] = server.url
+        worker = start_worker(env=env, args=["--device", "cpu", "--loglevel", "DEBUG"])
+        client = make_client(redis_url=server.url)
+        stream = client.open("payment gateway error", make_candidates(10), window_size=10)
+        assert pull_until_complete(client, stream, 10, timeout_s=30).total == 10
+        worker.stop()
+        log = worker.log()
+        assert "Connected to redis://:***@" in log or ":**@" in log
+        assert password not in log
+        # Without the password nothing is readable.
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port).get("x")
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def test_tls_redis_end_to_end(start_worker, make_client, tls_files):
+    password = "pw-" + uuid.uuid4().hex
+    server = EmbeddedRedis(password=password, tls=tls_files).start()
+    try:
+        assert server.url.startswith("rediss://")
+        env = provider_env("FastProvider")
+        env["RERANKQ_REDIS_URL"] = server.url
+        worker = start_worker(env=env)
+        client = make_client(redis_url=server.url)
+        stream = client.open("payment gateway error", make_candidates(10), window_size=10)
+        assert pull_until_complete(client, stream, 10, timeout_s=30).total == 10
+        assert password not in worker.log()
+    finally:
+        server.stop()
+
+
+def test_rediss_broker_verifies_certificates_unless_told_not_to():
+    import ssl
+
+    assert broker_tls("rediss://h:6380/0")["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    assert broker_tls("rediss://h:6380/0?ssl_cert_reqs=none")["ssl_cert_reqs"] == ssl.CERT_NONE
+    assert broker_tls("redis://h:6379/0") is None
+
+
+def test_redaction_covers_urls_bearer_tokens_and_stdlib_records():
+    line = "connect rediss://user:hunter2@h:6380/0 and redis://:s3cret@h/0 with Authorization: Bearer abc.def"
+    redacted = redact_text(line)
+    for secret in ("hunter2", "s3cret", "abc.def"):
+        assert secret not in redacted
+    record = logging.LogRecord("kombu", logging.INFO, __file__, 1, "Connected to %s", ("redis://:p4ss@h/0",), None)
+    _RedactingFilter().filter(record)
+    assert "p4ss" not in record.getMessage()
