@@ -298,3 +298,36 @@ def test_failed_start_is_retried_no_sooner_than_member_restart_s():
     time.sleep(0.35)
     assert chain.run(request(2)).failovers == ["0:tei: config"]
     assert chain.members[0].start_attempts == 2
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"RERANKQ_BREAKER_FAILURES": "0"}, "RERANKQ_BREAKER_FAILURES"),
+        ({"RERANKQ_BREAKER_COOLDOWN_S": "soon"}, "RERANKQ_BREAKER_COOLDOWN_S"),
+        ({"RERANKQ_FLAT_RANGE": "-1"}, "RERANKQ_FLAT_RANGE"),
+        ({"RERANKQ_MEMBER_RESTART_S": "0"}, "RERANKQ_MEMBER_RESTART_S"),
+        ({"RERANKQ_CHAIN_FAST": "0,two"}, "RERANKQ_CHAIN_FAST"),
+        ({"RERANKQ_CHAIN_FAST": "0,2"}, "RERANKQ_CHAIN_FAST"),  # the default chain has members 0 and 1
+        ({"RERANKQ_CHAIN_FAST": "1,1"}, "RERANKQ_CHAIN_FAST"),
+    ],
+)
+def test_bad_chain_settings_name_the_variable(environ, variable):
+    from producer.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        load_settings(environ)
+    assert raised.value.variable == variable
+
+
+def test_chain_profile_settings():
+    settings = load_settings({"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": "http://tei:8080",
+                              "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+                              "RERANKQ_CHAIN_PRIVATE": "0,2", "RERANKQ_BREAKER_FAILURES": "5",
+                              "RERANKQ_BREAKER_COOLDOWN_S": "7.5"})
+    assert settings.chain_profiles == {"private": [0, 2]}
+    assert (settings.breaker_failures, settings.breaker_cooldown_s) == (5, 7.5)
+    chain = Chain.from_settings(settings)
+    assert [m.label for m in chain.members_for("PRIVATE")] == ["0:tei", "2:rrf"]
+    assert chain.members_for("nope") is None
+    chain.close()
