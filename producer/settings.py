@@ -101,9 +101,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     # The local engine (issue 6). precision: auto picks bf16 on CPUs with native bf16
     # (AMX / avx512_bf16) and fp16 on CUDA, each kept only if a ranking-parity probe at
-    # load passes; int8 (dynamic quantisation) is opt-in. Batches are sized by padded
-    # tokens, not pair count, so short documents share a batch and long ones do not pad it.
-    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
+    # load passes. Batches are sized by padded tokens, not pair count, so short
+    # documents share a batch and long ones do not pad it.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     token_budget: int = 8192
     # Coalescing: windows of many streams scored in one forward pass (threads pool).
     # None: on for the GPU worker and the threads pool, off for prefork.
