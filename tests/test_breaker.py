@@ -19,10 +19,13 @@ from worker.breaker import Breaker, Gate
 
 # -- the state machine ----------------------------------------------------------
 
+# Long enough that a busy machine does not see it pass between two calls.
+COOLDOWN_S = 0.6
+
 
 @pytest.fixture
 def breaker(raw_redis, namespace) -> Breaker:
-    return Breaker(raw_redis, Keys(namespace), failures=3, cooldown_s=0.3)
+    return Breaker(raw_redis, Keys(namespace), failures=3, cooldown_s=COOLDOWN_S)
 
 
 def test_opens_after_k_consecutive_failures_only(breaker):
@@ -40,7 +43,7 @@ def test_opens_after_k_consecutive_failures_only(breaker):
 def test_after_cooldown_exactly_one_concurrent_caller_gets_the_probe(breaker):
     for _ in range(3):
         breaker.record_failure("0:tei")
-    time.sleep(0.35)
+    time.sleep(COOLDOWN_S + 0.05)
     gates: list[Gate] = []
     start = threading.Barrier(12)
 
@@ -61,22 +64,22 @@ def test_after_cooldown_exactly_one_concurrent_caller_gets_the_probe(breaker):
 def test_failed_probe_opens_for_another_cooldown(breaker):
     for _ in range(3):
         breaker.record_failure("0:tei")
-    time.sleep(0.35)
+    time.sleep(COOLDOWN_S + 0.05)
     assert breaker.acquire("0:tei", probe_lease_s=5) is Gate.PROBE
     assert breaker.record_failure("0:tei") == "opened"  # one failure is enough when half-open
     assert breaker.acquire("0:tei", probe_lease_s=5) is Gate.SKIP
-    time.sleep(0.35)
+    time.sleep(COOLDOWN_S + 0.05)
     assert breaker.acquire("0:tei", probe_lease_s=5) is Gate.PROBE
 
 
 def test_a_probe_whose_holder_died_lapses(breaker):
     for _ in range(3):
         breaker.record_failure("0:tei")
-    time.sleep(0.35)
-    assert breaker.acquire("0:tei", probe_lease_s=0.2) is Gate.PROBE
-    assert breaker.acquire("0:tei", probe_lease_s=0.2) is Gate.SKIP
-    time.sleep(0.25)  # the holder never reported back
-    assert breaker.acquire("0:tei", probe_lease_s=0.2) is Gate.PROBE
+    time.sleep(COOLDOWN_S + 0.05)
+    assert breaker.acquire("0:tei", probe_lease_s=0.6) is Gate.PROBE
+    assert breaker.acquire("0:tei", probe_lease_s=0.6) is Gate.SKIP
+    time.sleep(0.65)  # the holder never reported back
+    assert breaker.acquire("0:tei", probe_lease_s=0.6) is Gate.PROBE
 
 
 # -- real workers ---------------------------------------------------------------
@@ -121,7 +124,7 @@ def score_windows(client, n_windows: int, size: int = 4) -> tuple[str, list[str]
 
 def test_open_breaker_makes_no_call_and_the_probe_closes_it(tei, start_worker, make_client):
     tei.mode = "500"
-    worker = start_worker(env=chain_env(tei, failures=2, cooldown_s=2), drop=("RERANKQ_RERANKER_MODEL",))
+    worker = start_worker(env=chain_env(tei, failures=2, cooldown_s=3), drop=("RERANKQ_RERANKER_MODEL",))
     client = make_client()
 
     _, served, failovers = score_windows(client, 5)
@@ -133,7 +136,7 @@ def test_open_breaker_makes_no_call_and_the_probe_closes_it(tei, start_worker, m
     assert counters["provider_calls:0:tei"] == 2 and counters["failovers:0:tei"] == 5
 
     tei.mode = "ok"  # the member recovers; the breaker only learns it from a probe
-    time.sleep(max(0.0, opened_at + 2.1 - time.monotonic()))
+    time.sleep(max(0.0, opened_at + 3.1 - time.monotonic()))
     _, served, failovers = score_windows(client, 3)
     assert served == ["0:tei"] * 3 and failovers == [[], [], []]
     assert tei.count == 5  # the probe, then two calls through the closed breaker

@@ -231,7 +231,7 @@ def test_429_whose_retry_after_outlives_the_deadline_fails_over_at_once(server):
     began = time.monotonic()
     outcome = run(MemberSettings(provider="tei", url=tei.url, max_retries=3, timeout_s=1), n=4)
     assert outcome.failovers == ["0:tei: http_429"] and tei.count == 1
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 0.9  # not slept to the deadline, let alone 30 s
 
 
 # -- privacy --------------------------------------------------------------------
