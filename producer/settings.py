@@ -121,6 +121,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Soft shutdown (SIGQUIT, or SIGTERM with REMAP_SIGTERM=SIGQUIT): running windows get
     # this long to commit before they are cancelled and their messages requeued.
     soft_shutdown_s: float = 20.0
+    # The bound on one stream's candidate payload in Redis (msgpack bytes); README's
+    # "Guarantees" derives the memory bound per stream from it.
+    max_stream_bytes: int = 32 * 1024 * 1024
 
     # The provider chain (issue 3): an answer whose scores span less than flat_range
     # across at least flat_min_window documents is a broken model, not a judgement.
@@ -160,7 +163,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
-    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "token_budget", "coalesce_max_pairs",
+    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "max_stream_bytes", "token_budget", "coalesce_max_pairs",
     "flat_min_window", "breaker_failures", "breaker_cooldown_s", "member_restart_s",
 )
 

@@ -20,6 +20,7 @@ _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _STREAM_ID_RE = re.compile(r"^(s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64})$")
 MAX_ID_CHARS = 256
 MAX_TTL_S = 7 * 24 * 3600
+MAX_EMBEDDING_DIMS = 8192
 
 
 def check_idempotency_key(key: str) -> str:
@@ -108,6 +109,8 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
         if c.embedding is not None:
             if not c.embedding:
                 raise ValidationError(f"{at}.embedding", "must not be empty")
+            if len(c.embedding) > MAX_EMBEDDING_DIMS:
+                raise ValidationError(f"{at}.embedding", f"more than {MAX_EMBEDDING_DIMS} dimensions")
             if dims is None:
                 dims = len(c.embedding)
             elif len(c.embedding) != dims:
@@ -122,6 +125,11 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
                 mentioned_at=_utc(c.mentioned_at),
             )
         )
+    # The per-field limits bound each candidate; this bounds the stream (its memory in Redis).
+    size = sum(len(encode(c)) for c in out)
+    if size > settings.max_stream_bytes:
+        raise ValidationError("candidates", f"{size} bytes encoded exceeds the limit of {settings.max_stream_bytes} "
+                                            "per stream (RERANKQ_MAX_STREAM_BYTES)")
     return out
 
 

@@ -131,3 +131,21 @@ def test_redaction_covers_urls_bearer_tokens_and_stdlib_records():
     record = logging.LogRecord("kombu", logging.INFO, __file__, 1, "Connected to %s", ("redis://:p4ss@h/0",), None)
     _RedactingFilter().filter(record)
     assert "p4ss" not in record.getMessage()
+
+
+def test_size_limits_refuse_before_anything_is_written(make_client, raw_redis, namespace):
+    client = make_client(max_stream_bytes=4096, max_text_chars=1000, max_query_chars=50)
+    cases = {
+        "candidates": [{"id": f"c{i}", "text": "x" * 900} for i in range(10)],  # over the stream bound
+        "candidates[0].text": [{"id": "c0", "text": "x" * 1001}],
+        "candidates[0].metadata": [{"id": "c0", "metadata": {"blob": "x" * 2000}}],
+        "candidates[0].embedding": [{"id": "c0", "embedding": [0.0] * 9000}],
+    }
+    for field, candidates in cases.items():
+        with pytest.raises(ValidationError) as err:
+            client.open("q", candidates, allow_shallow=True)
+        assert err.value.field == field
+    with pytest.raises(ValidationError) as err:
+        client.open("q" * 51, [{"id": "a", "text": "t"}], allow_shallow=True)
+    assert err.value.field == "query"
+    assert namespace_keys(raw_redis, namespace) == []
