@@ -20,6 +20,7 @@ import structlog
 
 from producer.keys import Keys
 from producer.settings import MEMBER_PREFIX, MemberSettings, Settings, chain_profile_variable
+from producer.store import connect
 from worker.breaker import Breaker, Gate, breaker_id
 from worker.providers import build_provider
 from worker.providers.base import Provider, ProviderError, ProviderStartError, Scale, ScoreRequest, UnusableResponse
@@ -210,6 +211,7 @@ class Chain:
         self.flat_range = flat_range
         self._on_call = on_call or (lambda label: None)
         self._on_failover = on_failover or (lambda label, reason: None)
+        self._owned_redis: redis.Redis | None = None  # a connection made for the breaker alone
 
     @classmethod
     def from_settings(
@@ -241,19 +243,20 @@ class Chain:
             member = Member(index, member_settings, _not_bound, restart_s=settings.member_restart_s)
             member._build = builder(member)
             members.append(member)
+        owned: redis.Redis | None = None
         if "breaker" not in kwargs:
             url = settings.redis_url or settings.broker_url
             if redis_client is None and url:
-                from producer.store import connect
-
-                redis_client = connect(url)
+                redis_client = owned = connect(url)
             if redis_client is not None:
                 kwargs["breaker"] = Breaker(redis_client, Keys(settings.namespace),
                                             failures=settings.breaker_failures, cooldown_s=settings.breaker_cooldown_s)
         kwargs.setdefault("flat_min_window", settings.flat_min_window)
         kwargs.setdefault("flat_range", settings.flat_range)
         kwargs.setdefault("profiles", settings.chain_profiles)
-        return cls(members, **kwargs)  # type: ignore[arg-type]
+        chain = cls(members, **kwargs)  # type: ignore[arg-type]
+        chain._owned_redis = owned
+        return chain
 
     def warm_up(self) -> None:
         """Start every member now (model load at process start); failures are logged, not fatal."""
@@ -356,3 +359,5 @@ class Chain:
     def close(self) -> None:
         for member in self.members:
             member.close()
+        if self._owned_redis is not None:
+            self._owned_redis.close()

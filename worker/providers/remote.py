@@ -117,7 +117,7 @@ class RemoteClient:
             follow_redirects=False,
         )
 
-    def headers(self, request: ScoreRequest, *, auth: str = "bearer") -> dict[str, str]:
+    def headers(self, request: ScoreRequest) -> dict[str, str]:
         headers: dict[str, str] = {}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
