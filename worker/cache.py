@@ -13,11 +13,13 @@ Both wrap a built member provider through ``Chain.from_settings(wrap=...)``.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Callable
 
 import msgspec
 import redis
+import redis.cluster
 
 from producer.keys import Keys
 from producer.settings import MemberSettings
@@ -25,6 +27,24 @@ from worker.providers.base import Provider, Scale, ScoreRequest
 
 _DOUBLE = struct.Struct("<d")
 _encode = msgspec.msgpack.Encoder().encode
+
+# A window's fresh scores, each SET with its expiry, and the hit/miss counts, in one
+# atomic command. KEYS[1] is the counters hash, KEYS[2..] the pair-score keys;
+# ARGV: ttl, hits, misses, then one packed score per pair-score key.
+_SET_WITH_EXPIRY = """
+local ttl = ARGV[1]
+for i = 2, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[i + 2], 'EX', ttl)
+end
+if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', KEYS[1], 'pair_cache_misses', ARGV[3]) end
+if tonumber(ARGV[2]) > 0 then redis.call('HINCRBY', KEYS[1], 'pair_cache_hits', ARGV[2]) end
+return #KEYS - 1
+"""
+
+
+def _cacheable(value: float | None) -> bool:
+    # None is a document the provider left out; NaN and inf the chain will reject.
+    return value is not None and math.isfinite(value)
 
 
 def provider_identity(member: MemberSettings, provider: Provider) -> str:
@@ -73,6 +93,8 @@ class CachedProvider:
         self.keys = keys
         self.ttl_s = ttl_s
         self._count = count or (lambda name, n: None)
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
+        self._set_script = client.register_script(_SET_WITH_EXPIRY)
 
     @property
     def scale(self) -> Scale | None:
@@ -91,11 +113,10 @@ class CachedProvider:
                 scores[i] = _DOUBLE.unpack(raw)[0]
             else:
                 misses.append(i)
-        if len(misses) < len(documents):
-            self._count("pair_cache_hits", len(documents) - len(misses))
+        hits = len(documents) - len(misses)
         if not misses:
+            self._count("pair_cache_hits", hits)
             return scores
-        self._count("pair_cache_misses", len(misses))
         sub = ScoreRequest(query=request.query, documents=[documents[i] for i in misses],
                            stream_id=request.stream_id, window=request.window, tenant=request.tenant)
         fresh = self.inner.score(sub, deadline=deadline)
@@ -103,34 +124,36 @@ class CachedProvider:
             return fresh  # let the chain's checks reject a wrong-length answer as they would uncached
         for i, value in zip(misses, fresh):
             scores[i] = value
-        self._write({keys[i]: value for i, value in zip(misses, fresh) if value is not None})
+        self._write({keys[i]: value for i, value in zip(misses, fresh) if _cacheable(value)}, hits, len(misses))
         return scores
 
     def _read(self, keys: list[str]) -> list[bytes | None]:
-        # A pipeline of GETs rather than one MGET: the keys hash to different slots on a
-        # Redis Cluster, and a read needs no atomicity.
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)
         try:
-            return list(pipe.execute())
+            if self._cluster:
+                # Keys hash to different slots; a read needs no atomicity, so split it.
+                return list(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
+            return list(self.client.mget(keys))
         except redis.RedisError:
             return [None] * len(keys)  # a cache outage costs provider calls, never a window
 
-    def _write(self, values: dict[str, float]) -> None:
-        # Each SET with EX writes the value and its expiry in one atomic command, so no
-        # key is ever left without a TTL; keys are independent, so no wider transaction
-        # is needed (and one would fail across Cluster slots).
-        if not values:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for key, value in values.items():
-            if value == value and abs(value) != float("inf"):  # never cache NaN or inf
-                pipe.set(key, _DOUBLE.pack(value), ex=self.ttl_s)
+    def _write(self, values: dict[str, float], hits: int, misses: int) -> None:
+        """All fresh scores and the hit/miss counts in one round trip."""
         try:
-            pipe.execute()
+            if self._cluster:
+                # A script cannot span Cluster slots. Each SET with EX still writes the
+                # value and its expiry in one atomic command; the keys are independent.
+                pipe = self.client.pipeline(transaction=False)
+                for key, value in values.items():
+                    pipe.set(key, _DOUBLE.pack(value), ex=self.ttl_s)
+                pipe.execute()
+                self._count("pair_cache_misses", misses)
+                if hits:
+                    self._count("pair_cache_hits", hits)
+                return
+            self._set_script(keys=[self.keys.counters, *values],
+                             args=[self.ttl_s, hits, misses, *(_DOUBLE.pack(v) for v in values.values())])
         except redis.RedisError:
-            pass
+            pass  # a score not cached is paid for again later, nothing worse
 
     def close(self) -> None:
         self.inner.close()

@@ -160,9 +160,10 @@ def worker_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
         "RERANKQ_ANY_QUEUE": f"{namespace}.any",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        # ops/bench on the path: the bench's custom providers load by import path.
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH_DIR)]),
-        "RERANKQ_LOG_LEVEL": "WARNING",
+        # The bench's custom providers load by import path from the repository root
+        # ("ops.bench.noop_provider:NoopProvider"); ops/bench itself is not put on the
+        # path, where its queue.py would shadow the standard library's queue.
+        "PYTHONPATH": str(ROOT),
     })
     env.update(extra)
     return env

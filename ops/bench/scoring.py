@@ -12,6 +12,13 @@ and ranking parity against fp32 (Spearman per window, max absolute score differe
 
 from __future__ import annotations
 
+import os
+import sys
+
+# This folder holds queue.py, which must not shadow the standard library's queue:
+# keep the folder on the path, but after the standard library.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import statistics
 import time

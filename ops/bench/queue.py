@@ -1,0 +1,161 @@
+"""Queue overhead: what rerankq adds over Celery itself, and what a deeper pull costs.
+
+1. One-window streams (open -> committed -> page read) with a provider that does
+   nothing, alternated with a raw Celery no-op round trip (send, worker runs it, the
+   result comes back) on the same private Redis, in the same run. The difference of
+   the medians is the project's overhead per stream.
+2. The same streams with the model (a MiniLM-L6-sized cross-encoder).
+3. A deeper pull over a committed 300-candidate stream: page reads that must cost no
+   provider call.
+
+    python ops/bench/queue.py --quick --json /tmp/queue.json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This folder holds queue.py, which must not shadow the standard library's queue:
+# keep the folder on the path, but after the standard library.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from common import Worker, bench_model, p50, percentile, print_table, rerankq_worker, worker_env, write_json
+
+from producer import RerankClient
+from producer.settings import load_settings
+from worker.embedded_redis import EmbeddedRedis
+
+WINDOW = 25
+
+
+def candidates(n: int, tag: str) -> list[dict[str, str]]:
+    return [{"id": f"c{i}", "text": f"{tag} incident note {i}: the gateway returned 502 after a certificate expired"}
+            for i in range(n)]
+
+
+def timed_stream(client: RerankClient, query: str, n: int) -> float:
+    start = time.perf_counter()
+    stream = client.open(query, candidates(n, query), window_size=WINDOW)
+    page = client.pull(stream, 0, WINDOW, timeout=60)
+    elapsed = (time.perf_counter() - start) * 1000
+    if len(page.rows) != min(n, WINDOW):
+        raise RuntimeError(f"stream {stream}: {len(page.rows)} rows")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a CrossEncoder directory for step 2 (default: the bench model)")
+    parser.add_argument("--streams", type=int, default=None, help="one-window streams per arm")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    n_streams = args.streams or (60 if args.quick else 300)
+    n_model_streams = 8 if args.quick else 30
+    n_pages = 100 if args.quick else 500
+
+    redis_server = EmbeddedRedis().start()
+    logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-queue-"))
+    workers: list[Worker] = []
+    try:
+        ns = "bq"
+        noop_env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
+        raw_env = {**noop_env, "BENCH_RAW_QUEUE": f"{ns}.raw"}
+        raw = Worker([sys.executable, "-m", "celery", "-A", "ops.bench.raw_celery", "worker", "--pool=prefork", "--concurrency=1",
+                      f"--queues={ns}.raw", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                      "--loglevel=INFO", f"--hostname=raw-{ns}@%h"], raw_env, logs / "raw.log")
+        noop = rerankq_worker(noop_env, logs / "noop.log")
+        for w in (raw, noop):
+            workers.append(w.start())
+
+        # The raw app reads its settings from the environment, as its worker does.
+        os.environ.update({k: v for k, v in raw_env.items() if k.startswith("RERANKQ_") or k == "BENCH_RAW_QUEUE"})
+        from ops.bench import raw_celery
+
+        client = RerankClient(load_settings(noop_env))
+
+        def raw_round_trip(i: int) -> float:
+            start = time.perf_counter()
+            raw_celery.noop.apply_async(args=[f"s{i}", 0], queue=f"{ns}.raw").get(timeout=60)
+            return (time.perf_counter() - start) * 1000
+
+        for i in range(5):  # warm both paths: connections, scripts, first-call imports
+            raw_round_trip(i)
+            timed_stream(client, f"warm {i}", WINDOW)
+        raw_ms, stream_ms = [], []
+        for i in range(n_streams):
+            raw_ms.append(raw_round_trip(i))
+            stream_ms.append(timed_stream(client, f"query {i}", WINDOW))
+        print(f"one-window streams: {n_streams} each, alternated", flush=True)
+        counters = client.store.counters()
+        if counters.get("windows_failed") or not any(k.startswith("provider_calls:0:ops.bench") for k in counters):
+            raise RuntimeError(f"the no-op provider did not serve the streams: {counters}")
+
+        # A deeper pull over committed windows: every window committed first, then pages read.
+        deep = client.open("deep pull query", candidates(300, "deep"), window_size=WINDOW,
+                           first_windows=300 // WINDOW)
+        full = client.pull(deep, 0, 300, timeout=120)
+        assert len(full.rows) == 300, len(full.rows)
+        calls_before = sum(v for k, v in client.store.counters().items() if k.startswith("provider_calls:"))
+        rng = random.Random(0)
+        page_ms = []
+        for _ in range(n_pages):
+            offset = rng.randrange(0, 290)
+            start = time.perf_counter()
+            page = client.pull(deep, offset, 10, timeout=5)
+            page_ms.append((time.perf_counter() - start) * 1000)
+            assert len(page.rows) == 10
+        calls_after = sum(v for k, v in client.store.counters().items() if k.startswith("provider_calls:"))
+        noop.stop()
+        raw.stop()
+
+        model_path = args.model or str(bench_model())
+        model_env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="local",
+                               RERANKQ_RERANKER_MODEL=model_path)
+        model_worker = rerankq_worker(model_env, logs / "model.log")
+        workers.append(model_worker.start())
+        for i in range(2):
+            timed_stream(client, f"model warm {i}", WINDOW)
+        model_ms = [timed_stream(client, f"model query {i}", WINDOW) for i in range(n_model_streams)]
+        client.close()
+    finally:
+        for w in workers:
+            w.stop()
+        redis_server.stop()
+
+    raw_p50, stream_p50 = p50(raw_ms), p50(stream_ms)
+    print_table(
+        "queue: milliseconds per one-window stream (25 candidates), private redis, same run",
+        ["arm", "n", "p50 ms", "p90 ms", "p99 ms"],
+        [["raw Celery no-op round trip", len(raw_ms), raw_p50, percentile(raw_ms, .9), percentile(raw_ms, .99)],
+         ["stream, no-op provider", len(stream_ms), stream_p50, percentile(stream_ms, .9), percentile(stream_ms, .99)],
+         ["overhead (p50 difference)", "", stream_p50 - raw_p50, "", ""],
+         ["stream, MiniLM-L6-sized model", len(model_ms), p50(model_ms), percentile(model_ms, .9),
+          percentile(model_ms, .99)],
+         ["deep pull page (10 rows of 300)", len(page_ms), p50(page_ms), percentile(page_ms, .9),
+          percentile(page_ms, .99)]],
+    )
+    print(f"\ndeep pull provider calls: {calls_after - calls_before}")
+    write_json(args.json_path, {
+        "raw_celery_ms_p50": raw_p50,
+        "stream_ms_p50": stream_p50,
+        "overhead_ms_p50": stream_p50 - raw_p50,
+        "model_stream_ms_p50": p50(model_ms),
+        "deep_pull_provider_calls": calls_after - calls_before,
+        "deep_pull_ms_p50": p50(page_ms),
+        "raw_celery_ms_p90": percentile(raw_ms, .9),
+        "stream_ms_p90": percentile(stream_ms, .9),
+        "deep_pull_ms_p90": percentile(page_ms, .9),
+        "streams": n_streams, "pages": n_pages,
+    })
+
+
+if __name__ == "__main__":
+    main()
