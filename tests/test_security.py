@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from conftest import make_candidates, namespace_keys
 from delivery_helpers import provider_env, pull_until_complete, wait_for
@@ -83,7 +85,7 @@ def test_password_protected_redis_end_to_end_and_the_password_is_never_logged(st
         assert password not in log
         # Without the password nothing is readable.
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=server.port).get("x")
+            redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0)).get("x")
     finally:
         server.stop()
 
@@ -149,3 +151,26 @@ def test_size_limits_refuse_before_anything_is_written(make_client, raw_redis, n
         client.open("q" * 51, [{"id": "a", "text": "t"}], allow_shallow=True)
     assert err.value.field == "query"
     assert namespace_keys(raw_redis, namespace) == []
+
+
+def test_tracebacks_are_redacted_too(capsys):
+    import structlog
+
+    from worker.logs import configure_logging
+
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    configure_logging(level="INFO")
+    try:
+        try:
+            raise ConnectionError("cannot reach redis://:tr4ceback@h:6379/0")
+        except ConnectionError:
+            logging.getLogger("kombu").exception("broker down")
+            structlog.get_logger("rerankq.test").exception("sweep_failed")
+    finally:
+        # configure_logging is process-wide: give the rest of the session its logging back.
+        structlog.reset_defaults()
+        root.handlers[:], root.level = saved_handlers, saved_level
+    err = capsys.readouterr().err
+    assert "broker down" in err and "sweep_failed" in err
+    assert "tr4ceback" not in err

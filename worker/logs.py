@@ -34,6 +34,18 @@ def redact_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str,
     return {k: "***" if _SECRET_KEYS.search(k) else _redact(v) for k, v in event.items()}
 
 
+def redact_rendered(logger: Any, method: str, rendered: Any) -> Any:
+    """Runs after the renderer: tracebacks are formatted there, after redact_secrets saw the event."""
+    return redact_text(rendered) if isinstance(rendered, str) else rendered
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Scrubs the finished line, traceback included (the filter sees only the message)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
 class _RedactingFilter(logging.Filter):
     """Redacts stdlib records too (Celery, kombu and redis-py log URLs)."""
 
@@ -52,6 +64,7 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             redact_secrets,
             renderer,
+            redact_rendered,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
@@ -59,7 +72,7 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_RedactingFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
