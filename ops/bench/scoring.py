@@ -129,7 +129,8 @@ def main() -> None:
     from producer.settings import load_settings
 
     on_cuda = args.device.startswith("cuda")
-    windows_n = args.windows or (4 if args.quick else 16)
+    # A GPU needs more work per timing to rise above launch overheads.
+    windows_n = args.windows or ((32 if args.quick else 128) if on_cuda else (4 if args.quick else 16))
     rounds = args.rounds or (2 if args.quick else 3)
     threads = cpu_quota()
     configure_threads(threads)
@@ -206,7 +207,8 @@ def main() -> None:
         print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects + variants),
               flush=True)
 
-    peaks = {p: matmul_peak_gflops(p, args.device) for p in {s.precision for s in subjects + variants}}
+    peaks = {p: matmul_peak_gflops(p, args.device, n=8192 if on_cuda else 2048)
+             for p in {s.precision for s in subjects + variants}}
 
     def figures(subject: Subject) -> dict[str, Any]:
         scored = windows[:len(subject.scores)]
