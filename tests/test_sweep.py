@@ -10,9 +10,9 @@ from producer import Candidate, StreamSpec
 from producer.store import Store
 
 
-def _open_without_dispatch(client, n: int, window_size: int, first_windows: int, grace_s: float) -> str:
+def _open_without_dispatch(client, n: int, window_size: int, first_windows: int, grace_s: float,
+                           stream: str = "s_" + "ab" * 16) -> str:
     """Admit windows the way the producer does, then "die" before sending their messages."""
-    stream = "s_" + "ab" * 16
     spec = StreamSpec(query="payment gateway error", window_size=window_size, n_candidates=n)
     candidates = [Candidate(id=f"c{i}", text=f"payment gateway error number {i}") for i in range(n)]
     client.store.open(stream, spec, candidates, first_windows=first_windows, enqueue_grace_s=grace_s,
@@ -95,3 +95,19 @@ def test_sweep_lock_lets_one_sweeper_per_interval(make_client):
     assert store.try_sweep_lock(0.3) is False
     time.sleep(0.35)
     assert store.try_sweep_lock(0.3) is True
+
+
+def test_sweep_once_resends_every_overdue_window_of_every_stream_once(make_client, raw_redis, namespace):
+    from worker.sweep import sweep_once
+
+    client = make_client()
+    for stream in ("s_" + "1" * 32, "s_" + "2" * 32):
+        _open_without_dispatch(client, 30, 10, 3, grace_s=0, stream=stream)
+    fresh = _open_without_dispatch(client, 10, 10, 1, grace_s=60, stream="s_" + "3" * 32)
+    time.sleep(0.01)
+
+    assert sweep_once(client.store, client.dispatcher, client.settings) == 6
+    assert raw_redis.llen(f"{namespace}.cpu") == 6  # the not-yet-due stream sent nothing
+    assert sweep_once(client.store, client.dispatcher, client.settings) == 0  # claimed
+    assert client.store.due_windows(fresh, retry_in_s=1) == []
+    raw_redis.delete(f"{namespace}.cpu")

@@ -23,9 +23,17 @@ from producer.store import Store, connect
 log = structlog.get_logger("rerankq.sweep")
 
 
+# Streams checked per round trip: one pipeline of `due` calls, each still atomic.
+SWEEP_BATCH = 500
+
+
 def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings) -> int:
     """Re-send every overdue window of every live stream. Returns how many were sent."""
-    return resend_due(store, dispatcher, store.active_streams(), retry_in_s=settings.redeliver_after_s)
+    streams = store.active_streams()
+    return sum(
+        resend_due(store, dispatcher, streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s)
+        for i in range(0, len(streams), SWEEP_BATCH)
+    )
 
 
 class SweepTimer:
