@@ -104,7 +104,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # load passes. Batches are sized by padded tokens, not pair count, so short
     # documents share a batch and long ones do not pad it.
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    token_budget: int = 8192
+    token_budget: int | None = None  # padded tokens per forward batch; None: 8192 CPU, 65536 CUDA
     # Coalescing: windows of many streams scored in one forward pass (threads pool).
     # None: on for the GPU worker and the threads pool, off for prefork.
     coalesce: bool | None = None
@@ -163,7 +163,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
-    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "max_stream_bytes", "token_budget", "coalesce_max_pairs",
+    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "max_stream_bytes", "coalesce_max_pairs",
     "flat_min_window", "breaker_failures", "breaker_cooldown_s", "member_restart_s",
 )
 
@@ -267,7 +267,7 @@ def load_settings(
     return settings
 
 
-_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce"}
+_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce", "token_budget"}
 
 
 def _check(settings: Settings) -> None:
@@ -297,7 +297,7 @@ def _check(settings: Settings) -> None:
     for field in ("cpu_queue", "gpu_queue", "any_queue"):
         if not _NAME_RE.match(getattr(settings, field)):
             raise ConfigError(_env_name(field), "must be 1-64 of A-Z a-z 0-9 _ . -")
-    for field in ("worker_processes", "torch_threads"):
+    for field in ("worker_processes", "torch_threads", "token_budget"):
         value = getattr(settings, field)
         if value is not None and value <= 0:
             raise ConfigError(_env_name(field), f"must be positive, got {value}")
