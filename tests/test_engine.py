@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -123,3 +124,24 @@ def test_spearman():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 2], [1, 1, 2]) == pytest.approx(1.0)
+
+
+def test_the_models_activation_is_applied_so_the_declared_scale_holds(tiny_model_dir: Path, tiny_cross_encoder,
+                                                                     fp32_settings):
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from worker.providers.local import activation_scale
+
+    raw = CrossEncoder(str(tiny_model_dir), device="cpu", activation_fn=torch.nn.Identity())
+    pairs = realistic_pairs(20, seed=4)
+    logits = ScoringEngine(raw, settings=fp32_settings).score_pairs(pairs)
+    expected = [float(x) for x in raw.predict(pairs, batch_size=32, show_progress_bar=False)]
+
+    assert activation_scale(raw) == "logit"
+    assert max(abs(a - b) for a, b in zip(logits, expected)) < 1e-5
+    # The same model with its default sigmoid: probabilities, the sigmoid of those logits.
+    probabilities = ScoringEngine(tiny_cross_encoder, settings=fp32_settings).score_pairs(pairs)
+    assert activation_scale(tiny_cross_encoder) == "probability"
+    assert max(abs(1 / (1 + math.exp(-x)) - p) for x, p in zip(logits, probabilities)) < 1e-5
+    assert logits != probabilities
