@@ -58,7 +58,6 @@ def load_cross_encoder(name_or_path: str, *, device: str) -> Any:
     return CrossEncoder(name_or_path, device=device)
 
 
-
 # --- precision --------------------------------------------------------------------------------
 
 # int8 (dynamic quantisation of the linear layers) was evaluated and is not offered:
@@ -87,6 +86,8 @@ def cpu_has_native_bf16() -> bool:
 def resolve_precision(requested: str, device: str) -> str:
     """The precision to try: ``auto`` means the fastest native one for this device."""
     if requested != "auto":
+        if requested not in PRECISIONS:
+            raise ValueError(f"unknown precision {requested!r}; one of auto, {', '.join(PRECISIONS)}")
         if requested == "fp16" and device.startswith("cpu"):
             raise ValueError("fp16 has no fast CPU kernels; use bf16 or fp32")
         return requested
@@ -289,7 +290,8 @@ class ScoringEngine:
                 logits = self.network(**tensors).logits.float()
                 if self.activation is not None:
                     logits = self.activation(logits)
-                values = logits.squeeze(-1).cpu().tolist() if logits.shape[-1] == 1 else logits[:, -1].cpu().tolist()
+                # One logit per pair; a two-class head's last column is "relevant".
+                values = logits[:, -1].cpu().tolist()
                 for i, value in zip(batch.indices, values):
                     scores[i] = float(value)
                 self.padded_tokens += batch.padded_tokens
@@ -302,7 +304,7 @@ class ScoringEngine:
 
 # --- one model copy per process ---------------------------------------------------------------
 
-_engines: dict[tuple[str, str, str, int], ScoringEngine] = {}
+_engines: dict[tuple[str, str, str, int | None], ScoringEngine] = {}
 _engines_lock = threading.Lock()
 
 
