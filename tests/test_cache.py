@@ -78,3 +78,21 @@ def test_rrf_passthrough_is_never_cached(start_worker, make_client, raw_redis, n
     assert all(r.served_by == "0:rrf" for r in page.rows)
     assert provider_calls(client, "0:rrf") == 1
     assert not [k for k in namespace_keys(raw_redis, namespace) if b":score:" in k]
+
+
+def test_a_score_is_keyed_by_the_provider_beneath_any_wrapper():
+    from producer.settings import MemberSettings
+    from worker.cache import pair_digest, provider_identity
+
+    class Model:
+        cache_identity = "local|some-model|bf16"
+
+    class Wrapper:
+        def __init__(self, inner):
+            self.inner = inner
+
+    member = MemberSettings(provider="local", model="some-model")
+    assert provider_identity(member, Wrapper(Wrapper(Model()))) == "local|some-model|bf16"
+    assert provider_identity(MemberSettings(provider="tei", url="http://tei:80"), Wrapper(object())) == "tei||http://tei:80"
+    # The three parts are framed, so no document can collide with another split of the same text.
+    assert pair_digest("p", "a b", "c") != pair_digest("p", "a", "b c")

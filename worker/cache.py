@@ -49,9 +49,12 @@ def _cacheable(value: float | None) -> bool:
 
 def provider_identity(member: MemberSettings, provider: Provider) -> str:
     """What a score depends on besides the pair: the provider and the model behind it."""
-    declared = getattr(provider, "cache_identity", None)
-    if isinstance(declared, str):
-        return declared
+    layer: object | None = provider
+    while layer is not None:  # the chain may hand us its checking wrapper: look beneath
+        declared = getattr(layer, "cache_identity", None)
+        if isinstance(declared, str):
+            return declared
+        layer = getattr(layer, "inner", None)
     return f"{member.provider}|{member.model or ''}|{member.url or ''}"
 
 
