@@ -99,6 +99,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # queued window never waits behind a busy worker while another sits idle.
         "worker_prefetch_multiplier": 1,
         "worker_disable_prefetch": True,
+        # A pool process loads its model in worker_process_init, before it reports up.
+        # Celery's default (4 s) kills a replacement process that is still loading (torch
+        # import plus weights on a busy host) and forks another, forever: the worker never
+        # serves again after its first lost process. Allow a real model load.
+        "worker_proc_alive_timeout": 300.0,
         # On broker connection loss the running windows' acks cannot be delivered and
         # their messages will be redelivered anyway: stop them instead of scoring twice.
         "worker_cancel_long_running_tasks_on_connection_loss": True,

@@ -64,3 +64,13 @@ class SuicideProvider(FastProvider):
         super().score(request, deadline=deadline)
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
+
+
+class SlowStartProvider(FastProvider):
+    """Takes RERANKQ_TEST_START_S to build, like a model loading in a fresh pool process."""
+
+    kind = "slow-start"
+
+    def __init__(self, member: object = None, settings: object = None) -> None:
+        super().__init__(member, settings)
+        time.sleep(float(os.environ.get("RERANKQ_TEST_START_S", "6")))

@@ -98,3 +98,20 @@ def test_soft_shutdown_hands_a_running_window_back(start_worker, make_client, tm
     page = pull_until_complete(client, stream, 10, timeout_s=30)
     assert page.total == 10
     assert commits_per_window(raw_redis, client, stream) == {0: 1}
+
+
+def test_a_replacement_process_that_loads_slowly_is_not_killed(start_worker, make_client, tmp_path, raw_redis):
+    """Celery's default proc_alive_timeout (4 s) would kill a replacement still loading its model, forever."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = provider_env("SlowStartProvider", mark_dir=marks, sleep_s=1)
+    env["RERANKQ_TEST_START_S"] = "6"
+    worker = start_worker(env=env)
+    client = make_client(redeliver_after_s=4)
+    stream = client.open("payment gateway error", make_candidates(10), window_size=10)
+    first = wait_for(lambda: list(marks.iterdir()), 30, "the window to start scoring")[0]
+    os.kill(int(first.name.split(".")[0]), signal.SIGKILL)
+
+    assert pull_until_complete(client, stream, 10, timeout_s=40).total == 10
+    assert commits_per_window(raw_redis, client, stream) == {0: 1}
+    assert "Timed out waiting for UP message" not in worker.log()
