@@ -24,5 +24,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+bench: $(STAMP)
+	$(PY) ops/bench/scoring.py --quick
+	$(PY) ops/bench/queue.py --quick
+	$(PY) ops/bench/scale.py --quick
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
