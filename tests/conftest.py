@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,10 +15,12 @@ import redis
 from producer import RerankClient, load_settings
 from producer.settings import Settings
 from worker.embedded_redis import EmbeddedRedis
+from worker.process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rerank_servers import RerankServer  # noqa: E402
 from tiny_model import build_tiny_cross_encoder  # noqa: E402
 
 
@@ -61,44 +61,6 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path) 
     return env
 
 
-class WorkerProcess:
-    """A real worker: ``python -m worker`` in a subprocess, as an operator starts it."""
-
-    def __init__(self, env: dict[str, str], log_path: Path, args: list[str]) -> None:
-        self.env = env
-        self.log_path = log_path
-        self.args = args
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 120.0) -> WorkerProcess:
-        self.log_path.write_bytes(b"")
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker", *self.args], env=self.env, cwd=ROOT,
-                                     stdout=log, stderr=log)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if b" ready." in self.log_path.read_bytes():
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.1)
-        raise RuntimeError(f"worker not ready:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -118,7 +80,8 @@ def start_worker(
         full = {**base_env, **(env or {})}
         for key in drop:
             full.pop(key, None)
-        worker = WorkerProcess(full, tmp_path / f"worker-{len(started)}.log", args or ["--device", "cpu"])
+        worker = WorkerProcess.rerankq(full, tmp_path / f"worker-{len(started)}.log", *(args or ["--device", "cpu"]),
+                                       cwd=ROOT)
         started.append(worker)
         return worker.start()
 
@@ -163,3 +126,17 @@ def namespace_keys(client: redis.Redis, namespace: str) -> list[bytes]:
 
 def make_candidates(n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}") -> list[dict[str, Any]]:
     return [{"id": f"{prefix}{i}", "text": text.format(i=i)} for i in range(n)]
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[[str], RerankServer]]:
+    """Start loopback rerank servers of a given shape (tests/rerank_servers.py); all stopped after."""
+    started: list[RerankServer] = []
+
+    def start(shape: str) -> RerankServer:
+        started.append(RerankServer(shape).start())
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()

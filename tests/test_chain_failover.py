@@ -8,28 +8,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
 
 import pytest
 
 from conftest import make_candidates
-from rerank_servers import RerankServer, closed_port_url, expected_score
+from rerank_servers import closed_port_url, expected_score
 
 KEY = "sk-live-CHAIN-7d1e0c9a"
 DEBUG = ["--device", "cpu", "--loglevel", "DEBUG"]
-
-
-@pytest.fixture
-def server() -> Iterator[Callable[[str], RerankServer]]:
-    started: list[RerankServer] = []
-
-    def start(shape: str) -> RerankServer:
-        started.append(RerankServer(shape).start())
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.stop()
 
 
 def wait_committed(client, stream: str, timeout_s: float = 30.0):

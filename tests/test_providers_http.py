@@ -7,32 +7,18 @@ asserted is what the chain decides: who served, and why each member was skipped.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 
 import msgspec
 import pytest
 import structlog
 
 from producer.settings import MemberSettings, Secret, Settings, load_settings
-from rerank_servers import RerankServer, closed_port_url, expected_score
+from rerank_servers import closed_port_url, expected_score
 from worker.chain import Chain, ChainOutcome
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest
 
 KEY = "sk-test-SECRET-4f9a2b"
-
-
-@pytest.fixture
-def server() -> Iterator[Callable[[str], RerankServer]]:
-    started: list[RerankServer] = []
-
-    def start(shape: str) -> RerankServer:
-        started.append(RerankServer(shape).start())
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.stop()
 
 
 def documents(n: int) -> list[str]:

@@ -9,41 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from importlib import resources
+from pathlib import Path
 
 from producer import RerankClient, load_settings
 from producer.settings import DEFAULT_MODEL
 from producer.wire import Page
 from worker.embedded_redis import EmbeddedRedis
 from worker.logs import configure_logging
-
-
-def start_worker(env: dict[str, str], log_path: str, *, timeout_s: float = 120.0) -> subprocess.Popen[bytes]:
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--device", "cpu"], env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with open(log_path, "rb") as fh:
-            if b"ready." in fh.read():
-                return proc
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}; see {log_path}")
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"worker did not become ready; see {log_path}")
-
-
-def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+from worker.process import WorkerProcess
 
 
 def print_page(title: str, page: Page) -> None:
@@ -72,11 +47,11 @@ def main() -> int:
         # The demo fails open: if the model cannot load, fusion order still answers.
         env["RERANKQ_RERANKER_1_PROVIDER"] = "rrf"
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
-    log_path = os.path.join(tempfile.mkdtemp(prefix="rerankq-demo-"), "worker.log")
-    worker = None
+    log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
+    worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
     try:
         print("starting a CPU worker (loads the model once)...")
-        worker = start_worker(env, log_path)
+        worker.start()
         with RerankClient(load_settings(env)) as client:
             stream = client.open(sample["query"], sample["candidates"], window_size=10)
             print(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
@@ -100,8 +75,7 @@ def main() -> int:
                     f"Worker log: {log_path}"
                 )
     finally:
-        if worker is not None:
-            stop_worker(worker)
+        worker.stop()
         if redis_server is not None:
             redis_server.stop()
     return 0

@@ -11,9 +11,7 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from worker.process import WorkerProcess  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("RERANKQ_BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
 
@@ -169,53 +169,8 @@ def worker_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
     return env
 
 
-class Worker:
-    """``python -m worker`` (or any command) in a subprocess, ready when it logs " ready."."""
-
-    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.command = command
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 180.0) -> Worker:
-        self.log_path.write_bytes(b"")
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command, env=self.env, cwd=ROOT, stdout=log, stderr=log)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if b" ready." in self.log_path.read_bytes():
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
-            time.sleep(0.1)
-        raise RuntimeError(f"worker not ready:\n{self.log_path.read_text()[-4000:]}")
-
-    def rss_mb(self) -> dict[str, float]:
-        """Resident memory of the worker's processes (the parent and its pool children)."""
-        import psutil
-
-        assert self.proc is not None
-        parent = psutil.Process(self.proc.pid)
-        out = {"parent": parent.memory_info().rss / 2**20}
-        for i, child in enumerate(parent.children(recursive=True)):
-            out[f"child{i}"] = child.memory_info().rss / 2**20
-        return out
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-
-def rerankq_worker(env: dict[str, str], log_path: Path, *args: str) -> Worker:
-    return Worker([sys.executable, "-m", "worker", "--device", "cpu", *args], env, log_path)
+def rerankq_worker(env: dict[str, str], log_path: Path, *args: str) -> WorkerProcess:
+    return WorkerProcess.rerankq(env, log_path, "--device", "cpu", *args, cwd=ROOT)
 
 
 def cpu_quota() -> int:

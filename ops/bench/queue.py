@@ -26,11 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Worker, bench_model, p50, percentile, print_table, rerankq_worker, worker_env, write_json
+from common import ROOT, bench_model, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded_redis import EmbeddedRedis
+from worker.process import WorkerProcess
 
 WINDOW = 25
 
@@ -63,14 +64,15 @@ def main() -> None:
 
     redis_server = EmbeddedRedis().start()
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-queue-"))
-    workers: list[Worker] = []
+    workers: list[WorkerProcess] = []
     try:
         ns = "bq"
         noop_env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
         raw_env = {**noop_env, "BENCH_RAW_QUEUE": f"{ns}.raw"}
-        raw = Worker([sys.executable, "-m", "celery", "-A", "ops.bench.raw_celery", "worker", "--pool=prefork", "--concurrency=1",
-                      f"--queues={ns}.raw", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                      "--loglevel=INFO", f"--hostname=raw-{ns}@%h"], raw_env, logs / "raw.log")
+        raw = WorkerProcess([sys.executable, "-m", "celery", "-A", "ops.bench.raw_celery", "worker", "--pool=prefork",
+                             "--concurrency=1", f"--queues={ns}.raw", "--without-gossip", "--without-mingle",
+                             "--without-heartbeat", "--loglevel=INFO", f"--hostname=raw-{ns}@%h"],
+                            raw_env, logs / "raw.log", cwd=ROOT)
         noop = rerankq_worker(noop_env, logs / "noop.log")
         for w in (raw, noop):
             workers.append(w.start())

@@ -23,11 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Worker, bench_model, print_table, realistic_pairs, worker_env, write_json
+from common import ROOT, bench_model, print_table, realistic_pairs, worker_env, write_json
 
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded_redis import EmbeddedRedis
+from worker.process import WorkerProcess
 
 WINDOW = 25
 
@@ -70,8 +71,8 @@ def main() -> None:
                              RERANKQ_RERANKER_MODEL=model_path, RERANKQ_PAIR_CACHE="false",
                              RERANKQ_COALESCE=coalesce)
             log_path = logs / f"{name}.log"
-            worker = Worker([sys.executable, "-m", "worker", *device_args, "--threads", str(args.threads),
-                             "--loglevel", "DEBUG"], env, log_path).start()
+            worker = WorkerProcess.rerankq(env, log_path, *device_args, "--threads", str(args.threads),
+                                           "--loglevel", "DEBUG", cwd=ROOT).start()
             client = RerankClient(load_settings(env))
             try:
                 score_all(client, streams_pairs[:2], args.device)  # warm-up
