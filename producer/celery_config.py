@@ -71,7 +71,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
         # A message is a trigger: (stream_id, window). JSON only: a worker refuses (and
-        # drops, unexecuted) a pickle or any other content type.
+        # drops, unexecuted) a message of any other content type, binary serialisers included.
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
