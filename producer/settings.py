@@ -303,8 +303,9 @@ def _check(settings: Settings) -> None:
             raise ConfigError(_env_name(field), f"must be positive, got {value}")
     for field in ("redis_url", "broker_url"):
         url = getattr(settings, field)
-        if url and not re.match(r"^(redis|rediss|unix|redis\+sentinel|sentinel)://", url):
-            raise ConfigError(_env_name(field), "must be a redis://, rediss://, unix:// or sentinel:// URL")
+        # Sentinel is not wired into the store's client yet, so its URLs are refused rather than half-supported.
+        if url and not re.match(r"^(redis|rediss|unix)://", url):
+            raise ConfigError(_env_name(field), "must be a redis://, rediss:// or unix:// URL")
 
 
 def _check_budget(settings: Settings) -> None:
