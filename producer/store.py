@@ -205,8 +205,11 @@ class Store:
 
     def active_streams(self) -> list[str]:
         """Live stream ids; expired ones are pruned from the index as a side effect."""
-        self.client.zremrangebyscore(self.keys.active_streams, "-inf", _now_ms())
-        return [s.decode() for s in self.client.zrange(self.keys.active_streams, 0, -1)]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.zremrangebyscore(self.keys.active_streams, "-inf", _now_ms())
+        pipe.zrange(self.keys.active_streams, 0, -1)
+        _, live = pipe.execute()
+        return [s.decode() for s in live]
 
     def try_sweep_lock(self, hold_s: float) -> bool:
         """One sweeper per interval across all workers: the lock is never released, it expires."""
