@@ -42,7 +42,7 @@ from kombu.exceptions import OperationalError  # noqa: E402
 
 from producer import RerankClient, load_settings  # noqa: E402
 from producer.errors import StreamNotFound  # noqa: E402
-from worker.embedded_redis import EmbeddedRedis  # noqa: E402
+from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
 
 NAMESPACE = "chaos"
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OperationalError, OSError)

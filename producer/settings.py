@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
+import tomllib
 
 from producer.errors import ConfigError
 

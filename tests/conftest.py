@@ -14,8 +14,8 @@ import redis
 
 from producer import RerankClient, load_settings
 from producer.settings import Settings
-from worker.embedded_redis import EmbeddedRedis
-from worker.process import WorkerProcess
+from worker.embedded.redis_server import EmbeddedRedis
+from worker.embedded.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
 from conftest import make_candidates
-from producer.keys import Keys
 from rerank_servers import RerankServer
-from worker.breaker import Breaker, Gate
+
+from producer.keys import Keys
+from worker.chain.breaker import Breaker, Gate
 
 # -- the state machine ----------------------------------------------------------
 

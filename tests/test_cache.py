@@ -4,7 +4,6 @@ the reader cannot tell a cached score from a fresh one."""
 from __future__ import annotations
 
 import msgspec
-
 from conftest import make_candidates, namespace_keys
 
 QUERY = "payment gateway error after a certificate expired"
@@ -82,7 +81,7 @@ def test_rrf_passthrough_is_never_cached(start_worker, make_client, raw_redis, n
 
 def test_a_score_is_keyed_by_the_provider_beneath_any_wrapper():
     from producer.settings import MemberSettings
-    from worker.cache import pair_digest, provider_identity
+    from worker.chain.cache import pair_digest, provider_identity
 
     class Model:
         cache_identity = "local|some-model|bf16"

@@ -10,7 +10,6 @@ import shutil
 import time
 
 import pytest
-
 from conftest import make_candidates
 from rerank_servers import closed_port_url, expected_score
 

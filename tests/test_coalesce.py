@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pytest
-
 from conftest import make_candidates
-from worker.coalesce import CoalesceTimeout, Coalescer
+
+from worker.engine.coalesce import Coalescer, CoalesceTimeout
 
 QUERIES = [f"payment gateway error {topic}" for topic in ("tls", "dns", "retry", "region", "checkout", "cache")]
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, make_candidates, namespace_keys
+
 from producer import ConfigError, ValidationError, load_settings
 
 

@@ -6,9 +6,9 @@ import os
 import signal
 
 import pytest
-
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
+
 from producer.celery_config import celery_config
 from producer.settings import load_settings
 

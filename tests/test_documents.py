@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producer.wire import Candidate
-from worker.documents import ELLIPSIS, assemble, clip, date_prefix, excerpt, first_match, is_boundary
+from worker.scoring.documents import ELLIPSIS, assemble, clip, date_prefix, excerpt, first_match, is_boundary
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 JUNE_5 = dt.datetime(2022, 6, 5, 14, 30, tzinfo=dt.timezone.utc)

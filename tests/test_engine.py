@@ -9,14 +9,9 @@ from pathlib import Path
 import pytest
 
 from producer.settings import load_settings
-from worker.engine import (
-    ScoringEngine,
-    load_cross_encoder,
-    plan_batches,
-    resolve_precision,
-    shared_engine,
-)
-from worker.parity import spearman
+from worker.engine import ScoringEngine, load_cross_encoder, plan_batches, shared_engine
+from worker.engine.parity import spearman
+from worker.engine.precision import resolve_precision
 
 WORDS = "payment gateway checkout error outage recover restart certificate tls load balancer dns retry region".split()
 

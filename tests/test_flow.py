@@ -6,8 +6,8 @@ import math
 
 import msgspec
 import pytest
-
 from conftest import make_candidates
+
 from producer import Failed, Filtered, Ranked
 from producer.celery_config import TASK_NAME
 

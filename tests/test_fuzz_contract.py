@@ -12,10 +12,10 @@ import string
 
 import msgspec
 import pytest
+from conftest import namespace_keys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import namespace_keys
 from producer import ValidationError
 from producer.keys import Keys
 from producer.settings import load_settings

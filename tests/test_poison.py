@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete
+
 from producer import Failed
 
 

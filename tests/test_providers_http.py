@@ -11,9 +11,9 @@ import time
 import msgspec
 import pytest
 import structlog
+from rerank_servers import closed_port_url, expected_score
 
 from producer.settings import MemberSettings, Secret, Settings, load_settings
-from rerank_servers import closed_port_url, expected_score
 from worker.chain import Chain, ChainOutcome
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import redis
-
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
-from worker.embedded_redis import EmbeddedRedis
+
+from worker.embedded.redis_server import EmbeddedRedis
 
 
 @pytest.fixture

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import redis
 from celery import Celery
+from conftest import make_candidates, namespace_keys
+from delivery_helpers import provider_env, pull_until_complete, wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from conftest import make_candidates, namespace_keys
-from delivery_helpers import provider_env, pull_until_complete, wait_for
 from producer import ValidationError
 from producer.celery_config import TASK_NAME, broker_tls, celery_config
 from producer.settings import load_settings
-from worker.embedded_redis import EmbeddedRedis
+from worker.embedded.redis_server import EmbeddedRedis
 from worker.logs import _RedactingFilter, redact_text
 
 

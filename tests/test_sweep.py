@@ -6,6 +6,7 @@ import time
 
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
+
 from producer import Candidate, StreamSpec
 from producer.store import Store
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from producer import RerankClient, load_settings
 from producer.settings import DEFAULT_MODEL
 from producer.wire import Page
-from worker.embedded_redis import EmbeddedRedis
+from worker.embedded.redis_server import EmbeddedRedis
+from worker.embedded.worker_process import WorkerProcess
 from worker.logs import configure_logging
-from worker.process import WorkerProcess
 
 
 def print_page(title: str, page: Page) -> None:

@@ -30,7 +30,8 @@ class Runtime:
     def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
         """Meter real provider calls; in front of that, the pair-score cache (never for rrf,
         whose seeded scores come from fusion rank, not from the pair)."""
-        from worker.cache import CachedProvider, MeteredProvider, provider_identity
+        from worker.chain.cache import CachedProvider, provider_identity
+        from worker.chain.metering import MeteredProvider
 
         label = f"{index}:{member.provider}"
         metered = MeteredProvider(provider, label=label, count=self.store.incr_counter)

@@ -10,9 +10,9 @@ from producer.settings import Settings
 from producer.store import Store
 from producer.wire import Failed, WindowResult
 from worker.chain import Chain
-from worker.documents import assemble, has_text
 from worker.providers.base import ScoreRequest
-from worker.scoring import decide
+from worker.scoring.decide import decide
+from worker.scoring.documents import assemble, has_text
 
 log = structlog.get_logger("rerankq.window")
 

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 
-from worker.coalesce import Coalescer
 from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
-from worker.parity import max_abs_diff
+from worker.engine.coalesce import Coalescer
+from worker.engine.parity import max_abs_diff
 
 
 def main() -> None:

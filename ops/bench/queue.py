@@ -30,8 +30,8 @@ from common import ROOT, bench_model, p50, percentile, print_table, rerankq_work
 
 from producer import RerankClient
 from producer.settings import load_settings
-from worker.embedded_redis import EmbeddedRedis
-from worker.process import WorkerProcess
+from worker.embedded.redis_server import EmbeddedRedis
+from worker.embedded.worker_process import WorkerProcess
 
 WINDOW = 25
 

@@ -28,7 +28,7 @@ from common import bench_model, cpu_quota, p50, print_table, realistic_pairs, re
 
 from producer import RerankClient
 from producer.settings import load_settings
-from worker.embedded_redis import EmbeddedRedis
+from worker.embedded.redis_server import EmbeddedRedis
 
 WINDOW = 25
 

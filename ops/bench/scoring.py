@@ -29,7 +29,7 @@ from typing import Any
 from common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 
 from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
-from worker.parity import MIN_SPEARMAN, max_abs_diff, spearman
+from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 
 Pairs = list[tuple[str, str]]
 

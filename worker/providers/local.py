@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
-from worker.coalesce import CoalesceTimeout, Coalescer
+from worker.engine.coalesce import Coalescer, CoalesceTimeout
 from worker.providers.base import ProviderStartError, ProviderUnavailable, Scale, ScoreRequest
 
 if TYPE_CHECKING:

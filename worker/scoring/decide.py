@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
-from worker import boosts
 from worker.chain import ChainOutcome
-from worker.documents import has_text
+from worker.scoring import boosts
+from worker.scoring.documents import has_text
 
 
 def sigmoid(x: float) -> float:

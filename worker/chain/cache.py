@@ -1,4 +1,4 @@
-"""The pair-score cache, and the meter that counts real provider calls.
+"""The pair-score cache.
 
 A score depends only on (provider and model, query, assembled document), so it is
 kept in Redis under a digest of the three, for ``cache_ttl_s``. A repeated query
@@ -7,7 +7,7 @@ cached number is the provider's raw score, stored as the exact 8-byte double, so
 normalisation, boosts and ``served_by`` come out the same as for a fresh score:
 a hit is indistinguishable to the reader.
 
-Both wrap a built member provider through ``Chain.from_settings(wrap=...)``.
+It wraps a built member provider through ``Chain.from_settings(wrap=...)``.
 """
 
 from __future__ import annotations
@@ -61,27 +61,6 @@ def provider_identity(member: MemberSettings, provider: Provider) -> str:
 def pair_digest(identity: str, query: str, document: str) -> str:
     # msgpack framing keeps the three parts apart: no separator can be forged by a document.
     return hashlib.blake2b(_encode([identity, query, document]), digest_size=20).hexdigest()
-
-
-class MeteredProvider:
-    """Counts ``provider_calls:<member>`` only when the provider itself is called."""
-
-    def __init__(self, inner: Provider, *, label: str, count: Callable[[str], None]) -> None:
-        self.inner = inner
-        self.kind = inner.kind
-        self.label = label
-        self._count = count
-
-    @property
-    def scale(self) -> Scale | None:
-        return self.inner.scale
-
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        self._count(f"provider_calls:{self.label}")
-        return self.inner.score(request, deadline=deadline)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class CachedProvider:

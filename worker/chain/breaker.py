@@ -22,7 +22,7 @@ from producer.settings import MemberSettings, Settings
 
 log = structlog.get_logger("rerankq.breaker")
 
-_SCRIPT = resources.files("worker").joinpath("breaker.lua").read_text()
+_SCRIPT = resources.files("worker.chain").joinpath("breaker.lua").read_text()
 # A breaker hash outlives its cooldown by this much, then a quiet member leaves nothing behind.
 IDLE_TTL_MS = 3_600_000
 

@@ -11,7 +11,7 @@ import re
 import unicodedata
 
 from producer.wire import Candidate
-from worker.boosts import effective_time
+from worker.scoring.boosts import effective_time
 
 # Fixed English names: strftime's %B follows the process locale, and the text a
 # model scores must not depend on which host's locale the worker started under.
