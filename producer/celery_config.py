@@ -13,6 +13,7 @@ import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from producer.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from producer.settings import Settings
 
 TASK_NAME = "rerankq.score_window"
@@ -58,11 +59,20 @@ def broker_tls(url: str) -> dict[str, Any] | None:
     return options
 
 
+def broker_transport(url: str) -> str | None:
+    """Our Redis transport (it waits out a full Redis, ``producer.redis_transport``) for Redis
+    URLs; kombu's own choice for anything else."""
+    if urlparse(url).scheme in ("redis", "rediss"):
+        return REDIS_TRANSPORT
+    return None
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport = transport_options(settings)
     return {
         "broker_use_ssl": broker_tls(settings.broker),
         "broker_url": settings.broker,
+        "broker_transport": broker_transport(settings.broker),
         "broker_transport_options": transport,
         # Should a Redis result backend ever be configured, it reads the same options.
         "result_backend_transport_options": transport,

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
-import structlog
+import redis
+from kombu.exceptions import OperationalError
 
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
 from producer.dispatch import Dispatcher
-from producer.errors import ValidationError
+from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
+from producer.logs import get_logger
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
-from producer.redelivery import resend_due
 from producer.settings import Settings, load_settings
 from producer.store import Store, connect
 from producer.validation import check_candidates, check_idempotency_key, check_spec, check_stream_id, to_candidates
@@ -38,7 +40,11 @@ from producer.wire import (
     encode,
 )
 
-log = structlog.get_logger("rerankq.producer")
+log = get_logger("rerankq.producer")
+
+#: What a broker raises when it cannot take a message (kombu wraps connection errors; a full
+#: Redis broker answers with a plain redis error).
+SEND_ERRORS = (OperationalError, redis.RedisError, OSError)
 
 
 def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *, explicit_reference_time: dt.datetime | None) -> str:
@@ -48,6 +54,37 @@ def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *, explicit_r
     for candidate in candidates:
         digest.update(encode(candidate))
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool) -> Iterator[None]:
+    """Redis failures as the project's own errors, saying whether the stream exists and a retry is safe.
+
+    ``written`` is what is known of the stream if the call fails: False before an atomic
+    write (a refused script writes nothing), True once it exists. A connection that broke
+    mid-write leaves it unknown (None) unless the call was a read.
+    """
+    try:
+        yield
+    except redis.exceptions.OutOfMemoryError:
+        raise StoreFull(
+            "Redis is full (maxmemory reached, nothing is evicted): free memory or raise maxmemory; "
+            + ("nothing was written, a retry is safe" if written is False else "the stream exists; retry later"),
+            stream_id=stream_id, stream_written=written, retry_safe=True,
+        ) from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        known = True if written else None
+        safe = retry_safe or known is True
+        raise StoreUnavailable(
+            f"Redis unreachable ({type(exc).__name__}); "
+            + ("the stream exists, a retry is safe" if known else
+               "the stream may or may not have been written; "
+               + ("a retry with the same idempotency_key is safe" if safe else
+                  "retry only with an idempotency_key, or a retry may open a second job")),
+            stream_id=stream_id, stream_written=known, retry_safe=safe,
+        ) from None
+    except StoreError:
+        raise
 
 
 class RerankClient:
@@ -144,14 +181,29 @@ class RerankClient:
             ),
             self.settings,
         )
-        created, admitted = self.store.open(
-            stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
-            fingerprint=job_fingerprint(spec, items, explicit_reference_time=reference_time),
-        )
-        self.dispatcher.send(stream_id, admitted, spec.device)
+        fingerprint = job_fingerprint(spec, items, explicit_reference_time=reference_time)
+        with store_errors(stream_id, written=False, retry_safe=idempotency_key is not None):
+            created, admitted = self.store.open(
+                stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
+                fingerprint=fingerprint,
+            )
+        # From here the stream exists: a message that cannot be sent is the sweep's to send,
+        # not the caller's to retry (a retry without an idempotency key would pay twice).
+        self._send(stream_id, admitted, spec.device)
         log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
                  budget_dropped_per_source=budgeted.dropped_per_source, budget_dropped_global=budgeted.dropped_global)
         return stream_id
+
+    def _send(self, stream_id: str, windows: list[int], device: str) -> None:
+        try:
+            self.dispatcher.send(stream_id, windows, device)
+        except SEND_ERRORS as exc:
+            log.warning("windows_not_sent", stream=stream_id, windows=windows, error=type(exc).__name__,
+                        recovery="the workers' sweep sends them")
+            try:
+                self.store.hurry(stream_id, windows)  # due now, rather than after the enqueue grace
+            except redis.RedisError:
+                pass  # then they are due after the grace: later, not lost
 
     # -- read ----------------------------------------------------------------
 
@@ -176,25 +228,23 @@ class RerankClient:
         if not isinstance(limit, int) or limit < 1:
             raise ValidationError("limit", "must be a positive integer")
         deadline = time.monotonic() + timeout
-        spec_device: str | None = None
-        while True:
-            snapshot = self.store.snapshot(stream_id)
-            page, target = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
-            if target < 0:
-                return page
-            if target > snapshot.admitted:
-                admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
-                if admitted:
-                    spec_device = spec_device or self.store.load_spec(stream_id).device
-                    self.dispatcher.send(stream_id, admitted, spec_device)
-                    log.info("windows_admitted", stream=stream_id, windows=admitted)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                # A reader that waited in vain re-sends its stream's overdue windows, so
-                # a lost message is recovered even where no worker sweeps.
-                resend_due(self.store, self.dispatcher, [stream_id], retry_in_s=self.settings.redeliver_after_s)
-                return page
-            self.store.wait_for_commit(stream_id, snapshot.last_event_id, remaining)
+        # Reads are safe to repeat; an admit is too (it admits each window once, whoever asks).
+        with store_errors(stream_id, written=True, retry_safe=True):
+            while True:
+                snapshot = self.store.snapshot(stream_id)
+                page, target = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
+                if target < 0:
+                    return page
+                if target > snapshot.admitted:
+                    admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
+                    if admitted:
+                        self._send(stream_id, admitted, snapshot.device)
+                        log.info("windows_admitted", stream=stream_id, windows=admitted)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    # A lost message is the workers' sweep's to recover: a reader only reads.
+                    return page
+                self.store.wait_for_commit(stream_id, snapshot.last_event_id, remaining)
 
     def select(
         self,
@@ -229,8 +279,9 @@ class RerankClient:
     def status(self, stream_id: str) -> StreamStatus:
         """Where every window of a stream stands: not admitted, admitted, or committed with counts."""
         check_stream_id(stream_id)
-        snapshot = self.store.snapshot(stream_id)
-        attempts = self.store.attempts(stream_id)
+        with store_errors(stream_id, written=True, retry_safe=True):
+            snapshot = self.store.snapshot(stream_id)
+            attempts = self.store.attempts(stream_id)
         windows = []
         for window in range(snapshot.n_windows):
             start, end = snapshot.bounds(window)
@@ -245,6 +296,7 @@ class RerankClient:
                     window=window, start=start, end=end, state="committed", attempts=result.attempts,
                     served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
                     omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
+                    failovers=list(result.failovers),
                 )
             )
         return StreamStatus(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from producer.broker_queues import task_id
 from producer.celery_config import TASK_NAME, celery_config
 from producer.settings import Settings
 
@@ -19,7 +20,8 @@ class Dispatcher:
     def send(self, stream_id: str, windows: list[int], device: str) -> None:
         queue = self.settings.queue_for(device)
         for window in windows:
-            self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue)
+            # The task id names the window, so the sweep can tell a queued message from a lost one.
+            self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue, task_id=task_id(stream_id, window))
 
     def close(self) -> None:
         self.app.close()

@@ -49,3 +49,31 @@ class WindowFailed(RerankqError):
         self.window = window
         self.reason = reason
         super().__init__(f"stream {stream_id} window {window} failed: {reason}")
+
+
+class StoreError(RerankqError):
+    """Redis could not do what was asked; the message says what to do about it.
+
+    ``stream_written`` says whether the stream exists: True, False (nothing was written),
+    or None (unknown: the connection broke while the write was in flight). ``retry_safe``
+    says whether calling again can neither open a second job nor pay a provider twice.
+    """
+
+    def __init__(self, message: str, *, stream_id: str | None = None, stream_written: bool | None,
+                 retry_safe: bool) -> None:
+        self.stream_id = stream_id
+        self.stream_written = stream_written
+        self.retry_safe = retry_safe
+        super().__init__(message)
+
+
+class StoreFull(StoreError):
+    """Redis refuses writes: it reached ``maxmemory`` (with ``noeviction``, nothing is evicted)."""
+
+
+class StoreUnavailable(StoreError):
+    """Redis could not be reached, timed out, or went away mid-call."""
+
+
+class UnsupportedRedis(RerankqError):
+    """The server is older than the oldest Redis rerankq runs on."""

@@ -1,14 +1,29 @@
 """Every Redis key the project writes, and nothing else builds one.
 
-A stream's keys share the hash tag ``{stream_id}`` so one Lua script may touch
-them all on a Redis Cluster. Stream ids are validated before they reach here
-(``producer.validation.check_stream_id``), so they cannot carry a separator or a
-glob character into a key.
+Streams are spread over ``SHARDS`` hash tags. A stream's keys, the active-stream index
+of its shard and its shard's counters all carry the same tag, ``{NNNN}``, so the one
+Lua script that changes a stream can also index it and count what happened, atomically,
+and on a Redis Cluster every such call stays on one node. The tag is a function of the
+stream id alone, so any reader holding an id finds its keys. With 1024 tags over the
+16384 cluster slots, no slot carries more than a thousandth of the streams and a sweep
+walks every shard in one pipelined round of reads.
+
+Stream ids are validated before they reach here (``producer.validation.check_stream_id``),
+so they cannot carry a separator or a glob character into a key.
 """
 
 from __future__ import annotations
 
+import random
+import zlib
 from dataclasses import dataclass
+
+#: Changing this strands every live stream's index entry: it is part of the key layout.
+SHARDS = 1024
+
+
+def shard_tag(stream_id: str) -> str:
+    return f"{zlib.crc32(stream_id.encode()) % SHARDS:04d}"
 
 
 @dataclass(frozen=True)
@@ -20,8 +35,17 @@ class StreamKeys:
     attempts: str
     pending: str
     events: str
+    #: The shard's active-stream index and counters (shared with the shard's other streams).
+    active: str
+    counters: str
 
     def all(self) -> list[str]:
+        """In the order ``store.lua`` expects them."""
+        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
+                self.active, self.counters]
+
+    def own(self) -> list[str]:
+        """The keys that belong to this stream alone."""
         return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events]
 
 
@@ -30,7 +54,8 @@ class Keys:
     namespace: str
 
     def stream(self, stream_id: str) -> StreamKeys:
-        base = f"{self.namespace}:s:{{{stream_id}}}"
+        tag = shard_tag(stream_id)
+        base = f"{self.namespace}:s:{{{tag}}}:{stream_id}"
         return StreamKeys(
             spec=f"{base}:spec",
             candidates=f"{base}:cands",
@@ -39,22 +64,32 @@ class Keys:
             attempts=f"{base}:attempts",
             pending=f"{base}:pending",
             events=f"{base}:events",
+            active=self.active(tag),
+            counters=self.counters(tag),
         )
 
-    @property
-    def active_streams(self) -> str:
-        """ZSET of stream ids scored by expiry, walked by the sweep."""
-        return f"{self.namespace}:active"
+    @staticmethod
+    def shard_tags() -> list[str]:
+        return [f"{i:04d}" for i in range(SHARDS)]
+
+    def active(self, tag: str) -> str:
+        """ZSET of one shard's stream ids scored by expiry, walked by the sweep."""
+        return f"{self.namespace}:active:{{{tag}}}"
+
+    def counters(self, tag: str) -> str:
+        """HASH of one shard's counters; the totals are the sum over every shard."""
+        return f"{self.namespace}:counters:{{{tag}}}"
+
+    def counters_for(self, stream_id: str | None) -> str:
+        """The counters a stream's events go to; any shard's for events of no stream (spread, not hot)."""
+        tag = shard_tag(stream_id) if stream_id else f"{random.randrange(SHARDS):04d}"
+        return self.counters(tag)
 
     def breaker(self, member: str) -> str:
         return f"{self.namespace}:breaker:{member}"
 
     def pair_score(self, digest: str) -> str:
         return f"{self.namespace}:score:{digest}"
-
-    @property
-    def counters(self) -> str:
-        return f"{self.namespace}:counters"
 
     @property
     def sweep_lock(self) -> str:

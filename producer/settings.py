@@ -151,6 +151,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def queue_for(self, device: str) -> str:
         return {"cpu": self.cpu_queue, "gpu": self.gpu_queue, "any": self.any_queue}[device]
 
+    def all_queues(self) -> list[str]:
+        return [self.cpu_queue, self.gpu_queue, self.any_queue]
+
     def chain(self) -> list[MemberSettings]:
         # With no member configured the chain is the local model failing open to
         # fusion order, so a worker without model access still answers.

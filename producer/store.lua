@@ -1,29 +1,59 @@
 -- Every state change rerankq makes to a stream, one command per call, so each is atomic.
 --
--- KEYS (always, in this order): spec, candidates, meta, results, attempts, pending, events
+-- KEYS (always, in this order): spec, candidates, meta, results, attempts, pending, events,
+-- then the stream's shard: its active-stream index and its counters. All nine carry the
+-- shard's hash tag, so a call touches one Cluster slot.
 -- ARGV[1]: the command; ARGV[2]: now in milliseconds; the rest depend on the command.
 --
--- Return codes shared by commands: -3 the stream does not exist (never opened or expired).
+-- Under maxmemory Redis refuses a script at its first write that could grow memory, before
+-- anything is written, and lets a script that has already written finish: either way a
+-- command happens whole or not at all.
+--
+-- Return codes shared by commands: -3 the stream does not exist (never opened or expired),
+-- -5 no such window (not a canonical integer in [0, n_windows)).
 
-local spec_key, cands_key, meta_key, results_key, attempts_key, pending_key, events_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local spec_key, cands_key, meta_key, results_key, attempts_key, pending_key, events_key, active_key, counters_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local command = ARGV[1]
 local now = tonumber(ARGV[2])
 
-local function expire_all(expire_at)
-  for _, key in ipairs(KEYS) do
+local function expire_own(expire_at)
+  for i = 1, 7 do
+    redis.call('PEXPIREAT', KEYS[i], expire_at)
+  end
+end
+
+-- The shard index lives as long as its longest-lived stream: its expiry only ever moves out
+-- (Redis 6.2 has no PEXPIREAT GT, hence the PTTL).
+local function extend_expiry(key, expire_at)
+  local ttl = redis.call('PTTL', key)
+  if ttl < 0 or now + ttl < expire_at then
     redis.call('PEXPIREAT', key, expire_at)
   end
 end
 
--- Admit windows up to `target` (bounded by the candidate count); each new window is
--- put in the pending set with a deadline, which the sweep uses to find lost messages.
-local function admit(target, deadline)
+local function n_windows()
   local n = tonumber(redis.call('HGET', meta_key, 'n'))
   local size = tonumber(redis.call('HGET', meta_key, 'window_size'))
+  return math.floor((n + size - 1) / size), size
+end
+
+-- A window number as the queue carries it: digits only, no sign, no leading zero, in range.
+-- Anything else (-1, "1.0", "01", a huge number) names no window of this stream.
+local function window_number(text, count)
+  if type(text) ~= 'string' or #text > 9 or not string.match(text, '^%d+$') then return nil end
+  if #text > 1 and string.sub(text, 1, 1) == '0' then return nil end
+  local w = tonumber(text)
+  if w >= count then return nil end
+  return w
+end
+
+-- Admit windows up to `target` (bounded by the window count); each new window is put in
+-- the pending set with a deadline, which the sweep uses to find lost messages.
+local function admit(target, deadline)
+  local count = n_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
-  local n_windows = math.floor((n + size - 1) / size)
-  if target > n_windows then target = n_windows end
+  if target > count then target = count end
   local new = {}
   for w = admitted, target - 1 do
     redis.call('ZADD', pending_key, deadline, w)
@@ -31,30 +61,34 @@ local function admit(target, deadline)
   end
   if target > admitted then
     redis.call('HSET', meta_key, 'admitted', target)
-    local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
-    redis.call('PEXPIREAT', pending_key, expire_at)
+    redis.call('PEXPIREAT', pending_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
   end
   return new
 end
 
 if command == 'open' then
-  -- ARGV: fingerprint, expire_at, spec, window_size, first_windows, deadline, candidate...
-  local fingerprint, expire_at = ARGV[3], tonumber(ARGV[4])
+  -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
+  -- candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job and
+  -- {-1} for another job under the same key, both without writing anything.
+  local stream_id, fingerprint, expire_at = ARGV[3], ARGV[4], tonumber(ARGV[5])
   if redis.call('EXISTS', meta_key) == 1 then
     if redis.call('HGET', meta_key, 'fingerprint') ~= fingerprint then
       return {-1}
     end
     return {0}
   end
-  local n = #ARGV - 8
-  redis.call('SET', spec_key, ARGV[5])
-  for i = 9, #ARGV, 500 do
+  local first_candidate = 11
+  local n = #ARGV - first_candidate + 1
+  redis.call('SET', spec_key, ARGV[6])
+  for i = first_candidate, #ARGV, 500 do
     redis.call('RPUSH', cands_key, unpack(ARGV, i, math.min(i + 499, #ARGV)))
   end
-  redis.call('HSET', meta_key, 'n', n, 'window_size', ARGV[6], 'admitted', 0, 'committed', 0,
-    'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at)
-  local new = admit(tonumber(ARGV[7]), tonumber(ARGV[8]))
-  expire_all(expire_at)
+  redis.call('HSET', meta_key, 'n', n, 'window_size', ARGV[7], 'admitted', 0, 'committed', 0,
+    'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at, 'device', ARGV[10])
+  local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]))
+  expire_own(expire_at)
+  redis.call('ZADD', active_key, expire_at, stream_id)
+  extend_expiry(active_key, expire_at)
   table.insert(new, 1, 1)
   return new
 
@@ -67,32 +101,49 @@ elseif command == 'admit' then
 
 elseif command == 'begin' then
   -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
-  -- Returns the attempt number, -1 when already committed, -2 when never admitted,
-  -- -4 when another delivery holds a live lease on it.
+  -- Returns {attempt, spec, candidate...} (the window's own candidates), or {code}:
+  -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
   --
   -- The lease is what keeps the attempt count honest under at-least-once delivery:
   -- a duplicate (a sweep's re-send while the first delivery is still scoring) is
   -- turned away without counting, while the same delivery coming back (its process
   -- was killed and Celery requeued the message) takes the lease over and counts.
-  if redis.call('EXISTS', meta_key) == 0 then return -3 end
+  if redis.call('EXISTS', meta_key) == 0 then return {-3} end
+  local count, size = n_windows()
+  local w = window_number(ARGV[3], count)
+  if w == nil then return {-5} end
   local window = ARGV[3]
   local lease_until, delivery = tonumber(ARGV[4]), ARGV[5]
-  if redis.call('HEXISTS', results_key, window) == 1 then return -1 end
-  if tonumber(window) >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return -2 end
+  if redis.call('HEXISTS', results_key, window) == 1 then return {-1} end
+  if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return {-2} end
   local holder = redis.call('HMGET', attempts_key, 'holder:' .. window, 'until:' .. window)
-  if holder[1] and holder[1] ~= delivery and tonumber(holder[2]) > now then return -4 end
+  if holder[1] and holder[1] ~= delivery and tonumber(holder[2]) > now then return {-4} end
   local attempt = redis.call('HINCRBY', attempts_key, window, 1)
   redis.call('HSET', attempts_key, 'holder:' .. window, delivery, 'until:' .. window, lease_until)
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
   -- The sweep leaves the window be until the lease runs out.
   redis.call('ZADD', pending_key, 'XX', lease_until, window)
-  return attempt
+  local reply = {attempt, redis.call('GET', spec_key)}
+  for _, blob in ipairs(redis.call('LRANGE', cands_key, w * size, (w + 1) * size - 1)) do
+    table.insert(reply, blob)
+  end
+  return reply
 
 elseif command == 'commit' then
-  -- ARGV: window, encoded result, event log maxlen. Writes only the first commit.
+  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned).
+  -- Writes only the first commit of an admitted window, and counts it in the shard's counters.
+  -- Returns 1 written, 0 already committed, -2 never admitted.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
+  local count = n_windows()
+  local w = window_number(ARGV[3], count)
+  if w == nil then return -5 end
   local window = ARGV[3]
+  local outcome = ARGV[6]
+  if outcome ~= 'ranked' and outcome ~= 'failed' and outcome ~= 'poisoned' then
+    return redis.error_reply('unknown outcome ' .. tostring(outcome))
+  end
   if redis.call('HEXISTS', results_key, window) == 1 then return 0 end
+  if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return -2 end
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
   redis.call('HSET', results_key, window, ARGV[4])
   redis.call('ZREM', pending_key, window)
@@ -101,17 +152,32 @@ elseif command == 'commit' then
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
   redis.call('PEXPIREAT', events_key, expire_at)
+  redis.call('HINCRBY', counters_key, 'windows_committed', 1)
+  if outcome ~= 'ranked' then
+    redis.call('HINCRBY', counters_key, 'windows_' .. outcome, 1)
+  end
   return 1
 
 elseif command == 'due' then
   -- The sweep: admitted, uncommitted windows whose deadline (enqueue grace or lease)
   -- passed; their deadline moves to ARGV[3] so a second sweeper does not take them too.
+  -- Returns {device, window...}, or {} when none is due (or the stream is gone).
   if redis.call('EXISTS', meta_key) == 0 then return {} end
   local due = redis.call('ZRANGEBYSCORE', pending_key, '-inf', now)
+  if #due == 0 then return {} end
   for _, window in ipairs(due) do
     redis.call('ZADD', pending_key, tonumber(ARGV[3]), window)
   end
+  table.insert(due, 1, redis.call('HGET', meta_key, 'device') or 'cpu')
   return due
+
+elseif command == 'hurry' then
+  -- Make windows due now (their message could not be sent); ARGV: window...
+  if redis.call('EXISTS', meta_key) == 0 then return -3 end
+  for i = 3, #ARGV do
+    redis.call('ZADD', pending_key, 'XX', now, ARGV[i])
+  end
+  return 1
 end
 
 return redis.error_reply('unknown command ' .. tostring(command))

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.errors import IdempotencyConflict, StreamNotFound
+from producer.errors import IdempotencyConflict, StreamNotFound, UnsupportedRedis
 from producer.keys import Keys, StreamKeys
 from producer.wire import (
     Candidate,
@@ -23,16 +23,45 @@ from producer.wire import (
 
 _SCRIPT = resources.files("producer").joinpath("store.lua").read_text()
 
-
 BLOCK_CHUNK_S = 5.0
+#: The oldest server the scripts run on (ZADD GT, XADD MAXLEN ~); Valkey reports a redis_version too.
+MIN_REDIS_VERSION = (6, 2)
+
+#: ``begin`` and ``commit`` codes, as ``store.lua`` returns them.
+ALREADY_COMMITTED, NOT_ADMITTED, GONE, HELD_ELSEWHERE, NO_SUCH_WINDOW = -1, -2, -3, -4, -5
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def server_version(info: str) -> tuple[int, ...]:
+    for line in info.splitlines():
+        if line.startswith("redis_version:"):
+            return tuple(int(part) for part in line.split(":", 1)[1].strip().split(".")[:3] if part.isdigit())
+    return ()
+
+
+def _check_version_on_connect(connection: Any) -> None:
+    """Runs on every new connection, after the handshake: refuse a server the scripts cannot run on."""
+    connection.on_connect()
+    connection.send_command("INFO", "server")
+    raw = connection.read_response()
+    info = raw.decode() if isinstance(raw, bytes) else str(raw)
+    version = server_version(info)
+    if version and version < MIN_REDIS_VERSION:
+        connection.disconnect()  # redis-py cleans up after its own errors only
+        found = ".".join(map(str, version))
+        raise UnsupportedRedis(f"Redis {found} is older than {'.'.join(map(str, MIN_REDIS_VERSION))}, "
+                               "the oldest rerankq runs on (Valkey 7.2+ works too)")
+
+
 def connect(url: str) -> redis.Redis:
-    """A client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with retries on blips."""
+    """A client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with retries on blips.
+
+    Each new connection checks the server's version, so an unsupported Redis is refused with
+    a clear error on first use rather than failing later inside a script.
+    """
     from redis.backoff import ExponentialBackoff
     from redis.retry import Retry
 
@@ -44,6 +73,7 @@ def connect(url: str) -> redis.Redis:
         # Above the longest blocking read (BLOCK_CHUNK_S), so a wait is never cut short.
         socket_timeout=BLOCK_CHUNK_S + 10,
         socket_connect_timeout=5,
+        redis_connect_func=_check_version_on_connect,
     )
 
 
@@ -55,6 +85,7 @@ class Snapshot(msgspec.Struct):
     admitted: int
     results: dict[int, WindowResult]
     last_event_id: bytes
+    device: str = "cpu"
 
     @property
     def n_windows(self) -> int:
@@ -65,6 +96,14 @@ class Snapshot(msgspec.Struct):
         return start, min(start + self.window_size, self.n_candidates)
 
 
+class Begun(msgspec.Struct):
+    """A delivery's start on a window: the attempt number and the window's raw data."""
+
+    attempt: int
+    spec: bytes
+    candidates: list[bytes]
+
+
 class Store:
     def __init__(self, client: redis.Redis, namespace: str, *, event_log_maxlen: int = 1000) -> None:
         self.client = client
@@ -72,8 +111,8 @@ class Store:
         self.event_log_maxlen = event_log_maxlen
         self._script = client.register_script(_SCRIPT)
 
-    def _run(self, stream: StreamKeys, command: str, *args: Any) -> Any:
-        return self._script(keys=stream.all(), args=[command, _now_ms(), *args])
+    def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
+        return self._script(keys=stream.all(), args=[command, _now_ms(), *args], client=client)
 
     # -- producer side -----------------------------------------------------
 
@@ -87,23 +126,18 @@ class Store:
         enqueue_grace_s: float,
         fingerprint: str,
     ) -> tuple[bool, list[int]]:
-        """Write a stream and admit its first windows in one step.
+        """Write a stream, index it and admit its first windows, in one script call.
 
-        Returns ``(created, admitted windows)``; a retried open with the same
-        idempotency key and payload returns ``(False, [])``.
+        Returns ``(created, admitted windows)``; a retried open with the same idempotency
+        key and payload returns ``(False, [])`` and writes nothing.
         """
         blobs = [encode(c) for c in candidates]
-        spec_blob = encode(spec)
-        expire_at = _now_ms() + spec.ttl_s * 1000
-        deadline = _now_ms() + int(enqueue_grace_s * 1000)
-        # The active index is how the sweep finds streams. It lives outside the stream's
-        # hash slot (so not in the script), and is written first: an entry for a stream
-        # whose open then failed is harmless (the sweep finds no meta and skips it), a
-        # stream missing from the index would only be swept by its readers.
-        self._index_active(stream_id, expire_at)
+        now = _now_ms()
+        expire_at = now + spec.ttl_s * 1000
+        deadline = now + int(enqueue_grace_s * 1000)
         reply = self._run(
-            self.keys.stream(stream_id), "open", fingerprint, expire_at, spec_blob,
-            spec.window_size, first_windows, deadline, *blobs,
+            self.keys.stream(stream_id), "open", stream_id, fingerprint, expire_at, encode(spec),
+            spec.window_size, first_windows, deadline, spec.device, *blobs,
         )
         if reply[0] == -1:
             raise IdempotencyConflict(stream_id.removeprefix("k_"))
@@ -113,17 +147,26 @@ class Store:
         reply = self._run(
             self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000)
         )
-        if reply and reply[0] == -3:
+        if reply and reply[0] == GONE:
             raise StreamNotFound(stream_id)
         return [int(w) for w in reply[1:]]
 
+    def hurry(self, stream_id: str, windows: list[int]) -> None:
+        """Make admitted windows due now: their message could not be sent, so the sweep sends it."""
+        if windows:
+            self._run(self.keys.stream(stream_id), "hurry", *windows)
+
     def snapshot(self, stream_id: str) -> Snapshot:
         k = self.keys.stream(stream_id)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hmget(k.meta, "n", "window_size", "admitted")
-        pipe.hgetall(k.results)
+        # No MULTI: at maxmemory Redis refuses every command queued in one, reads included,
+        # and a reader must still read a full Redis. The order keeps it consistent enough: the
+        # last event is read first, so any commit the results miss comes after it and wakes
+        # a wait on the log at once.
+        pipe = self.client.pipeline(transaction=False)
         pipe.xrevrange(k.events, count=1)
-        meta, results, last = pipe.execute()
+        pipe.hmget(k.meta, "n", "window_size", "admitted", "device")
+        pipe.hgetall(k.results)
+        last, meta, results = pipe.execute()
         if meta[0] is None:
             raise StreamNotFound(stream_id)
         return Snapshot(
@@ -132,6 +175,7 @@ class Store:
             admitted=int(meta[2]),
             results={int(w): window_result_decoder.decode(v) for w, v in results.items()},
             last_event_id=last[0][0] if last else b"0-0",
+            device=meta[3].decode() if meta[3] else "cpu",
         )
 
     def wait_for_commit(self, stream_id: str, after_id: bytes, timeout_s: float) -> bool:
@@ -147,8 +191,6 @@ class Store:
         raw = self.client.hgetall(self.keys.stream(stream_id).attempts)
         return {int(w): int(n) for w, n in raw.items() if w.isdigit()}
 
-    # -- worker side -------------------------------------------------------
-
     def load_spec(self, stream_id: str) -> StreamSpec:
         blob = self.client.get(self.keys.stream(stream_id).spec)
         if blob is None:
@@ -159,64 +201,73 @@ class Store:
         blobs = self.client.lrange(self.keys.stream(stream_id).candidates, start, end - 1)
         return [candidate_decoder.decode(b) for b in blobs]
 
-    def begin(self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str) -> int:
-        """Count an attempt and take the window's lease for ``work_deadline_s``.
+    # -- worker side -------------------------------------------------------
 
-        Returns the attempt number, or -1 committed, -2 not admitted, -3 gone, -4 another
-        delivery (``delivery`` is the Celery task id) holds a live lease.
+    def begin(self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str) -> Begun | int:
+        """Count an attempt, take the window's lease for ``work_deadline_s`` and read the window.
+
+        Returns what to score, or a code: ALREADY_COMMITTED, NOT_ADMITTED, GONE,
+        HELD_ELSEWHERE (another delivery, the Celery task id, holds a live lease) or
+        NO_SUCH_WINDOW.
         """
-        return int(
-            self._run(
-                self.keys.stream(stream_id), "begin", window, _now_ms() + int(work_deadline_s * 1000), delivery
-            )
-        )
+        reply = self._run(self.keys.stream(stream_id), "begin", window,
+                          _now_ms() + int(work_deadline_s * 1000), delivery)
+        if reply[0] < 0:
+            return int(reply[0])
+        return Begun(attempt=int(reply[0]), spec=reply[1], candidates=list(reply[2:]))
 
-    def commit(self, stream_id: str, result: WindowResult) -> int:
-        """Commit a window once. Returns 1 when written, 0 when already committed, -3 when gone."""
-        return int(
-            self._run(
-                self.keys.stream(stream_id), "commit", result.window, encode(result), self.event_log_maxlen
-            )
-        )
+    def commit(self, stream_id: str, result: WindowResult, *, outcome: str) -> int:
+        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned).
+
+        Returns 1 when written, 0 when already committed, or a negative code.
+        """
+        return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
+                             self.event_log_maxlen, outcome))
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
-        """Windows past their deadline, claimed for re-sending: their deadline moves ``retry_in_s`` out."""
-        return self.due_windows_many([stream_id], retry_in_s=retry_in_s).get(stream_id, [])
+        """``due_windows_many`` for one stream: its overdue windows, claimed."""
+        return self.due_windows_many([stream_id], retry_in_s=retry_in_s).get(stream_id, ("", []))[1]
 
-    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float) -> dict[str, list[int]]:
-        """``due_windows`` for many streams in one round trip (each script call stays atomic)."""
+    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float) -> dict[str, tuple[str, list[int]]]:
+        """Overdue windows of these streams, claimed for re-sending (their deadline moves
+        ``retry_in_s`` out), with each stream's device: one round trip, each call atomic."""
         if not stream_ids:
             return {}
         retry_at = _now_ms() + int(retry_in_s * 1000)
         pipe = self.client.pipeline(transaction=False)
         for stream_id in stream_ids:
-            self._script(keys=self.keys.stream(stream_id).all(), args=["due", _now_ms(), retry_at], client=pipe)
-        replies = pipe.execute()
-        return {s: [int(w) for w in reply] for s, reply in zip(stream_ids, replies) if reply}
-
-    def _index_active(self, stream_id: str, expire_at: int) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.zadd(self.keys.active_streams, {stream_id: expire_at}, gt=True)
-        # The index itself expires with its longest-lived stream (NX sets a first TTL,
-        # GT only ever pushes it out), so an idle namespace leaves nothing behind.
-        pipe.pexpireat(self.keys.active_streams, expire_at, nx=True)
-        pipe.pexpireat(self.keys.active_streams, expire_at, gt=True)
-        pipe.execute()
+            self._run(self.keys.stream(stream_id), "due", retry_at, client=pipe)
+        out: dict[str, tuple[str, list[int]]] = {}
+        for stream_id, reply in zip(stream_ids, pipe.execute()):
+            if reply:
+                out[stream_id] = (reply[0].decode(), [int(w) for w in reply[1:]])
+        return out
 
     def active_streams(self) -> list[str]:
-        """Live stream ids; expired ones are pruned from the index as a side effect."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.zremrangebyscore(self.keys.active_streams, "-inf", _now_ms())
-        pipe.zrange(self.keys.active_streams, 0, -1)
-        _, live = pipe.execute()
-        return [s.decode() for s in live]
+        """Live stream ids of every shard; expired ones are pruned from the index as a side effect."""
+        now = _now_ms()
+        pipe = self.client.pipeline(transaction=False)
+        for tag in self.keys.shard_tags():
+            pipe.zremrangebyscore(self.keys.active(tag), "-inf", now)
+            pipe.zrange(self.keys.active(tag), 0, -1)
+        replies = pipe.execute()
+        return [s.decode() for live in replies[1::2] for s in live]
 
     def try_sweep_lock(self, hold_s: float) -> bool:
         """One sweeper per interval across all workers: the lock is never released, it expires."""
         return bool(self.client.set(self.keys.sweep_lock, "1", nx=True, px=max(1, int(hold_s * 1000))))
 
-    def incr_counter(self, name: str, amount: int = 1) -> None:
-        self.client.hincrby(self.keys.counters, name, amount)
+    def incr_counter(self, name: str, amount: int = 1, *, stream_id: str | None = None) -> None:
+        self.client.hincrby(self.keys.counters_for(stream_id), name, amount)
 
     def counters(self) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.counters).items()}
+        """Every counter, summed over the shards."""
+        pipe = self.client.pipeline(transaction=False)
+        for tag in self.keys.shard_tags():
+            pipe.hgetall(self.keys.counters(tag))
+        totals: dict[str, int] = {}
+        for shard in pipe.execute():
+            for name, value in shard.items():
+                key = name.decode()
+                totals[key] = totals.get(key, 0) + int(value)
+        return totals

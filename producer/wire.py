@@ -163,6 +163,11 @@ class Row(Base):
     def served_by(self) -> str | None:
         return getattr(self.decision, "served_by", None)
 
+    @property
+    def reason(self) -> str | None:
+        """Why the row is failed (or filtered); None for a ranked row."""
+        return getattr(self.decision, "reason", None)
+
 
 class Page(Base):
     stream_id: str
@@ -189,6 +194,8 @@ class WindowStatus(Base):
     omitted: int = 0
     failed: int = 0
     reason: str | None = None
+    #: Members skipped on the way to the one that served, as ``"1:cohere: timeout"``.
+    failovers: list[str] = []
 
 
 class StreamStatus(Base):

@@ -54,6 +54,9 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path) 
         "RERANKQ_RERANKER_PROVIDER": "local",
         "RERANKQ_RERANKER_MODEL": str(tiny_model_dir),
         "RERANKQ_TORCH_THREADS": "1",
+        # auto picks bf16 on CPUs with native bf16, whose coarser scores tie and reorder with
+        # batch shape; the queue's tests compare orders, so they pin fp32 (test_engine covers auto).
+        "RERANKQ_PRECISION": "fp32",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": str(ROOT),

@@ -10,6 +10,23 @@ from conftest import make_candidates
 
 from producer import Failed, Filtered, Ranked
 from producer.celery_config import TASK_NAME
+from worker.embedded.redis_server import EmbeddedRedis, bundled_redis_server_binary, redis_server_binary
+
+
+@pytest.fixture(scope="module", params=["system", "bundled-6.2"])
+def redis_server(request):
+    """The flow runs on the machine's redis-server (7.x here) and on the 6.2 binary the dev
+    extra ships, the oldest server rerankq supports (managed Redis 6.2 is still common)."""
+    binary = redis_server_binary() if request.param == "system" else bundled_redis_server_binary()
+    server = EmbeddedRedis(binary=binary).start()
+    yield server
+    server.stop()
+
+
+def test_the_server_is_the_one_asked_for(redis_server, raw_redis, request):
+    version = raw_redis.info("server")["redis_version"]
+    if "bundled-6.2" in request.node.callspec.id:
+        assert version.startswith("6.2.")
 
 
 def provider_calls(client, member: str = "0:local") -> int:
@@ -96,6 +113,7 @@ def test_filtered_rows_take_no_page_slot(start_worker, make_client):
     reference = client.open("payment gateway error", candidates, window_size=10)
     everything = client.pull(reference, 0, 40, timeout=60)
     threshold = sorted(r.score for r in everything.rows if r.window == 0)[5]  # half of window 0 falls below
+    below = sum(r.score < threshold for r in everything.rows if r.window == 0)
 
     stream = client.open("payment gateway error", candidates, window_size=10, min_score=threshold)
     page = client.pull(stream, 0, 10, timeout=60)
@@ -105,7 +123,7 @@ def test_filtered_rows_take_no_page_slot(start_worker, make_client):
     assert {r.window for r in page.rows} >= {0, 1}  # window 0 alone could not fill it
     window0 = client.store.snapshot(stream).results[0]
     filtered = [d for d in window0.decisions if isinstance(d, Filtered)]
-    assert len(filtered) == 5 and all(d.score < threshold and d.reason == "min_score" for d in filtered)
+    assert len(filtered) == below >= 4 and all(d.score < threshold and d.reason == "min_score" for d in filtered)
     snapshot = client.store.snapshot(stream)
     assert page.total == sum(isinstance(d, Ranked) for w in snapshot.results.values() for d in w.decisions)
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producer.wire import Boosts, Candidate, Filtered, Omitted, Ranked, StreamSpec, TimeRange
-from worker.scoring import boosts
 from worker.chain import ChainOutcome
+from worker.scoring import boosts
 from worker.scoring.decide import decide, normalise, seeded_scores, sigmoid
 
 REF = dt.datetime(2024, 6, 1, tzinfo=dt.timezone.utc)

@@ -20,7 +20,7 @@ from producer import ValidationError
 from producer.celery_config import TASK_NAME, broker_tls, celery_config
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
-from worker.logs import _RedactingFilter, redact_text
+from worker.logs import log_formatter, redact_text
 
 
 class RunsWhenUnpickled:
@@ -46,7 +46,7 @@ def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client,
     for hostile in ("s_x}:results", "k_*", "k_a}{b", "../" * 3):
         sender.send_task(TASK_NAME, args=[hostile, 0], queue=settings.cpu_queue)
     wait_for(lambda: "Refusing to deserialize" in worker.log(), 20, "the worker to refuse the pickle")
-    wait_for(lambda: worker.log().count("ValidationError") >= 4, 20, "the hostile ids to be refused")
+    wait_for(lambda: worker.log().count("task_refused") >= 4, 20, "the hostile ids to be refused")
 
     assert not proof.exists(), "the pickle payload was executed"
     assert namespace_keys(raw_redis, namespace) == []
@@ -54,6 +54,33 @@ def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client,
     client = make_client()
     stream = client.open("payment gateway error", make_candidates(10), window_size=10)
     assert pull_until_complete(client, stream, 10, timeout_s=20).total == 10
+    sender.close()
+
+
+def test_window_numbers_a_stream_does_not_have_are_refused_before_redis(start_worker, make_client, base_env,
+                                                                         raw_redis):
+    """score_window(legit, -1) once scored candidates, wrote results[-1] and bumped the counts."""
+    worker = start_worker(env=provider_env("FastProvider"))
+    client = make_client()
+    stream = client.open("payment gateway error", make_candidates(30), window_size=10)
+    assert len(client.pull(stream, 0, 10, timeout=20).rows) == 10
+    before = client.store.counters()
+    sender = Celery("attacker", set_as_current=False)
+    sender.conf.update(celery_config(load_settings(base_env)))
+
+    hostile = [-1, -1000000, True, "0", 1.0, None, 10**12, [0]]
+    for window in hostile:
+        sender.send_task(TASK_NAME, args=[stream, window], queue=client.settings.cpu_queue)
+    sender.send_task(TASK_NAME, args=[stream, 2], queue=client.settings.cpu_queue)  # real, never admitted
+    wait_for(lambda: worker.log().count("task_refused") >= len(hostile), 20, "the hostile windows to be refused")
+    wait_for(lambda: "window_not_admitted" in worker.log(), 20, "the unadmitted window to be turned away")
+
+    assert client.store.counters() == before  # no provider call, no commit counted
+    snapshot = client.store.snapshot(stream)
+    assert list(snapshot.results) == [0] and snapshot.admitted == 1
+    assert raw_redis.hget(client.store.keys.stream(stream).meta, "committed") == b"1"
+    assert client.pull(stream, 0, 10, timeout=0).pending_windows == 0
+    assert client.store.attempts(stream) == {0: 1}
     sender.close()
 
 
@@ -131,8 +158,8 @@ def test_redaction_covers_urls_bearer_tokens_and_stdlib_records():
     for secret in ("hunter2", "s3cret", "abc.def"):
         assert secret not in redacted
     record = logging.LogRecord("kombu", logging.INFO, __file__, 1, "Connected to %s", ("redis://:p4ss@h/0",), None)
-    _RedactingFilter().filter(record)
-    assert "p4ss" not in record.getMessage()
+    line = log_formatter().format(record)
+    assert "Connected to redis://" in line and "p4ss" not in line
 
 
 def test_size_limits_refuse_before_anything_is_written(make_client, raw_redis, namespace):

@@ -12,10 +12,14 @@ import os
 import socket
 
 import msgspec
+import structlog
+from celery import Celery
 
-from producer.settings import load_settings
+from producer.settings import Settings, load_settings
 from worker.app import create_app
 from worker.logs import configure_logging
+
+log = structlog.get_logger("rerankq.worker")
 
 
 def cpu_quota() -> int:
@@ -31,7 +35,7 @@ def cpu_quota() -> int:
     return max(1, cores)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rerankq-worker", description=__doc__)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--processes", type=int, default=None, help="worker processes (cpu) ")
@@ -71,13 +75,55 @@ def main(argv: list[str] | None = None) -> None:
         # prefork even for one process: a child killed mid-window (OOM, segfault) is
         # noticed by the parent, which requeues the message.
         pool, concurrency = "prefork", processes
+    problem = device_problem(settings)
+    if problem:
+        log.error("worker_cannot_serve_device", device=args.device, problem=problem)
+        return 1
     app = create_app(settings)
-    app.worker_main([
+    return run_celery(app, [
         "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
         f"--hostname=rerankq-{args.device}-{os.getpid()}@{socket.gethostname()}",
         f"--loglevel={args.loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat",
     ])
 
 
+def run_celery(app: Celery, argv: list[str]) -> int:
+    """Run a celery command for ``app`` and return its exit status.
+
+    ``app.worker_main`` and ``app.start`` both drop the status (click hands it back as a return
+    value they ignore), so a worker that died of an unrecoverable error would exit 0 and a
+    restart-on-failure policy would leave it down.
+    """
+    from celery.bin.celery import celery as celery_command
+
+    celery_command.params[0].default = app
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
+def device_problem(settings: Settings) -> str | None:
+    """Why this worker cannot serve the device it was started for, or None.
+
+    A GPU worker whose in-process model would have no CUDA device would report ready and
+    serve every window by its fallback: refuse to start instead, so the operator notices.
+    """
+    if not settings.device.startswith("cuda"):
+        return None
+    local = [i for i, m in enumerate(settings.chain()) if m.provider == "local" and not m.device]
+    if not local:
+        return None  # only remote members (or members pinned to a device of their own)
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install 'rerankq[worker]')"
+    if not torch.cuda.is_available():
+        return (f"--device gpu asks for {settings.device}, but torch {torch.__version__} sees no CUDA device "
+                f"(chain members {local} run the model in process); start a --device cpu worker instead")
+    return None
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import structlog
 from celery import Celery, signals
 
 from producer.celery_config import TASK_NAME, celery_config
+from producer.errors import ValidationError
 from producer.settings import Settings
 from worker.runtime import get_runtime, reset_runtime
 from worker.sweep import SweepTimer
+
+log = structlog.get_logger("rerankq.task")
+
+
+def valid_task_args(stream_id: object, window: object, settings: Settings) -> bool:
+    """A real stream id and a window number that some stream could have (not a bool, not negative)."""
+    from producer.validation import check_stream_id
+
+    try:
+        check_stream_id(stream_id)  # type: ignore[arg-type]
+    except ValidationError:
+        return False
+    return type(window) is int and 0 <= window < settings.max_candidates
 
 
 def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True) -> Celery:
@@ -15,11 +30,13 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
     app.conf.update(celery_config(settings))
 
     @app.task(name=TASK_NAME, bind=True, ignore_result=True)
-    def score_window(self, stream_id: str, window: int) -> str:  # type: ignore[no-untyped-def]
-        from producer.validation import check_stream_id
-
-        check_stream_id(stream_id)
-        return get_runtime(settings).scorer.process(stream_id, int(window), delivery=str(self.request.id))
+    def score_window(self, stream_id: object, window: object) -> str:  # type: ignore[no-untyped-def]
+        # The queue is an input like any other: a message naming no real window is dropped
+        # before Redis is touched (the store checks the window's range against the stream too).
+        if not valid_task_args(stream_id, window, settings):
+            log.warning("task_refused", reason="arguments name no window", args=repr((stream_id, window))[:200])
+            return "refused"
+        return get_runtime(settings).scorer.process(stream_id, window, delivery=str(self.request.id))  # type: ignore[arg-type]
 
     if eager_runtime:
         @signals.worker_process_init.connect(weak=False)

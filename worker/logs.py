@@ -1,4 +1,10 @@
-"""structlog set-up for workers: JSON or console lines, secrets redacted from every event."""
+"""Logging for the worker process (an application, so it may configure logging; the library may not).
+
+Everything goes through stdlib ``logging`` and one formatter: the worker's structlog events,
+the library's events (``producer.logs``: stdlib records carrying their fields), and Celery's,
+kombu's and redis-py's records. Console or JSON lines, secrets redacted from every event and
+from the finished line (tracebacks included).
+"""
 
 from __future__ import annotations
 
@@ -39,40 +45,45 @@ def redact_rendered(logger: Any, method: str, rendered: Any) -> Any:
     return redact_text(rendered) if isinstance(rendered, str) else rendered
 
 
-class _RedactingFormatter(logging.Formatter):
-    """Scrubs the finished line, traceback included (the filter sees only the message)."""
+def lift_library_fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """A library record (``producer.logs``) becomes its event and fields again, not a flat message."""
+    record = event.get("_record")
+    name = getattr(record, "rerankq_event", None)
+    if name is not None:
+        event["event"] = name
+        event.update(getattr(record, "rerankq", {}))
+    return event
 
-    def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
+
+def _shared_processors() -> list[Any]:
+    return [structlog.contextvars.merge_contextvars, structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name, structlog.processors.TimeStamper(fmt="iso", utc=True)]
 
 
-class _RedactingFilter(logging.Filter):
-    """Redacts stdlib records too (Celery, kombu and redis-py log URLs)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact_text(record.getMessage())
-        record.args = None
-        return True
+def log_formatter(*, json: bool = False) -> logging.Formatter:
+    """The one formatter every record goes through: structlog's, the library's and stdlib's."""
+    render: list[Any] = (
+        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()] if json
+        # Plain tracebacks: a rich one prints every frame's locals, API keys included.
+        else [structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)]
+    )
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[lift_library_fields, *_shared_processors()[1:]],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, redact_secrets, *render,
+                    redact_rendered],
+    )
 
 
 def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact_secrets,
-            renderer,
-            redact_rendered,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        processors=[structlog.stdlib.filter_by_level, *_shared_processors(),
+                    structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_RedactingFilter())
-    handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(log_formatter(json=json))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

