@@ -96,3 +96,99 @@ def test_the_producer_imports_without_torch():
     code = "import sys, producer; from producer import RerankClient; assert 'torch' not in sys.modules, 'torch'; " \
            "assert 'sentence_transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+LIBRARY_HOST = """
+import logging, sys
+from producer import RerankClient, load_settings
+{configure}
+client = RerankClient(load_settings(dict(RERANKQ_REDIS_URL=sys.argv[1], RERANKQ_NAMESPACE=sys.argv[2],
+                                         RERANKQ_CPU_QUEUE=sys.argv[2] + ".cpu")))
+stream = client.open("payment gateway error", [{{"id": "a", "text": "x"}}], allow_shallow=True)
+client.pull(stream, 0, 1, timeout=0.2)
+client.close()
+"""
+
+
+def test_the_library_neither_prints_nor_configures_logging(redis_server, namespace, raw_redis):
+    """A pipeline importing the producer once got `stream_opened` lines on its stdout."""
+    quiet = subprocess.run([sys.executable, "-c", LIBRARY_HOST.format(configure=""), redis_server.url, namespace],
+                           cwd=ROOT, capture_output=True, text=True, check=True)
+    assert quiet.stdout == "" and quiet.stderr == ""  # INFO events stay with stdlib, unconfigured
+    # The host decides: with its own handler at INFO it sees the library's events, as stdlib records.
+    host = "logging.basicConfig(level=logging.INFO, format='%(name)s|%(levelname)s|%(message)s', stream=sys.stdout)"
+    loud = subprocess.run([sys.executable, "-c", LIBRARY_HOST.format(configure=host), redis_server.url, namespace],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "rerankq.producer|INFO|stream_opened stream='s_" in loud.stdout
+    for key in raw_redis.scan_iter(f"{namespace}*"):
+        raw_redis.delete(key)
+
+
+class OldRedis:
+    """Just enough of a Redis 6.0 on loopback to be connected to: no such server is on this
+    machine to start, and what is under test is only what the client does on connecting."""
+
+    def __init__(self, version: str) -> None:
+        import socket
+        import threading
+
+        self.version = version
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn) -> None:  # type: ignore[no-untyped-def]
+        reader = conn.makefile("rb")
+        try:
+            while line := reader.readline():
+                args = [reader.readline() and reader.readline().strip() for _ in range(int(line[1:]))]
+                if args and args[0].upper() == b"HELLO":  # a RESP3 handshake, as 6.0 answers it
+                    fields = {b"server": b"redis", b"version": self.version.encode()}
+                    conn.sendall(b"%3\r\n" + b"".join(b"$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v)
+                                                     for k, v in fields.items()) + b"$5\r\nproto\r\n:3\r\n")
+                elif args and args[0].upper() == b"INFO":
+                    body = f"# Server\r\nredis_version:{self.version}\r\n".encode()
+                    conn.sendall(b"$%d\r\n%s\r\n" % (len(body), body))
+                else:
+                    conn.sendall(b"+OK\r\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_redis_older_than_6_2_is_refused_with_a_clear_error():
+    from producer.errors import UnsupportedRedis
+    from producer.store import connect
+
+    old = OldRedis("6.0.16")
+    try:
+        client = connect(old.url)
+        with pytest.raises(UnsupportedRedis, match=r"Redis 6\.0\.16 is older than 6\.2"):
+            client.ping()
+        client.close()
+    finally:
+        old.close()
+
+
+def test_redis_6_2_and_valkey_versions_are_accepted():
+    from producer.store import MIN_REDIS_VERSION, server_version
+
+    assert server_version("# Server\r\nredis_version:6.2.14\r\nvalkey_version:8.0.1\r\n") >= MIN_REDIS_VERSION
+    assert server_version("redis_version:7.2.4\r\n") >= MIN_REDIS_VERSION
+    assert server_version("redis_version:6.0.16\r\n") < MIN_REDIS_VERSION
