@@ -43,6 +43,9 @@ class Runtime:
     def _count_failover(self, member: str, reason: str) -> None:
         self.store.incr_counter("failovers")
         self.store.incr_counter(f"failovers:{member}")
+        if reason == "timeout":
+            # A member's TIMEOUT_S too short for its documents shows here before anywhere else.
+            self.store.incr_counter(f"provider_timeouts:{member}")
 
     def close(self) -> None:
         self.chain.close()
