@@ -91,6 +91,10 @@ class Keys:
     def pair_score(self, digest: str) -> str:
         return f"{self.namespace}:score:{digest}"
 
+    def window_answer(self, digest: str) -> str:
+        """A subset-answering member's whole answer to one window (``worker.chain.cache``)."""
+        return f"{self.namespace}:answer:{digest}"
+
     @property
     def sweep_lock(self) -> str:
         return f"{self.namespace}:sweep-lock"

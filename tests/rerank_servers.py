@@ -4,11 +4,16 @@ Each server scores a document by a fixed function of its text (``expected_score`
 test can check that scores reached Redis against the right candidates. ``mode`` sets how
 it answers every request; ``plan`` queues modes for the next requests first. Every request
 it sees is recorded (path, headers, JSON body), so a test can count calls.
+
+Like the real servers: TEI answers raw logits when asked for ``raw_scores``; Infinity
+serves ``/rerank`` only and answers 404 elsewhere; a 422 echoes the request it refused
+(FastAPI's validation errors quote their ``input``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
@@ -20,13 +25,19 @@ from typing import Any
 SHAPES = ("tei", "cohere", "infinity", "scores", "rankings")
 MODES = (
     "ok", "hang", "500", "429", "malformed", "wrong_count", "repeated_index", "out_of_range",
-    "nan", "flat", "subset", "logits", "echo_auth",
+    "nan", "flat", "subset", "logits", "echo_auth", "echo_422", "echo_400_code",
 )
+# The paths each shape serves; None: any path.
+PATHS: dict[str, frozenset[str] | None] = {"infinity": frozenset({"/rerank"})}
 
 
 def expected_score(document: str) -> float:
     """A score in (0.05, 0.95) that depends only on the text."""
     return 0.05 + 0.9 * (zlib.crc32(document.encode()) % 1000) / 1000
+
+
+def logit(p: float) -> float:
+    return math.log(p / (1 - p))
 
 
 @dataclass
@@ -45,6 +56,9 @@ class RerankServer:
         self.retry_after = "1"
         self.hang_s = 3.0
         self.subset_size = 3
+        # echo_auth: characters of padding before the echoed Authorization header.
+        self.echo_pad = 0
+        self.paths = PATHS.get(shape)
         self.requests: list[Seen] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -85,7 +99,14 @@ class RerankServer:
         if mode == "malformed":
             return 200, {}, b'{"results": [{"index": 0, "relevance'
         if mode == "echo_auth":
-            return 401, {}, json.dumps({"error": "bad key", "got": self._auth}).encode()
+            return 401, {}, json.dumps({"error": "bad key", "pad": "x" * self.echo_pad, "got": self._auth}).encode()
+        if mode == "echo_422":
+            detail = [{"type": "value_error", "loc": ["body"], "msg": "Value error, refused", "input": body}]
+            return 422, {}, json.dumps({"detail": detail}).encode()
+        if mode == "echo_400_code":
+            query = body.get("query") if isinstance(body, dict) else None
+            return 400, {}, json.dumps({"error": {"code": "too_many_tokens",
+                                                  "message": f"query {query!r} is too long"}}).encode()
         documents = body.get("texts") or body.get("documents") or []
         documents = [d if isinstance(d, str) else d.get("text", "") for d in documents]
         n = len(documents)
@@ -96,6 +117,8 @@ class RerankServer:
             pairs[0] = (0, float("nan"))
         elif mode == "logits":
             pairs = [(i, s * 12 - 6) for i, s in pairs]
+        elif body.get("raw_scores") is True:
+            pairs = [(i, logit(s)) for i, s in pairs]  # TEI without its sigmoid
         ranked = sorted(pairs, key=lambda p: -p[1])
         if mode == "subset":
             ranked = ranked[: int(body.get("top_n") or self.subset_size)]
@@ -142,7 +165,10 @@ class RerankServer:
                 if mode == "hang":
                     time.sleep(server.hang_s)
                     mode = "ok"
-                status, headers, payload = server.answer(mode, body)
+                if server.paths is not None and self.path not in server.paths:
+                    status, headers, payload = 404, {}, b'{"detail":"Not Found"}'
+                else:
+                    status, headers, payload = server.answer(mode, body)
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")

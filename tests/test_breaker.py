@@ -6,6 +6,7 @@ no call at all, in any worker process, until one half-open probe closes it.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -142,6 +143,11 @@ def test_open_breaker_makes_no_call_and_the_probe_closes_it(tei, start_worker, m
     assert tei.count == 5  # the probe, then two calls through the closed breaker
     log = worker.log()
     assert "breaker_opened" in log and "breaker_probe" in log and "breaker_closed" in log
+    # One name for the member everywhere: the endpoint digest stays inside the breaker's key.
+    for event in ("breaker_opened", "breaker_probe", "breaker_closed", "reranker_failover"):
+        lines = [line for line in log.splitlines() if event in line]
+        assert lines and all(re.search(r"member=0:tei(\s|$)", line) for line in lines), (event, lines)
+    assert not re.search(r"0:tei:[0-9a-f]{8}", log)
 
 
 def test_the_breaker_is_shared_by_worker_processes(tei, start_worker, make_client):

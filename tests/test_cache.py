@@ -3,8 +3,13 @@ the reader cannot tell a cached score from a fresh one."""
 
 from __future__ import annotations
 
+import shutil
+import time
+
 import msgspec
+import pytest
 from conftest import make_candidates, namespace_keys
+from rerank_servers import expected_score
 
 QUERY = "payment gateway error after a certificate expired"
 
@@ -85,13 +90,163 @@ def test_a_score_is_keyed_by_the_provider_beneath_any_wrapper():
 
     class Model:
         cache_identity = "local|some-model|bf16"
+        scale = "probability"
+
+    class Custom:
+        scale = "probability"
 
     class Wrapper:
         def __init__(self, inner):
             self.inner = inner
+            self.scale = inner.scale
 
     member = MemberSettings(provider="local", model="some-model")
     assert provider_identity(member, Wrapper(Wrapper(Model()))) == "local|some-model|bf16"
-    assert provider_identity(MemberSettings(provider="tei", url="http://tei:80"), Wrapper(object())) == "tei||http://tei:80"
-    # The three parts are framed, so no document can collide with another split of the same text.
+    # A provider that declares nothing is keyed on every setting that could change its answer ...
+    custom = MemberSettings(provider="pkg.mod:Custom", url="http://r:80")
+    identity = provider_identity(custom, Wrapper(Custom()))
+    for changed in ({"url": "http://r:81"}, {"model": "m"}, {"scale": "logit"}, {"top_n": 3},
+                    {"batch_size": 8}, {"max_tokens_per_doc": 64}, {"api_version": "v1"}):
+        assert provider_identity(msgspec.structs.replace(custom, **changed), Wrapper(Custom())) != identity, changed
+    # ... and not on how long to wait for it.
+    assert provider_identity(msgspec.structs.replace(custom, timeout_s=99.0), Wrapper(Custom())) == identity
+    # The parts are framed, so no document can collide with another split of the same text.
     assert pair_digest("p", "a b", "c") != pair_digest("p", "a", "b c")
+
+
+# -- what a cached answer must not change ------------------------------------------
+
+
+def wait_committed(client, stream: str, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.status(stream)
+        if all(w.state == "committed" for w in status.windows):
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"windows not committed: {client.status(stream)}")
+
+
+def test_a_subset_member_answers_a_repeat_exactly_as_the_first_time(server, start_worker, make_client):
+    # TOP_N=10 over a window of 25: the member keeps 10. Served per pair from the cache,
+    # a repeat once ranked 10 cached pairs plus 10 of the 15 misses (20/5), then 25/0.
+    cohere = server("cohere")
+    cohere.mode = "subset"
+    cohere.subset_size = 25  # asked for no top_n, it answers every document
+    start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": cohere.url,
+        "RERANKQ_RERANKER_MODEL": "rerank-v3.5", "RERANKQ_RERANKER_TOP_N": "10",
+        "RERANKQ_RERANKER_TIMEOUT_S": "2", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+    })
+    client = make_client()
+    candidates = make_candidates(25)
+    counts, rows = [], []
+    for _ in range(3):
+        stream = client.open(QUERY, candidates, window_size=25)
+        window = wait_committed(client, stream).windows[0]
+        counts.append((window.served_by, window.ranked, window.omitted))
+        rows.append(read_all(client, stream, 10))
+    assert counts == [("0:cohere", 10, 15)] * 3
+    assert rows[0] == rows[1] == rows[2]
+    assert cohere.count == 1 and provider_calls(client, "0:cohere") == 1  # the repeats were cache hits
+    assert client.store.counters()["pair_cache_hits"] == 50
+
+
+# Member settings, one member each, all scoring the same window; (variables, expected):
+# "miss" when the setting changes what is asked or how the answer is read, "hit" when it
+# does not. Group baselines come first, so every variant finds its baseline's entries.
+VARIANTS = [
+    ("tei", {}, "miss"),
+    ("tei", {"TIMEOUT_S": "3"}, "hit"),
+    ("tei", {"BATCH_SIZE": "3"}, "hit"),  # TEI scores each pair on its own
+    ("tei", {"URL": "{tei2}"}, "miss"),
+    ("tei", {"SCALE": "logit"}, "miss"),  # asks for raw scores, reads them as logits
+    ("tei", {"MODEL": "bge-reranker-base"}, "miss"),
+    ("cohere", {}, "miss"),
+    ("cohere", {"API_KEY": "sk-other-account"}, "hit"),
+    ("cohere", {"API_VERSION": "v1"}, "miss"),
+    ("cohere", {"TOP_N": "5"}, "miss"),
+    ("cohere", {"MAX_TOKENS_PER_DOC": "64"}, "miss"),
+    ("cohere", {"MODEL": "rerank-english-v3.0"}, "miss"),
+    ("cohere", {"SCALE": "logit"}, "miss"),
+    ("cohere", {"URL": "{cohere2}"}, "miss"),
+    ("http", {}, "miss"),
+    ("http", {"MAX_RETRIES": "0"}, "hit"),
+    ("http", {"URL": "{rankings}/v2/rank"}, "miss"),
+    ("http", {"MODEL": "m2"}, "miss"),
+    ("http", {"TOP_N": "5"}, "miss"),
+    ("http", {"SCALE": "logit"}, "miss"),
+    ("local", {}, "miss"),
+    ("local", {"TIMEOUT_S": "3"}, "hit"),
+    ("local", {"SCALE": "logit"}, "miss"),
+    ("local", {"MODEL": "{model_copy}"}, "miss"),
+]
+
+
+def test_every_setting_that_changes_an_answer_misses_the_cache(server, start_worker, make_client, tiny_model_dir,
+                                                               tmp_path):
+    servers = {"tei": server("tei"), "tei2": server("tei"), "cohere": server("cohere"),
+               "cohere2": server("cohere"), "rankings": server("rankings")}
+    model_copy = tmp_path / "same-weights-other-name"
+    shutil.copytree(tiny_model_dir, model_copy)
+    urls = {name: s.url for name, s in servers.items()} | {"model_copy": str(model_copy)}
+    baseline = {"tei": {"URL": "{tei}"}, "cohere": {"URL": "{cohere}", "MODEL": "rerank-v3.5"},
+                "http": {"URL": "{rankings}/rerank"}, "local": {"MODEL": str(tiny_model_dir)}}
+    env = {}
+    for i, (provider, changed, _) in enumerate(VARIANTS):
+        prefix = "RERANKQ_RERANKER_" if i == 0 else f"RERANKQ_RERANKER_{i}_"
+        member = {"PROVIDER": provider, "TIMEOUT_S": "2", **baseline[provider], **changed}
+        env |= {prefix + k: v.format(**urls) for k, v in member.items()}
+        env[f"RERANKQ_CHAIN_M{i}"] = str(i)
+    start_worker(env=env, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    candidates = make_candidates(8)
+
+    def score_with(i: int) -> str:
+        stream = client.open(QUERY, candidates, window_size=8, chain=f"m{i}")
+        return wait_committed(client, stream).windows[0].served_by
+
+    seen = []
+    for i, (provider, changed, _) in enumerate(VARIANTS):
+        assert score_with(i) == f"{i}:{provider}", changed
+        seen.append("miss" if provider_calls(client, f"{i}:{provider}") else "hit")
+    assert seen == [expected for _, _, expected in VARIANTS]
+    assert score_with(0) == "0:tei" and provider_calls(client, "0:tei") == 1  # the baseline itself hits
+
+
+def test_a_scale_switch_never_reads_a_score_on_the_other_scale(server, start_worker, make_client):
+    # TEI at its default scale answers probabilities; with SCALE=logit it is asked for raw
+    # scores and they go through a sigmoid. A cached probability read as a logit would turn
+    # 0.007 into 0.50175.
+    tei = server("tei")
+    env = {"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url, "RERANKQ_RERANKER_TIMEOUT_S": "2"}
+    client = make_client()
+    candidates = make_candidates(8)
+    for scale in ("probability", "logit"):
+        worker = start_worker(env={**env, "RERANKQ_RERANKER_SCALE": scale}, drop=("RERANKQ_RERANKER_MODEL",))
+        stream = client.open(QUERY, candidates, window_size=8)
+        wait_committed(client, stream)
+        decisions = client.store.snapshot(stream).results[0].decisions
+        assert [d.score for d in decisions] == pytest.approx([expected_score(d.document) for d in decisions])
+        worker.stop()
+    assert tei.count == 2 and [r.body["raw_scores"] for r in tei.requests] == [False, True]
+
+
+def test_a_member_trusted_with_the_tenant_is_cached_per_tenant(server, start_worker, make_client):
+    # With SEND_TENANT the server sees the tenant and may answer per tenant (its own model
+    # or index per customer): one tenant's scores must not answer for another's.
+    shared, per_tenant = server("cohere"), server("cohere")
+    start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": shared.url, "RERANKQ_RERANKER_TIMEOUT_S": "2",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": per_tenant.url,
+        "RERANKQ_RERANKER_1_SEND_TENANT": "true", "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
+        "RERANKQ_CHAIN_SHARED": "0", "RERANKQ_CHAIN_PER_TENANT": "1",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    candidates = make_candidates(6)
+    for tenant in ("acme", "globex", "acme"):
+        for profile in ("shared", "per_tenant"):
+            stream = client.open(QUERY, candidates, window_size=6, chain=profile, tenant=tenant)
+            assert wait_committed(client, stream).windows[0].served_by is not None
+    assert shared.count == 1  # the tenant never left the process: one answer serves all
+    assert [r.headers["x-rerankq-tenant"] for r in per_tenant.requests] == ["acme", "globex"]

@@ -55,6 +55,8 @@ def test_timeout_fails_over_to_hosted_member(server, start_worker, make_client):
         assert decision.score == pytest.approx(expected_score(decision.document))
     counters = client.store.counters()
     assert counters["provider_calls:0:tei"] == 2 and counters["failovers:0:tei"] == 2
+    assert counters["provider_timeouts:0:tei"] == 2  # a TIMEOUT_S too short shows in a counter
+    assert "provider_timeouts:1:cohere" not in counters
     assert counters["provider_calls:1:cohere"] == 2 and "failovers:1:cohere" not in counters
     assert tei.count == 2 and cohere.count == 2
     # The tenant stays home: neither member was trusted with it.
@@ -137,6 +139,12 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
         "RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": str(model_dir),
         "RERANKQ_RERANKER_1_PROVIDER": "rrf", "RERANKQ_MEMBER_RESTART_S": "2",
     })
+    # Said loudly once at start, before any window: no member that scores could start.
+    deadline = time.monotonic() + 30
+    while not log_lines(worker, "no_scoring_member_started") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [error] = log_lines(worker, "no_scoring_member_started")
+    assert "[error" in error and "0:local" in error and "model_load" in error and "1:rrf" in error
     client = make_client()
     stream = client.open("gateway error", make_candidates(9), window_size=3, first_windows=3)
     status = wait_committed(client, stream)
@@ -145,6 +153,7 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
     assert set(reasons) <= {"0:local: model_load", "0:local: not_started"}
     assert reasons.count("0:local: not_started") >= 2  # not reloaded on every window
     assert 1 <= len(log_lines(worker, "member_start_failed")) <= 2
+    assert len(log_lines(worker, "no_scoring_member_started")) == 1  # once, not once per window
 
     shutil.copytree(tiny_model_dir, model_dir)  # the model arrives; no restart needed
     time.sleep(2.1)
@@ -195,3 +204,48 @@ def test_an_unusable_answer_is_never_cached(server, start_worker, make_client):
     stream = client.open("gateway error", make_candidates(8), window_size=8)
     assert wait_committed(client, stream).windows[0].served_by == "0:tei"
     assert tei.count == 3  # the good answer was cached
+
+
+def test_an_error_body_echoing_the_window_reaches_no_warning_and_no_window(server, start_worker, make_client):
+    tei = server("tei")
+    tei.mode = "echo_422"  # the refused request (query and documents) is quoted back
+    query = "confidential merger with acme corp"
+    worker = start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
+        "RERANKQ_RERANKER_TIMEOUT_S": "1",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    candidates = make_candidates(3, text="board minutes {i} about the takeover")
+    stream = client.open(query, candidates, window_size=3)
+    window = wait_committed(client, stream).windows[0]
+    assert window.failed == 3 and tei.count == 1
+    assert "board minutes" in str(tei.requests[0].body)  # it was sent, and echoed ...
+    result = client.store.snapshot(stream).results[0]
+    assert result.failovers == ["0:tei: http_422"]
+    committed = [result.reason or "", *result.failovers, *(d.reason for d in result.decisions)]
+    [failover] = log_lines(worker, "reranker_failover")
+    assert "answered 422 (application/json," in failover
+    for text in (*committed, worker.log()):
+        assert query not in text and "board minutes" not in text and "takeover" not in text  # ... and kept nowhere
+
+
+def test_credentials_in_a_member_url_are_refused_at_start(server, start_worker, make_client):
+    cohere = server("cohere")
+    worker = start_worker(env={
+        "RERANKQ_RERANKER_PROVIDER": "rrf",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+        "RERANKQ_RERANKER_1_URL": cohere.url.replace("http://", f"http://operator:{KEY}@"),
+        "RERANKQ_RERANKER_1_API_KEY": "sk-the-configured-bearer-key", "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+        "RERANKQ_CHAIN_HOSTED": "1",
+    }, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    stream = client.open("gateway error", make_candidates(3), window_size=3, chain="hosted")
+    window = wait_committed(client, stream).windows[0]
+    # Not called with Basic auth made from the URL in place of the Bearer key: not called.
+    assert cohere.count == 0
+    assert window.served_by is None
+    # Refused at start (warm-up), so the window finds it not started yet.
+    assert client.store.snapshot(stream).results[0].failovers == ["1:cohere: not_started"]
+    started = log_lines(worker, "member_start_failed")
+    assert started and "variable=RERANKQ_RERANKER_1_URL" in started[0] and "credentials" in started[0]
+    assert KEY not in worker.log() and "operator" not in worker.log()

@@ -6,6 +6,7 @@ asserted is what the chain decides: who served, and why each member was skipped.
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgspec
@@ -41,8 +42,10 @@ def run(member: MemberSettings, n: int = 10, settings: Settings | None = None, *
 def member_for(shape: str, url: str, **kw: object) -> MemberSettings:
     if shape == "tei":
         return MemberSettings(provider="tei", url=url, timeout_s=1, **kw)  # type: ignore[arg-type]
-    if shape in ("cohere", "infinity"):
+    if shape == "cohere":
         return MemberSettings(provider="cohere", url=url, model="rerank-test", timeout_s=1, **kw)  # type: ignore[arg-type]
+    if shape == "infinity":  # Infinity serves /rerank only: it takes its full URL
+        return MemberSettings(provider="cohere", url=url + "/rerank", model="rerank-test", timeout_s=1, **kw)  # type: ignore[arg-type]
     return MemberSettings(provider="http", url=url + "/rerank", timeout_s=1, **kw)  # type: ignore[arg-type]
 
 
@@ -234,7 +237,7 @@ def test_tenant_header_only_when_enabled_for_the_member(server, send_tenant):
 def test_api_key_never_in_an_error_or_log(server):
     cohere = server("cohere")
     cohere.mode = "echo_auth"  # the server echoes the Authorization header in its error body
-    refused = closed_port_url().replace("http://", f"http://user:{KEY}@") + f"/rerank?api-key={KEY}"
+    refused = closed_port_url() + f"/rerank?api-key={KEY}"
     with structlog.testing.capture_logs() as logs:
         echoed = run(member_for("cohere", cohere.url, api_key=Secret(KEY)), n=3)
         unreachable = run(MemberSettings(provider="cohere", url=refused, api_key=Secret(KEY), timeout_s=1), n=3)
@@ -245,6 +248,75 @@ def test_api_key_never_in_an_error_or_log(server):
     assert "reranker_failover" in text and "***" in text
     assert KEY not in text  # ... and never written down
     assert KEY not in repr(MemberSettings(api_key=Secret(KEY)))
+
+
+def test_a_key_echoed_across_the_cut_leaks_no_part_of_itself(server):
+    # The body is cut to BODY_SNIPPET characters for the log; cut before scrubbing, the
+    # key's first half would no longer match the key and be kept.
+    from worker.providers.remote import BODY_SNIPPET
+
+    cohere = server("cohere")
+    cohere.mode = "echo_auth"
+    before_key = len(json.dumps({"error": "bad key", "pad": "", "got": "Bearer "})) - 1
+    cohere.echo_pad = BODY_SNIPPET - len(KEY) // 2 - before_key
+    with structlog.testing.capture_logs() as logs:
+        outcome = run(member_for("cohere", cohere.url, api_key=Secret(KEY), max_retries=0), n=3)
+    assert outcome.failovers == ["0:cohere: http_401"]
+    assert len(cohere.requests) == 1
+    text = repr(logs) + repr(outcome)
+    assert KEY[: len(KEY) // 2] not in text  # no half of the key before the cut ...
+    assert "provider_error_body" in text  # ... in any line, the body's (at DEBUG) included
+
+
+def test_an_error_body_that_echoes_the_input_stays_out_of_warnings(server):
+    tei = server("tei")
+    tei.mode = "echo_422"  # FastAPI-style: the refused request is quoted back
+    secret_query = "confidential merger with acme corp"
+    docs = ["board minutes about the acme merger", "salary review for jane doe"]
+    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="tei", url=tei.url, timeout_s=1)]))
+    with structlog.testing.capture_logs() as logs:
+        outcome = chain.run(ScoreRequest(query=secret_query, documents=docs, stream_id="s_test", window=0))
+    chain.close()
+    assert outcome.failed and outcome.failovers == ["0:tei: http_422"]
+    assert "board minutes" in json.dumps(tei.requests[0].body)  # the server did echo it ...
+    above_debug = [e for e in logs if e["log_level"] != "debug"]
+    failover = next(e for e in above_debug if e["event"] == "reranker_failover")
+    for text in (repr(above_debug), repr(outcome.failovers), outcome.reason or ""):
+        for words in (secret_query, "acme", *docs):
+            assert words not in text  # ... and no warning, failover or reason repeats it
+    assert failover["log_level"] == "warning"
+    assert failover["detail"].startswith(f"POST {tei.url}/rerank answered 422 (application/json, ")
+    debug = [e for e in logs if e["event"] == "provider_error_body"]
+    assert debug and debug[0]["log_level"] == "debug" and secret_query in debug[0]["body"]
+
+
+def test_an_error_code_is_summarised_but_its_message_is_not(server):
+    cohere = server("cohere")
+    cohere.mode = "echo_400_code"
+    with structlog.testing.capture_logs() as logs:
+        outcome = run(member_for("cohere", cohere.url), n=3)
+    assert outcome.failovers == ["0:cohere: http_400"]
+    failover = next(e for e in logs if e["event"] == "reranker_failover")
+    assert "gateway error" not in failover["detail"]  # the query, quoted by the server's message
+    assert failover["detail"].endswith("bytes, code too_many_tokens)")
+
+
+def test_credentials_in_a_member_url_are_refused_and_never_echoed(server):
+    cohere = server("cohere")
+    with_credentials = cohere.url.replace("http://", f"http://operator:{KEY}@")
+    member = MemberSettings(provider="cohere", url=with_credentials, api_key=Secret("sk-bearer-key"), timeout_s=1)
+    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf"), member]))
+    chain.members = chain.members[::-1]  # as member 1 of the config, tried first
+    with structlog.testing.capture_logs() as logs:
+        outcome = chain.run(request(3))
+    chain.close()
+    # httpx would have sent Basic auth built from the URL in place of the Bearer key.
+    assert cohere.count == 0
+    assert outcome.served_by == "0:rrf" and outcome.failovers == ["1:cohere: config"]
+    started = next(e for e in logs if e["event"] == "member_start_failed")
+    assert started["variable"] == "RERANKQ_RERANKER_1_URL"
+    assert "credentials" in started["detail"] and cohere.url in started["detail"]
+    assert KEY not in repr(logs) and "operator" not in repr(logs)
 
 
 # -- configuration ---------------------------------------------------------------
@@ -317,3 +389,38 @@ def test_chain_profile_settings():
     assert [m.label for m in chain.members_for("PRIVATE")] == ["0:tei", "2:rrf"]
     assert chain.members_for("nope") is None
     chain.close()
+
+
+# -- wrong endpoints and warm-up --------------------------------------------------
+
+
+def test_a_404_from_a_derived_endpoint_names_the_url_to_set(server):
+    infinity = server("infinity")  # serves /rerank only, like infinity-emb
+    member = MemberSettings(provider="cohere", url=infinity.url, timeout_s=1)
+    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf"), member]))
+    chain.members = chain.members[::-1]
+    with structlog.testing.capture_logs() as logs:
+        outcome = chain.run(request(3))
+    chain.close()
+    assert outcome.failovers == ["1:cohere: http_404"] and infinity.requests[0].path == "/v2/rerank"
+    failover = next(e for e in logs if e["event"] == "reranker_failover")
+    assert failover["variable"] == "RERANKQ_RERANKER_1_URL"
+    assert failover["detail"] == (f"POST {infinity.url}/v2/rerank answered 404 (application/json, 22 bytes);"
+                                  f" if this server serves /rerank, set RERANKQ_RERANKER_1_URL={infinity.url}/rerank")
+    # The advice is right: that URL serves.
+    assert run(MemberSettings(provider="cohere", url=f"{infinity.url}/rerank", timeout_s=1), n=3).served_by == "0:cohere"
+
+
+def test_warm_up_says_once_at_error_when_no_scoring_member_starts():
+    broken = Settings(members=[MemberSettings(provider="tei"), MemberSettings(provider="http", url="ftp://x"),
+                               MemberSettings(provider="rrf")])
+    with structlog.testing.capture_logs() as logs:
+        Chain.from_settings(broken).warm_up()
+        Chain.from_settings(Settings(members=[MemberSettings(provider="rrf")])).warm_up()  # rrf alone: meant
+        Chain.from_settings(Settings(members=[MemberSettings(provider="tei"),  # one of two starts: fine
+                                              MemberSettings(provider="tei", url="http://127.0.0.1:1")])).warm_up()
+    errors = [e for e in logs if e["log_level"] == "error"]
+    assert len(errors) == 1 and errors[0]["event"] == "no_scoring_member_started"
+    assert set(errors[0]["members"]) == {"0:tei", "1:http"}
+    assert all(reason.startswith("config: url: ") for reason in errors[0]["members"].values())
+    assert errors[0]["windows_served_by"] == "2:rrf"

@@ -30,19 +30,22 @@ class Runtime:
     def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
         """Meter real provider calls; in front of that, the pair-score cache (never for rrf,
         whose seeded scores come from fusion rank, not from the pair)."""
-        from worker.chain.cache import CachedProvider, provider_identity
+        from worker.chain.cache import CachedProvider
         from worker.chain.metering import MeteredProvider
 
         label = f"{index}:{member.provider}"
         metered = MeteredProvider(provider, label=label, count=self.store.incr_counter)
         if not self.settings.pair_cache or provider.scale is None:
             return metered
-        return CachedProvider(metered, identity=provider_identity(member, provider), client=self.store.client,
-                              keys=self.store.keys, ttl_s=self.settings.cache_ttl_s, count=self.store.incr_counter)
+        return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
+                              ttl_s=self.settings.cache_ttl_s, count=self.store.incr_counter)
 
     def _count_failover(self, member: str, reason: str) -> None:
         self.store.incr_counter("failovers")
         self.store.incr_counter(f"failovers:{member}")
+        if reason == "timeout":
+            # A member's TIMEOUT_S too short for its documents shows here before anywhere else.
+            self.store.incr_counter(f"provider_timeouts:{member}")
 
     def close(self) -> None:
         self.chain.close()

@@ -15,12 +15,9 @@ import time
 from importlib import resources
 
 import redis
-import structlog
 
 from producer.keys import Keys
 from producer.settings import MemberSettings, Settings
-
-log = structlog.get_logger("rerankq.breaker")
 
 _SCRIPT = resources.files("worker.chain").joinpath("breaker.lua").read_text()
 # A breaker hash outlives its cooldown by this much, then a quiet member leaves nothing behind.
@@ -35,7 +32,8 @@ class Gate(enum.Enum):
 
 def breaker_id(label: str, member: MemberSettings) -> str:
     """The member's label plus a digest of what it calls, so two differently configured
-    deployments sharing a namespace never share a breaker for different endpoints."""
+    deployments sharing a namespace never share a breaker for different endpoints.
+    It names the Redis key only; logs and failovers name the member by its label."""
     target = f"{member.provider}|{member.url or ''}|{member.model or ''}".encode()
     return f"{label}:{hashlib.blake2b(target, digest_size=4).hexdigest()}"
 
@@ -69,10 +67,9 @@ class Breaker:
         lease_ms = int(probe_lease_s * 1000)
         return Gate(int(self._run(member, "acquire", lease_ms, self._ttl_ms(lease_ms))))  # type: ignore[arg-type]
 
-    def record_success(self, member: str) -> None:
-        previous = _text(self._run(member, "success"))
-        if previous != "closed":
-            log.info("breaker_closed", member=member, was=previous)
+    def record_success(self, member: str) -> str:
+        """Closes the breaker; returns the state it was in (the caller logs a change by its label)."""
+        return _text(self._run(member, "success"))
 
     def record_failure(self, member: str) -> str:
         """Counts a failure; returns the state after it, ``opened`` when this one tripped it."""

@@ -1,21 +1,32 @@
 """The pair-score cache.
 
-A score depends only on (provider and model, query, assembled document), so it is
-kept in Redis under a digest of the three, for ``cache_ttl_s``. A repeated query
-over the same documents then skips the provider; only the misses are sent. The
-cached number is the provider's raw score, stored as the exact 8-byte double, so
-normalisation, boosts and ``served_by`` come out the same as for a fresh score:
-a hit is indistinguishable to the reader.
+A score depends on the pair (query, assembled document) and on the member's
+*identity*: everything else that changes what the provider is asked or how its
+answer is read (model, URL, scale, request options; each provider declares its own
+``cache_identity``). It is kept in Redis under a digest of the three, for
+``cache_ttl_s``. A repeated query over the same documents then skips the provider;
+only the misses are sent. The cached number is the provider's raw score, stored as
+the exact 8-byte double, so normalisation, boosts and ``served_by`` come out the same
+as for a fresh score: a hit is indistinguishable to the reader.
+
+A member that answers a subset (``top_n``) is cached per window instead: which
+documents it leaves out depends on the whole window, so per-pair hits mixed with a
+fresh subset of the misses would rank more documents than a fresh call does (10 of 25,
+then 20, then 25 on repeats). Its whole answer, omissions included, is kept under a
+digest of the identity, the query and the ordered documents, and served only for that
+exact window. Re-asking for just the misses cannot work: no request for a subset of
+the misses says which of the cached ones the provider would have kept.
 
 It wraps a built member provider through ``Chain.from_settings(wrap=...)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 import redis
@@ -23,14 +34,19 @@ import redis.cluster
 
 from producer.keys import Keys
 from producer.settings import MemberSettings
-from worker.providers.base import Provider, Scale, ScoreRequest
+from worker.providers.base import Provider, Scale, ScoreRequest, cache_identity
 
 _DOUBLE = struct.Struct("<d")
 _encode = msgspec.msgpack.Encoder().encode
+# msgpack keeps a Python float as a float64: a window's answer round-trips exactly.
+_decode_window = msgspec.msgpack.Decoder(list[float | None]).decode
+
+# Member settings that cannot change a score: how long to wait, how often to retry, the key.
+_NOT_IN_IDENTITY = frozenset({"api_key", "timeout_s", "connect_timeout_s", "max_retries", "send_tenant", "allow_mps"})
 
 # A window's fresh scores, each SET with its expiry, and the hit/miss counts, in one
-# atomic command. KEYS[1] is the counters hash, KEYS[2..] the pair-score keys;
-# ARGV: ttl, hits, misses, then one packed score per pair-score key.
+# atomic command. KEYS[1] is the counters hash, KEYS[2..] the cache keys;
+# ARGV: ttl, hits, misses, then one packed value per cache key.
 _SET_WITH_EXPIRY = """
 local ttl = ARGV[1]
 for i = 2, #KEYS do
@@ -47,30 +63,57 @@ def _cacheable(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def provider_identity(member: MemberSettings, provider: Provider) -> str:
-    """What a score depends on besides the pair: the provider and the model behind it."""
+def _declared(provider: object, name: str) -> object | None:
+    """An attribute the raw provider declares, looked up beneath any wrappers (checks, metering)."""
     layer: object | None = provider
-    while layer is not None:  # the chain may hand us its checking wrapper: look beneath
-        declared = getattr(layer, "cache_identity", None)
-        if isinstance(declared, str):
-            return declared
+    while layer is not None:
+        value = getattr(layer, name, None)
+        if value is not None:
+            return value
         layer = getattr(layer, "inner", None)
-    return f"{member.provider}|{member.model or ''}|{member.url or ''}"
+    return None
 
 
-def pair_digest(identity: str, query: str, document: str) -> str:
-    # msgpack framing keeps the three parts apart: no separator can be forged by a document.
-    return hashlib.blake2b(_encode([identity, query, document]), digest_size=20).hexdigest()
+def provider_identity(member: MemberSettings, provider: Provider) -> str:
+    """What a score depends on besides the pair: the provider's declared ``cache_identity``.
+
+    A provider that declares none (a custom one) is keyed on every member setting that
+    could change its answer, and on the scale it reads its numbers on.
+    """
+    declared = _declared(provider, "cache_identity")
+    if isinstance(declared, str):
+        return declared
+    settings = {f: getattr(member, f) for f in member.__struct_fields__ if f not in _NOT_IN_IDENTITY}
+    return cache_identity(member.provider, **settings, read_as=provider.scale)
+
+
+def answers_subsets(member: MemberSettings, provider: Provider) -> bool:
+    """Whether an answer may leave documents out; undeclared, whether ``top_n`` is set."""
+    declared = _declared(provider, "answers_subsets")
+    return declared if isinstance(declared, bool) else member.top_n is not None
+
+
+def pair_digest(identity: str, query: str, document: str, *, tenant: str | None = None) -> str:
+    # msgpack framing keeps the parts apart: no separator can be forged by a document.
+    return hashlib.blake2b(_encode([identity, tenant, query, document]), digest_size=20).hexdigest()
+
+
+def window_digest(identity: str, query: str, documents: Sequence[str], *, tenant: str | None = None) -> str:
+    # The leading tag and the list keep a window's digest apart from any pair's.
+    return hashlib.blake2b(_encode(["window", identity, tenant, query, list(documents)]), digest_size=20).hexdigest()
 
 
 class CachedProvider:
-    """Serves pairs scored before from Redis; sends only the misses to the provider."""
+    """Serves answers given before from Redis; sends only what it has not seen to the provider."""
 
-    def __init__(self, inner: Provider, *, identity: str, client: redis.Redis, keys: Keys, ttl_s: int,
+    def __init__(self, inner: Provider, *, member: MemberSettings, client: redis.Redis, keys: Keys, ttl_s: int,
                  count: Callable[[str, int], None] | None = None) -> None:
         self.inner = inner
         self.kind = inner.kind
-        self.identity = identity
+        self.identity = provider_identity(member, inner)
+        self.per_window = answers_subsets(member, inner)
+        # A member trusted with the tenant may answer per tenant: its scores are kept per tenant.
+        self.per_tenant = member.send_tenant
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
@@ -82,12 +125,15 @@ class CachedProvider:
     def scale(self) -> Scale | None:
         return self.inner.scale
 
-    def _key(self, query: str, document: str) -> str:
-        return self.keys.pair_score(pair_digest(self.identity, query, document))
+    def _tenant(self, request: ScoreRequest) -> str | None:
+        return request.tenant if self.per_tenant else None
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        if self.per_window:
+            return self._score_window(request, deadline=deadline)
         documents = list(request.documents)
-        keys = [self._key(request.query, d) for d in documents]
+        tenant = self._tenant(request)
+        keys = [self.keys.pair_score(pair_digest(self.identity, request.query, d, tenant=tenant)) for d in documents]
         scores: list[float | None] = [None] * len(documents)
         misses: list[int] = []
         for i, raw in enumerate(self._read(keys)):
@@ -99,15 +145,34 @@ class CachedProvider:
         if not misses:
             self._count("pair_cache_hits", hits)
             return scores
-        sub = ScoreRequest(query=request.query, documents=[documents[i] for i in misses],
-                           stream_id=request.stream_id, window=request.window, tenant=request.tenant)
+        sub = dataclasses.replace(request, documents=[documents[i] for i in misses])
         fresh = self.inner.score(sub, deadline=deadline)
         if len(fresh) != len(misses):
             return fresh  # let the chain's checks reject a wrong-length answer as they would uncached
         for i, value in zip(misses, fresh):
             scores[i] = value
-        self._write({keys[i]: value for i, value in zip(misses, fresh) if _cacheable(value)}, hits, len(misses))
+        self._write({keys[i]: _DOUBLE.pack(value) for i, value in zip(misses, fresh) if _cacheable(value)},
+                    hits, len(misses))
         return scores
+
+    def _score_window(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        n = len(request.documents)
+        key = self.keys.window_answer(window_digest(self.identity, request.query, request.documents,
+                                                 tenant=self._tenant(request)))
+        raw = self._read([key])[0]
+        if raw is not None:
+            try:
+                kept = _decode_window(raw)
+            except msgspec.DecodeError:
+                kept = None
+            if kept is not None and len(kept) == n:
+                self._count("pair_cache_hits", n)
+                return kept
+        fresh = self.inner.score(request, deadline=deadline)
+        # The checks beneath have passed it; a subset's None marks are part of the answer.
+        whole = len(fresh) == n and all(v is None or math.isfinite(v) for v in fresh)
+        self._write({key: _encode(fresh)} if whole else {}, 0, n)
+        return fresh
 
     def _read(self, keys: list[str]) -> list[bytes | None]:
         try:
@@ -118,22 +183,22 @@ class CachedProvider:
         except redis.RedisError:
             return [None] * len(keys)  # a cache outage costs provider calls, never a window
 
-    def _write(self, values: dict[str, float], hits: int, misses: int) -> None:
-        """All fresh scores and the hit/miss counts in one round trip."""
+    def _write(self, values: dict[str, bytes], hits: int, misses: int) -> None:
+        """All fresh values and the hit/miss counts in one round trip."""
         try:
             if self._cluster:
                 # A script cannot span Cluster slots. Each SET with EX still writes the
                 # value and its expiry in one atomic command; the keys are independent.
                 pipe = self.client.pipeline(transaction=False)
                 for key, value in values.items():
-                    pipe.set(key, _DOUBLE.pack(value), ex=self.ttl_s)
+                    pipe.set(key, value, ex=self.ttl_s)
                 pipe.execute()
                 self._count("pair_cache_misses", misses)
                 if hits:
                     self._count("pair_cache_hits", hits)
                 return
             self._set_script(keys=[self.keys.counters_for(None), *values],
-                             args=[self.ttl_s, hits, misses, *(_DOUBLE.pack(v) for v in values.values())])
+                             args=[self.ttl_s, hits, misses, *values.values()])
         except redis.RedisError:
             pass  # a score not cached is paid for again later, nothing worse
 

@@ -5,6 +5,9 @@ response), when it cannot start, or when its circuit breaker is open. A member t
 cannot start is retried on a later window (at most once per ``member_restart_s``)
 rather than taking the worker down. Every skip is a failover: logged at WARNING with
 the member, the reason, the stream and the window, and counted through ``on_failover``.
+
+A member is named by its label (``0:cohere``) in every log line and failover; the
+breaker's Redis key adds a digest of the endpoint, and that key is all it is used for.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ def member_variable(index: int, field_name: str) -> str:
     """The environment variable behind one member setting: RERANKQ_RERANKER_1_URL."""
     prefix = MEMBER_PREFIX if index == 0 else f"{MEMBER_PREFIX}{index}_"
     return prefix + field_name.upper()
+
+
+def explained(index: int, exc: ProviderError) -> tuple[str, dict[str, str]]:
+    """The error's detail with its remedy spelt out for member ``index``, and the variable to name."""
+    if exc.remedy is None:
+        return exc.detail, {}
+    variable = member_variable(index, exc.remedy.field)
+    return f"{exc.detail}; {exc.remedy.render(variable)}", {"variable": variable}
 
 
 def _not_bound() -> Provider:
@@ -190,12 +201,24 @@ class Chain:
         return chain
 
     def warm_up(self) -> None:
-        """Start every member now (model load at process start); failures are logged, not fatal."""
+        """Start every member now (model load at process start); failures are logged, not fatal.
+
+        When no member that scores (anything but ``rrf``) starts, the worker can only keep
+        fusion order or fail windows: that is said once, at ERROR, naming each member and why.
+        """
+        failed: dict[str, str] = {}
         for member in self.members:
             try:
                 member.provider()
-            except ProviderStartError:
-                pass  # logged by the member; retried on a later window
+            except ProviderStartError as exc:
+                # Logged by the member at WARNING; retried on a later window.
+                failed[member.label] = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+        scoring = [m for m in self.members if m.settings.provider != "rrf"]
+        if scoring and all(m.label in failed for m in scoring):
+            fallback = next((m.label for m in self.members if m.settings.provider == "rrf"), None)
+            log.error("no_scoring_member_started", members={m.label: failed[m.label] for m in scoring},
+                      windows_served_by=fallback or "nobody: windows are committed as failed",
+                      retry_in_s=max(m.restart_s for m in scoring))
 
     def members_for(self, profile: str | None) -> list[Member] | None:
         """The members a stream's chain profile selects, in its order; None if it is not configured."""
@@ -217,17 +240,20 @@ class Chain:
             log.error("chain_profile_missing", profile=request.chain, stream=request.stream_id, window=request.window)
             return ChainOutcome(served_by=None, scale=None, scores=None, reason=reason)
 
-        def fail_over(member: Member, reason: str, detail: str) -> None:
+        def fail_over(member: Member, reason: str, detail: str, **named: str) -> None:
+            # Only the reason, a label of our own, is committed with the window; the detail
+            # (our words, never a server's body) goes to the log line alone.
             failovers.append(f"{member.label}: {reason}")
             log.warning("reranker_failover", member=member.label, reason=reason, detail=detail,
-                        stream=request.stream_id, window=request.window)
+                        stream=request.stream_id, window=request.window, **named)
             self._on_failover(member.label, reason)
 
         for member in members:
             try:
                 provider = member.provider()
             except ProviderStartError as exc:
-                fail_over(member, exc.reason, exc.detail)
+                detail, named = explained(member.index, exc)
+                fail_over(member, exc.reason, detail, **named)
                 continue
             gate = self._acquire(member)
             if gate is Gate.SKIP:
@@ -245,7 +271,8 @@ class Chain:
                              flat_min_window=self.flat_min_window, flat_range=self.flat_range)
             except ProviderError as exc:
                 self._record(member, ok=False, reason=exc.reason, request=request)
-                fail_over(member, exc.reason, exc.detail)
+                detail, named = explained(member.index, exc)
+                fail_over(member, exc.reason, detail, **named)
                 continue
             self._record(member, ok=True, reason=None, request=request)
             return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers)
@@ -279,7 +306,9 @@ class Chain:
             return
         try:
             if ok:
-                self.breaker.record_success(member.breaker_id)
+                previous = self.breaker.record_success(member.breaker_id)
+                if previous != "closed":
+                    log.info("breaker_closed", member=member.label, was=previous)
             elif self.breaker.record_failure(member.breaker_id) == "opened":
                 log.warning("breaker_opened", member=member.label, reason=reason,
                             cooldown_s=self.breaker.cooldown_ms / 1000, stream=request.stream_id,

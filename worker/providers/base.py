@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -11,12 +12,34 @@ from typing import Literal, Protocol, runtime_checkable
 Scale = Literal["logit", "probability"]
 
 
-class ProviderError(Exception):
-    """A member could not serve a window; ``reason`` is a short label for logs and decisions."""
+@dataclass(frozen=True)
+class Remedy:
+    """The member setting that would fix an error, for the operator reading the log.
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    A provider does not know its place in the chain, so ``advice`` says ``{variable}`` where
+    the chain puts the variable's name (``RERANKQ_RERANKER_1_URL``).
+    """
+
+    field: str
+    advice: str
+
+    def render(self, variable: str) -> str:
+        # Not str.format: the advice may quote a URL, which may hold braces.
+        return self.advice.replace("{variable}", variable)
+
+
+class ProviderError(Exception):
+    """A member could not serve a window; ``reason`` is a short label for logs and decisions.
+
+    ``detail`` goes to the WARNING log line only, never into a committed window, and is
+    built from our own words: it never quotes what a server sent back (that may echo the
+    query, the documents or a key).
+    """
+
+    def __init__(self, reason: str, detail: str = "", *, remedy: Remedy | None = None) -> None:
         self.reason = reason
         self.detail = detail
+        self.remedy = remedy
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
@@ -45,6 +68,16 @@ class ScoreRequest:
 
 @runtime_checkable
 class Provider(Protocol):
+    """A reranker. Optionally it also declares, for the pair-score cache:
+
+    - ``cache_identity: str``: everything besides the pair that changes its answer or how
+      the answer is read (model, URL, scale, request options); two members with equal
+      identities may share cached scores. Undeclared, the cache keys on all member settings
+      that could matter.
+    - ``answers_subsets: bool``: True when an answer may leave documents out (``top_n``); its
+      answer then depends on the whole window, and the cache keeps it per window.
+    """
+
     kind: str
     #: None for an explicit passthrough (rrf): it keeps fusion order and scores nothing.
     scale: Scale | None
@@ -57,3 +90,8 @@ class Provider(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def cache_identity(kind: str, **parts: object) -> str:
+    """A provider's ``cache_identity``: its kind and every setting that changes its answer."""
+    return json.dumps({"provider": kind, **parts}, sort_keys=True, separators=(",", ":"))

@@ -4,8 +4,10 @@
 as it is) with ``model``, ``query``, ``documents``, ``top_n`` and, for v2,
 ``max_tokens_per_doc``. The answer is ``{"results": [{"index", "relevance_score"}]}`` in
 score order; Jina, Infinity (whose ``document`` is a plain string), Azure and self-hosted
-gateways answer the same, Voyage under ``"data"``. ``document`` is never read: the
-window's own text is what a reader gets back. Relevance scores are calibrated.
+gateways answer the same, Voyage under ``"data"``. Infinity serves ``/rerank`` only, so it
+takes its full URL (``http://infinity:7997/rerank``); a 404 from a derived endpoint says so.
+``document`` is never read: the window's own text is what a reader gets back. Relevance
+scores are calibrated.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 from producer.settings import MemberSettings, Settings
-from worker.providers.base import Scale, ScoreRequest, UnusableResponse
+from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
     MemberConfigError,
     RemoteClient,
     check_base_url,
     check_subset_size,
     expected_subset,
+    public_url,
     scores_from_pairs,
 )
 
@@ -38,10 +41,22 @@ class CohereProvider:
                 raise MemberConfigError("api_key", "is required for the hosted Cohere API")
             if not member.model:
                 raise MemberConfigError("model", "is required for the hosted Cohere API (e.g. rerank-v3.5)")
-        self.endpoint = base if base.endswith("/rerank") else f"{base}/{member.api_version}/rerank"
+        if base.endswith("/rerank"):
+            self.endpoint = base
+            not_found = Remedy("url", "check {variable}: a URL ending in /rerank is POSTed to as given")
+        else:
+            self.endpoint = f"{base}/{member.api_version}/rerank"
+            # Infinity and some gateways serve /rerank at the root, not /v2/rerank.
+            not_found = Remedy("url", f"if this server serves /rerank, set {{variable}}={public_url(base)}/rerank")
         self.member = member
         self.scale: Scale | None = member.scale or "probability"
-        self.client = RemoteClient(member)
+        self.answers_subsets = member.top_n is not None
+        # The endpoint already holds the API version (or the URL given as is); the version
+        # also changes the body (return_documents, max_tokens_per_doc), so it is named too.
+        self.cache_identity = cache_identity(
+            self.kind, url=self.endpoint, api_version=member.api_version, model=member.model, top_n=member.top_n,
+            max_tokens_per_doc=member.max_tokens_per_doc, scale=self.scale)
+        self.client = RemoteClient(member, not_found=not_found)
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
         body: dict[str, Any] = {"query": request.query, "documents": list(request.documents)}

@@ -15,10 +15,11 @@ endpoint emitting logits fails over loudly instead of ranking on the wrong scale
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from producer.settings import MemberSettings, Settings
-from worker.providers.base import Scale, ScoreRequest, UnusableResponse
+from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
     RemoteClient,
     check_base_url,
@@ -27,6 +28,8 @@ from worker.providers.remote import (
     scores_from_pairs,
     scores_in_order,
 )
+
+_FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 
 
 class HttpProvider:
@@ -39,7 +42,11 @@ class HttpProvider:
         self.endpoint = url
         self.member = member
         self.scale: Scale | None = member.scale or "probability"
-        self.client = RemoteClient(member)
+        self.answers_subsets = member.top_n is not None
+        self.cache_identity = cache_identity(self.kind, url=self.endpoint, model=member.model, top_n=member.top_n,
+                                             scale=self.scale)
+        self.client = RemoteClient(member, not_found=Remedy(
+            "url", "check {variable}: it is POSTed to as given, so it must be the full URL of the rerank endpoint"))
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         n = len(request.documents)
@@ -71,5 +78,6 @@ def read_answer(answer: Any, n_documents: int) -> list[float | None]:
         return scores_from_pairs(answer["rankings"], n_documents, score_field="score")
     if "results" in answer:
         return scores_from_pairs(answer["results"], n_documents, score_field=("relevance_score", "score"))
-    keys = ", ".join(sorted(map(str, answer))[:5])
+    # Keys are named only when they look like field names: an answer's keys are the server's text.
+    keys = ", ".join(k if _FIELD_NAME.match(k) else "?" for k in sorted(map(str, answer))[:5])
     raise UnusableResponse("bad_shape", f"no results, rankings or scores in the answer (keys: {keys})")

@@ -9,7 +9,7 @@ import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
 from worker.engine.coalesce import Coalescer, CoalesceTimeout
-from worker.providers.base import ProviderStartError, ProviderUnavailable, Scale, ScoreRequest
+from worker.providers.base import ProviderStartError, ProviderUnavailable, Scale, ScoreRequest, cache_identity
 
 if TYPE_CHECKING:
     from worker.engine import ScoringEngine
@@ -64,9 +64,11 @@ class LocalProvider:
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
         self.scale: Scale | None = member.scale or activation_scale(self.engine.cross_encoder)
-        # Scores differ in their last digits between precisions: a cached score is only
-        # reused by the same model at the same precision.
-        self.cache_identity = f"local|{self.model_name}|{self.engine.precision}"
+        # Scores differ in their last digits between precisions and devices: a cached score
+        # is only reused by the same model at the same precision on the same kind of device.
+        # The scale changes how the number is read, so it is named too.
+        self.cache_identity = cache_identity(self.kind, model=self.model_name, precision=self.engine.precision,
+                                             device=device.split(":")[0], scale=self.scale)
         self.coalescer = shared_coalescer(self.engine, settings) if settings.coalesce else None
         log.info("model_loaded", model=self.model_name, device=device, scale=self.scale,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)

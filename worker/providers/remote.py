@@ -4,9 +4,11 @@ A remote member gets one ``httpx.Client`` per process (connection pooling) with 
 connect and read timeouts. Each request is cut to what is left of the member's deadline,
 so retries, ``Retry-After`` waits and TEI's batches all fit in one budget per window.
 
-Nothing here puts a secret in an error: details are built from our own words, the URL
-is shown without its query string or credentials, and the API key is scrubbed from
-anything that came back from the server.
+Nothing here puts a secret or the window's text in an error: details are built from our
+own words, the URL is shown without its query string, and a URL carrying credentials is
+refused. An error body may echo the request (a 422 quoting the query and documents) or
+the key, so the WARNING detail only summarises it (status, media type, length, a JSON error
+code); the body itself, with the key scrubbed out, is logged at DEBUG.
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ import email.utils
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import structlog
 
 from producer.settings import MemberSettings
-from worker.providers.base import ProviderStartError, ProviderUnavailable, ScoreRequest, UnusableResponse
+from worker.providers.base import ProviderStartError, ProviderUnavailable, Remedy, ScoreRequest, UnusableResponse
+
+log = structlog.get_logger("rerankq.provider.remote")
 
 # httpx logs every request URL at INFO; a gateway that takes its key in the query string
 # would leak it there, and one line per call is noise in a worker log anyway.
@@ -37,6 +43,12 @@ BACKOFF_CAP_S = 2.0
 # Below this much time left, another attempt cannot finish; give up instead.
 MIN_ATTEMPT_S = 0.05
 BODY_SNIPPET = 200
+# An error body larger than this is not parsed for its error code.
+MAX_ERROR_JSON_BYTES = 65536
+# What a JSON error code or a media type may look like: a token, never free text.
+_TOKEN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_MEDIA_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+\-]{1,64}/[A-Za-z0-9!#$&^_.+\-]{1,64}$")
+ERROR_CODE_FIELDS = ("code", "error_code", "error_type", "type")
 
 
 class MemberConfigError(ProviderStartError):
@@ -70,6 +82,10 @@ def check_base_url(url: str | None, *, required: bool = True) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise MemberConfigError("url", f"must be an http:// or https:// URL with a host, got {public_url(url)!r}")
+    if parts.username is not None or parts.password is not None:
+        # httpx turns user:password@ into Basic auth, silently replacing the Bearer API key.
+        raise MemberConfigError("url", f"must not carry credentials (user:password@); give the key as the"
+                                f" member's API_KEY and the URL as {public_url(url)!r}")
     return url.rstrip("/")
 
 
@@ -101,12 +117,47 @@ def retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def error_summary(response: httpx.Response) -> str:
+    """What may be said of an error body at WARNING: media type, length and, from a JSON body,
+    an error code that is a bare token. Free text is never quoted: it may echo the input."""
+    media_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    parts = [media_type if _MEDIA_TYPE.match(media_type) else "unknown type", f"{len(response.content)} bytes"]
+    code = _error_code(response.content)
+    if code is not None:
+        parts.append(f"code {code}")
+    return ", ".join(parts)
+
+
+def _error_code(content: bytes) -> str | None:
+    if not content or len(content) > MAX_ERROR_JSON_BYTES:
+        return None
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    nested = body.get("error")
+    for holder in (nested, body) if isinstance(nested, dict) else (body,):
+        for field in ERROR_CODE_FIELDS:
+            if holder is body and field == "type":
+                continue  # a top-level "type" is often the answer's own kind, not an error code
+            value = holder.get(field)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return str(value)
+            if isinstance(value, str) and _TOKEN.match(value):
+                return value
+    return None
+
+
 class RemoteClient:
     """POST JSON to one member's endpoint with pooling, deadline-cut timeouts and bounded retries."""
 
-    def __init__(self, member: MemberSettings) -> None:
+    def __init__(self, member: MemberSettings, *, not_found: Remedy | None = None) -> None:
+        """``not_found``: what to tell the operator when the endpoint answers 404."""
         check_member_numbers(member)
         self.member = member
+        self.not_found = not_found
         self._key = member.api_key.reveal() if member.api_key is not None else None
         self._timeout = httpx.Timeout(member.timeout_s, connect=member.connect_timeout_s)
         self._http = httpx.Client(
@@ -127,6 +178,8 @@ class RemoteClient:
         return headers
 
     def scrub(self, text: str) -> str:
+        """The text with the key masked. Scrub whole texts, then cut them: a key cut in two
+        would no longer match, and its first characters would be kept."""
         if self._key and self._key in text:
             text = text.replace(self._key, "***")
         return text
@@ -159,9 +212,12 @@ class RemoteClient:
             if 200 <= status < 300:
                 return self._parse(response, where)
             reason = f"http_{status}"
-            detail = self.scrub(f"POST {where} answered {status}: {response.text[:BODY_SNIPPET]!r}")
+            detail = f"POST {where} answered {status} ({error_summary(response)})"
+            log.debug("provider_error_body", url=where, status=status,
+                      body=self.scrub(response.text)[:BODY_SNIPPET])
+            remedy = self.not_found if status == 404 else None
             if status not in RETRYABLE_STATUS or attempt >= self.member.max_retries:
-                raise ProviderUnavailable(reason, detail)
+                raise ProviderUnavailable(reason, detail, remedy=remedy)
             wait = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
             hinted = retry_after_s(response.headers.get("Retry-After"))
             if hinted is not None:

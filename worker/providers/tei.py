@@ -9,8 +9,16 @@ pool is full, so a window is sent in batches of ``batch_size`` and 429 is retrie
 from __future__ import annotations
 
 from producer.settings import MemberSettings, Settings
-from worker.providers.base import Scale, ScoreRequest
-from worker.providers.remote import RemoteClient, check_base_url, check_subset_size, scores_from_pairs
+from worker.providers.base import Remedy, Scale, ScoreRequest, cache_identity
+from worker.providers.remote import (
+    RemoteClient,
+    check_base_url,
+    check_subset_size,
+    scores_from_pairs,
+)
+
+# Texts longer than the model's limit are cut by TEI rather than refused.
+TRUNCATE = True
 
 
 class TeiProvider:
@@ -26,7 +34,13 @@ class TeiProvider:
         self.scale: Scale | None = member.scale or "probability"
         self._raw_scores = self.scale == "logit"
         self.batch_size = member.batch_size
-        self.client = RemoteClient(member)
+        # TEI scores each pair on its own (and batches across requests itself), so the
+        # client-side batch size changes no score and stays out of the identity. The model
+        # is the server's; MODEL is named anyway, as the operator's label for what it serves.
+        self.cache_identity = cache_identity(self.kind, url=self.endpoint, model=member.model, scale=self.scale,
+                                             raw_scores=self._raw_scores, truncate=TRUNCATE)
+        self.client = RemoteClient(member, not_found=Remedy(
+            "url", "check {variable}: TEI serves POST /rerank at the root of its base URL"))
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         documents = list(request.documents)
@@ -34,7 +48,8 @@ class TeiProvider:
         scores: list[float | None] = []
         for start in range(0, len(documents), self.batch_size):
             batch = documents[start:start + self.batch_size]
-            payload = {"query": request.query, "texts": batch, "raw_scores": self._raw_scores, "truncate": True}
+            payload = {"query": request.query, "texts": batch, "raw_scores": self._raw_scores,
+                       "truncate": TRUNCATE}
             answer = self.client.post_json(self.endpoint, payload, headers, deadline=deadline)
             batch_scores = scores_from_pairs(answer, len(batch), score_field="score")
             check_subset_size(batch_scores, len(batch), None)
