@@ -24,3 +24,20 @@ class NoopProvider:
 
     def close(self) -> None:
         pass
+
+
+class PacedProvider(NoopProvider):
+    """Takes ``RERANKQ_BENCH_WINDOW_S`` per window: a worker that drains at a known rate."""
+
+    kind = "paced"
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        import os
+
+        self.window_s = float(os.environ.get("RERANKQ_BENCH_WINDOW_S", "0.1"))
+
+    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        import time
+
+        time.sleep(self.window_s)
+        return super().score(request, deadline=deadline)

@@ -1,0 +1,9 @@
+"""Benchmark overlay, never used in production: the sweep as it was before it looked at the
+queues (every overdue window re-sent), for ``ops/bench/resend.py``'s side-by-side figures.
+
+Put this folder first on a worker's PYTHONPATH; Python imports ``sitecustomize`` at start.
+"""
+
+import worker.sweep
+
+worker.sweep.broker_probe = lambda settings: None

@@ -1,0 +1,134 @@
+"""Re-sends under a backlog: does the sweep re-send windows that are only waiting in a queue?
+
+    python ops/bench/resend.py            # backlog of 5x what the worker drains per redelivery period
+    python ops/bench/resend.py --quick
+
+One worker drains windows at a known pace (a provider that takes ``--window-s`` per window).
+A backlog of ``--backlog`` times what it drains in one redelivery period
+(``RERANKQ_REDELIVER_AFTER_S``) is opened at once, so most windows wait in the queue past
+their deadline. Side by side, in one run: the sweep as it is (it leaves a window whose
+message is still queued alone) and the sweep as it was (every overdue window re-sent, an
+overlay in ``ops/bench/overlays``). Reported: re-sent messages per window (target <= 0.05),
+the time to drain, and, for messages deleted from the queue (lost), how long after their
+deadline the sweep re-sent them (bound: ``REDELIVER_AFTER_S + SWEEP_INTERVAL_S``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This folder holds queue.py, which must not shadow the standard library's queue:
+# keep the folder on the path, but after the standard library.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from common import ROOT, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
+
+from producer import RerankClient, load_settings  # noqa: E402
+from producer.broker_queues import QueueProbe  # noqa: E402
+from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
+
+OVERLAY = ROOT / "ops" / "bench" / "overlays" / "sweep_without_probe"
+
+
+def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
+    namespace = "resend" + uuid.uuid4().hex[:6]
+    settings = {"RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s), "RERANKQ_SWEEP_INTERVAL_S": "1",
+                "RERANKQ_VISIBILITY_TIMEOUT_S": str(max(600, args.redeliver_after_s * 4)),
+                "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
+                "RERANKQ_BENCH_WINDOW_S": str(args.window_s),
+                "RERANKQ_PAIR_CACHE": "false"}  # every window must reach the paced provider
+    env = worker_env(server.url, namespace, **settings)
+    if mode == "every overdue window (before)":
+        env["PYTHONPATH"] = f"{OVERLAY}:{env['PYTHONPATH']}"
+    client = RerankClient(load_settings(worker_env(server.url, namespace, **settings)))
+    drained_per_period = args.redeliver_after_s / args.window_s
+    n_windows = int(args.backlog * drained_per_period)
+    per_stream = 10
+    worker = rerankq_worker(env, log_dir / f"{namespace}.log", "--processes", "1").start()
+    try:
+        started = time.monotonic()
+        streams = [client.open("payment gateway error", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(10)],
+                               window_size=1, first_windows=per_stream, allow_shallow=True)
+                   for _ in range(n_windows // per_stream)]
+        admitted_at = time.monotonic()
+        # Lose a few messages from the far end of the queue (the last to be fetched), as a
+        # worker killed between its fetch and its record of the fetch would.
+        queue = client.settings.cpu_queue
+        lost = []
+        for raw in client.store.client.lrange(queue, 0, args.lost - 1):
+            client.store.client.lrem(queue, 1, raw)
+            lost.append(raw)
+        recovered_after: list[float] = []
+        lost_ids = set()
+        for raw in lost:
+            text = raw.decode()
+            marker = text.index('"rq:') + 4
+            stream, window, _ = text[marker:].split(":", 2)
+            lost_ids.add((stream, int(window)))
+        pending_lost = set(lost_ids)
+        probe = QueueProbe(client.store.client)
+        while True:
+            snapshots = {s: client.store.snapshot(s) for s in streams}
+            if pending_lost:
+                resent_now = pending_lost & probe.queued_windows([queue])
+                resent_now |= {(s, w) for s, w in pending_lost if w in snapshots[s].results}
+                recovered_after += [time.monotonic() - admitted_at] * len(resent_now)
+                pending_lost -= resent_now
+            if all(len(s.results) == per_stream for s in snapshots.values()):
+                break
+            if time.monotonic() - started > args.timeout_s:
+                raise RuntimeError(f"{mode}: backlog not drained in {args.timeout_s} s")
+            time.sleep(0.5)
+        drain_s = time.monotonic() - started
+        resent = client.store.counters().get("windows_redelivered", 0)
+    finally:
+        worker.stop()
+        client.close()
+    return {"windows": n_windows, "drained_per_period": drained_per_period, "drain_s": drain_s,
+            "resent": resent, "resent_per_window": resent / n_windows,
+            "lost": len(lost_ids), "lost_recovered_max_s": max(recovered_after, default=float("nan"))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--backlog", type=float, default=5.0, help="backlog in redelivery periods of draining")
+    parser.add_argument("--window-s", type=float, default=None, help="seconds the worker takes per window")
+    parser.add_argument("--redeliver-after-s", type=int, default=None)
+    parser.add_argument("--lost", type=int, default=5, help="messages deleted from the queue")
+    parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    args.window_s = args.window_s or (0.05 if args.quick else 0.1)
+    args.redeliver_after_s = args.redeliver_after_s or (4 if args.quick else 8)
+    log_dir = Path(tempfile.mkdtemp(prefix="rerankq-bench-resend-"))
+    figures = {}
+    with EmbeddedRedis() as server:
+        for mode in ("queued windows left alone (now)", "every overdue window (before)"):
+            figures[mode] = run(mode, server, args, log_dir)
+    bound = args.redeliver_after_s + 1
+    rows = [[mode, f["windows"], f"{args.backlog:g}x", f["drain_s"], f["resent"], f["resent_per_window"],
+             f"{f['lost']}, re-sent by {f['lost_recovered_max_s']:.1f} s"] for mode, f in figures.items()]
+    print_table(f"Re-sends under a backlog (worker drains {1 / args.window_s:.0f} windows/s, "
+                f"REDELIVER_AFTER_S={args.redeliver_after_s}, SWEEP_INTERVAL_S=1)",
+                ["sweep", "windows", "backlog", "drain s", "re-sent", "re-sent/window", "lost, re-sent by"], rows)
+    now, before = figures["queued windows left alone (now)"], figures["every overdue window (before)"]
+    print(f"\nre-sent per window: {now['resent_per_window']:.3f} now vs {before['resent_per_window']:.3f} before "
+          f"(target <= 0.05); drain {now['drain_s']:.1f} s vs {before['drain_s']:.1f} s "
+          f"({before['drain_s'] / now['drain_s']:.2f}x)")
+    print(f"lost messages re-sent {now['lost_recovered_max_s']:.1f} s after they were admitted (and lost); "
+          f"bound: REDELIVER_AFTER_S + SWEEP_INTERVAL_S = {bound} s")
+    write_json(args.json, {"resend": figures, "target_resent_per_window": 0.05,
+                           "resent_per_window": now["resent_per_window"]})
+    return 0 if now["resent_per_window"] <= 0.05 and now["lost_recovered_max_s"] <= bound + 1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
