@@ -251,19 +251,39 @@ def test_any_nested_value_in_any_argument_opens_or_is_refused_by_name(client, ra
         client.store.load_candidates(stream, 0, 1000)
 
 
+@pytest.fixture
+def open_stream(client):
+    return client.open("payment errors", [{"id": f"c{i}", "text": f"payment error {i}"} for i in range(12)])
+
+
+OPEN_STREAM = "<the open stream>"
+
+
+def valid_or(valid: st.SearchStrategy[Any], hostile_values: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.booleans().flatmap(lambda ok: valid if ok else hostile_values)
+
+
 @FUZZ
-@given(stream_id=st.one_of(st.text(max_size=80), junk), offset=st.one_of(st.integers(-5, 50), junk),
-       limit=st.one_of(st.integers(-5, 50), junk), timeout=st.one_of(st.just(0), st.floats(0, 0.01), anything),
-       raise_on_failed=st.one_of(st.booleans(), anything))
-def test_reads_of_hostile_ids_and_bounds_are_refused_by_name(client, stream_id, offset, limit, timeout,
+@given(stream_id=valid_or(st.just(OPEN_STREAM), st.one_of(st.text(max_size=80), hostile_text, junk,
+                                                         st.sampled_from(["k_legit\n", "s_" + "0" * 32 + "\n"]))),
+       offset=valid_or(st.integers(0, 50), st.integers(-5, -1) | anything),
+       limit=valid_or(st.integers(1, 50), st.integers(-5, 0) | anything),
+       timeout=valid_or(st.just(0) | st.floats(0, 0.01), anything),
+       raise_on_failed=valid_or(st.booleans(), anything))
+def test_reads_of_hostile_ids_and_bounds_are_refused_by_name(client, open_stream, stream_id, offset, limit, timeout,
                                                              raise_on_failed):
+    stream_id = open_stream if stream_id == OPEN_STREAM else stream_id
     try:
-        client.pull(stream_id, offset, limit, timeout=timeout, raise_on_failed=raise_on_failed)
+        page = client.pull(stream_id, offset, limit, timeout=timeout, raise_on_failed=raise_on_failed)
     except ValidationError as exc:
+        event(f"refused: {exc.field}")
         assert exc.field in {"stream_id", "offset", "limit", "timeout", "raise_on_failed"}
         str(exc).encode("utf-8")
     except LookupError:  # a well-formed id of a stream that does not exist
         assert re.fullmatch(r"(s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64})", stream_id)
+    else:
+        event("read")
+        assert page.stream_id == open_stream
 
 
 @given(st.text(max_size=100))
