@@ -9,7 +9,7 @@ import numbers
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
@@ -28,7 +28,7 @@ MAX_EMBEDDING_DIMS = 8192
 # How deep any argument may nest (a candidate's metadata, counted from metadata itself).
 # Deeper input would end in a RecursionError in msgspec or in the encoder, not in an error.
 MAX_NESTING_DEPTH = 32
-# Lone surrogates come out of json.loads of real payloads ("\\ud800") and cannot be encoded as
+# Lone surrogates come out of json.loads of real payloads (an escaped \ud800) and cannot be encoded as
 # UTF-8, so they would fail at the first write or log line instead of here.
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # What metadata (free data, stored as msgpack and handed back as it decodes) may hold.
@@ -62,14 +62,33 @@ def _child(path: str, key: Any) -> str:
     return f"{path}[{_show(key)}]"
 
 
-def _check_text(path: str, text: str) -> None:
+# Where a value sits: a field name, or (parent, key). Formatted only for an error, since
+# every candidate's every value is walked and most input is fine.
+_At = Union[str, tuple[Any, Any]]
+_PASSED = (int, float, bool, type(None))
+
+
+def _format(at: _At) -> str:
+    keys = []
+    while isinstance(at, tuple):
+        at, key = at
+        keys.append(key)
+    path = at
+    for key in reversed(keys):
+        path = _child(path, key)
+    return path
+
+
+def _check_text(at: _At, text: str) -> None:
+    if text.isascii():  # a flag CPython keeps on every str: no scan
+        return
     found = _SURROGATE_RE.search(text)
     if found:
-        raise ValidationError(path, f"contains a lone surrogate U+{ord(found.group()):04X} at position "
-                                    f"{found.start()}; text must be valid Unicode")
+        raise ValidationError(_format(at), f"contains a lone surrogate U+{ord(found.group()):04X} at position "
+                                           f"{found.start()}; text must be valid Unicode")
 
 
-def _plain(value: Any, path: str, *, root: str, depth: int = 0, free: bool = False) -> Any:
+def _plain(value: Any, at: _At, root: _At, depth: int = 0, free: bool = False) -> Any:
     """A copy of ``value`` with structs turned into dicts, so msgspec checks what is inside them.
 
     msgspec does not type-check a struct built in Python, and ``structs.asdict`` is
@@ -77,44 +96,50 @@ def _plain(value: Any, path: str, *, root: str, depth: int = 0, free: bool = Fal
     MAX_NESTING_DEPTH (naming ``root``, the field). ``free`` marks metadata, which holds
     any plain data rather than a declared type.
     """
-    if isinstance(value, str):
-        _check_text(path, value)
+    if type(value) in _PASSED:
         return value
-    if not isinstance(value, (msgspec.Struct, Mapping, list, tuple, set, frozenset)):
+    if isinstance(value, str):
+        _check_text(at, value)
+        return value
+    # dict and list first: the ABC check for Mapping is slow, and they are nearly all we meet.
+    if type(value) not in (dict, list) and not isinstance(value, (msgspec.Struct, Mapping, list, tuple, set, frozenset)):
         if free and not isinstance(value, _PLAIN_SCALARS):
-            raise ValidationError(path, "must be plain data (strings, numbers, booleans, None, bytes, dates, "
-                                        f"lists and mappings), got {type(value).__name__}")
+            raise ValidationError(_format(at), "must be plain data (strings, numbers, booleans, None, bytes, dates, "
+                                               f"lists and mappings), got {type(value).__name__}")
         return value
     if depth >= MAX_NESTING_DEPTH:
-        raise ValidationError(root, f"is nested more than {MAX_NESTING_DEPTH} levels deep")
+        raise ValidationError(_format(root), f"is nested more than {MAX_NESTING_DEPTH} levels deep")
     if isinstance(value, (list, tuple, set, frozenset)):
         # As lists: msgspec reads any of these as a list, and msgpack stores them as one.
-        return [_plain(item, f"{path}[{i}]", root=root, depth=depth + 1, free=free) for i, item in enumerate(value)]
+        return [item if type(item) in _PASSED or (type(item) is str and item.isascii())
+                else _plain(item, (at, i), root, depth + 1, free) for i, item in enumerate(value)]
     pairs = ((name, getattr(value, name)) for name in value.__struct_fields__) \
         if isinstance(value, msgspec.Struct) else value.items()
     out = {}
     for key, item in pairs:
-        at = _child(path, key)
         if isinstance(key, str):
-            _check_text(at, key)
+            _check_text((at, key), key)
         elif free and (isinstance(key, bool) or not isinstance(key, (int, float))):
-            raise ValidationError(at, f"a mapping key must be a string or a number, got {type(key).__name__}")
-        out[key] = _plain(item, at, root=root, depth=depth + 1, free=free)
+            raise ValidationError(_format((at, key)),
+                                  f"a mapping key must be a string or a number, got {type(key).__name__}")
+        # Inlined for the common leaf: this walk runs over every value of every candidate.
+        out[key] = item if type(item) in _PASSED or (type(item) is str and item.isascii()) \
+            else _plain(item, (at, key), root, depth + 1, free)
     return out
 
 
-def _plain_candidate(item: Any, at: str) -> Any:
+def _plain_candidate(item: Any, at: _At) -> Any:
     """One candidate as a dict, each field walked on its own (metadata as free data)."""
     if not isinstance(item, (Candidate, Mapping)):
-        return _plain(item, at, root=at)
+        return _plain(item, at, at)
     pairs = ((name, getattr(item, name)) for name in item.__struct_fields__) \
         if isinstance(item, Candidate) else item.items()
     out = {}
     for key, value in pairs:
-        field = _child(at, key)
         if isinstance(key, str):
-            _check_text(field, key)
-        out[key] = _plain(value, field, root=field, free=key == "metadata")
+            _check_text((at, key), key)
+        out[key] = value if type(value) in _PASSED or (type(value) is str and value.isascii()) \
+            else _plain(value, (at, key), (at, key), 0, key == "metadata")
     return out
 
 
@@ -142,7 +167,7 @@ def to_candidates(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[C
     if isinstance(candidates, (str, bytes, Mapping)) or not isinstance(candidates, Iterable):
         raise ValidationError("candidates", f"must be a list of candidates, got {type(candidates).__name__}")
     # Candidate instances go through msgspec too, as dicts: a struct built in Python is not type-checked.
-    items = [_plain_candidate(item, f"candidates[{i}]") for i, item in enumerate(candidates)]
+    items = [_plain_candidate(item, ("candidates", i)) for i, item in enumerate(candidates)]
     try:
         return msgspec.convert(items, list[Candidate])
     except msgspec.ValidationError as exc:
@@ -230,7 +255,7 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     # A struct built from a caller's keyword arguments is not type-checked: run it through
     # msgspec so a wrong type is a ValidationError naming the field, not a TypeError later.
     # Nested structs (boosts, query_range) are walked into dicts too, so their fields are checked.
-    fields = {name: _plain(getattr(spec, name), name, root=name) for name in spec.__struct_fields__}
+    fields = {name: _plain(getattr(spec, name), name, name) for name in spec.__struct_fields__}
     try:
         spec = msgspec.convert(fields, StreamSpec)
     except msgspec.ValidationError as exc:
@@ -321,7 +346,7 @@ def check_open_arguments(
         "strategy_boosts": strategy_boosts, "document_budget": document_budget,
     }
     for name, value in arguments.items():
-        _plain(value, name, root=name)
+        _plain(value, name, name)
     if not isinstance(query, str):
         raise ValidationError("query", f"must be a string, got {type(query).__name__}")
     if device not in ("cpu", "gpu", "any"):
