@@ -6,7 +6,7 @@ import datetime as dt
 import unicodedata
 
 import regex
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from producer.wire import Candidate
@@ -175,10 +175,10 @@ BASES = list("abc xyz") + ["证", "😀", "🇩🇪", "👨‍👩‍👧"]
 @st.composite
 def texts_with_stray_marks(draw: st.DrawFn) -> tuple[str, int]:
     """Text where marks and joiners follow spaces and each other, with one query match somewhere."""
-    pieces = st.lists(st.sampled_from(BASES + EXTENDERS + [" "] * 4), max_size=150)
+    pieces = st.lists(st.sampled_from(BASES + EXTENDERS + [" "] * 4 + [" " + e for e in EXTENDERS]), max_size=150)
     before, after = draw(pieces), draw(pieces)
-    text = "".join(before) + " " + "".join(draw(st.lists(st.sampled_from(EXTENDERS), max_size=3))) + "needle " \
-        + "".join(after)
+    text = "".join(before) + " " + "".join(draw(st.lists(st.sampled_from(EXTENDERS), min_size=1, max_size=3))) \
+        + "needle " + "".join(after)
     return text, draw(st.integers(min_value=2, max_value=120))
 
 
@@ -189,6 +189,8 @@ def extends_previous(ch: str) -> bool:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts_with_stray_marks())
+@example(("x" * 200 + " \u0301abc needle " + "y" * 200, 60))
+@example(("a \u0301\u0301needle aa🇩🇪", 14))
 def test_no_excerpt_begins_or_ends_inside_a_character(case: tuple[str, int]) -> None:
     text, budget = case
     out = excerpt(text, "needle", budget)
