@@ -22,7 +22,15 @@ from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.settings import Settings, load_settings
 from producer.store import Store, connect
-from producer.validation import check_candidates, check_idempotency_key, check_spec, check_stream_id, to_candidates
+from producer.validation import (
+    check_candidates,
+    check_idempotency_key,
+    check_open_arguments,
+    check_pull_arguments,
+    check_spec,
+    check_stream_id,
+    to_candidates,
+)
 from producer.wire import (
     Boosts,
     BudgetLevel,
@@ -148,10 +156,14 @@ class RerankClient:
         With ``idempotency_key``, a retried open of the same job returns the same id and
         enqueues nothing more; reusing the key for a different job raises.
         """
-        if device not in ("cpu", "gpu", "any"):
-            raise ValidationError("device", f"must be cpu, gpu or any, got {device!r}")
-        if not isinstance(first_windows, int) or first_windows < 1:
-            raise ValidationError("first_windows", "must be a positive integer")
+        check_open_arguments(
+            query=query, window_size=window_size, first_windows=first_windows, device=device, min_score=min_score,
+            min_final_score=min_final_score, chain=chain, tenant=tenant, boosts=boosts,
+            reference_time=reference_time, query_range=query_range, ttl_s=ttl_s, idempotency_key=idempotency_key,
+            budget=budget, keep=keep, allow_shallow=allow_shallow, max_rerank_candidates=max_rerank_candidates,
+            max_candidates_per_source=max_candidates_per_source, strategy_boosts=strategy_boosts,
+            document_budget=document_budget,
+        )
         stream_id = "k_" + check_idempotency_key(idempotency_key) if idempotency_key is not None else "s_" + uuid.uuid4().hex
         items = check_candidates(to_candidates(candidates), self.settings)
         limits = limits_for(self.settings, budget=budget, max_rerank_candidates=max_rerank_candidates,
@@ -222,11 +234,7 @@ class RerankClient:
         (then the page holds what is committed; ``pending_windows`` says more is coming).
         A committed window is read, never sent to a provider again.
         """
-        check_stream_id(stream_id)
-        if not isinstance(offset, int) or offset < 0:
-            raise ValidationError("offset", "must be a non-negative integer")
-        if not isinstance(limit, int) or limit < 1:
-            raise ValidationError("limit", "must be a positive integer")
+        check_pull_arguments(stream_id, offset, limit, timeout=timeout, raise_on_failed=raise_on_failed)
         deadline = time.monotonic() + timeout
         # Reads are safe to repeat; an admit is too (it admits each window once, whoever asks).
         with store_errors(stream_id, written=True, retry_safe=True):

@@ -162,7 +162,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return [MemberSettings(provider="local"), MemberSettings(provider="rrf")]
 
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# Matched with fullmatch: "$" would also match before a trailing newline.
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
@@ -206,7 +207,7 @@ def chain_profile_variable(name: str) -> str:
 def _read_chain_profiles(environ: Mapping[str, str]) -> dict[str, list[int]]:
     profiles: dict[str, list[int]] = {}
     for key, value in environ.items():
-        match = re.match(rf"^{CHAIN_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})$", key)
+        match = re.fullmatch(rf"{CHAIN_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})", key)
         if not match:
             continue
         try:
@@ -295,10 +296,10 @@ def _check(settings: Settings) -> None:
     if settings.flat_range < 0:
         raise ConfigError(_env_name("flat_range"), f"must not be negative, got {settings.flat_range}")
     _check_budget(settings)
-    if not _NAME_RE.match(settings.namespace):
+    if not _NAME_RE.fullmatch(settings.namespace):
         raise ConfigError(_env_name("namespace"), "must be 1-64 of A-Z a-z 0-9 _ . -")
     for field in ("cpu_queue", "gpu_queue", "any_queue"):
-        if not _NAME_RE.match(getattr(settings, field)):
+        if not _NAME_RE.fullmatch(getattr(settings, field)):
             raise ConfigError(_env_name(field), "must be 1-64 of A-Z a-z 0-9 _ . -")
     for field in ("worker_processes", "torch_threads", "token_budget"):
         value = getattr(settings, field)

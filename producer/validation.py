@@ -3,55 +3,173 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import math
+import numbers
 import re
+import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
 from producer.errors import ValidationError
 from producer.settings import Settings
-from producer.wire import Candidate, StreamSpec, encode
+from producer.wire import Boosts, Candidate, StreamSpec, TimeRange, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
-# plain tokens, so neither can reach into another stream's key space.
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_STREAM_ID_RE = re.compile(r"^(s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64})$")
+# plain tokens, so neither can reach into another stream's key space. Always fullmatch:
+# "$" also matches before a trailing newline.
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_STREAM_ID_RE = re.compile(r"s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64}")
 MAX_ID_CHARS = 256
 MAX_TTL_S = 7 * 24 * 3600
 MAX_EMBEDDING_DIMS = 8192
+# How deep any argument may nest (a candidate's metadata, counted from metadata itself).
+# Deeper input would end in a RecursionError in msgspec or in the encoder, not in an error.
+MAX_NESTING_DEPTH = 32
+# Lone surrogates come out of json.loads of real payloads (an escaped \ud800) and cannot be encoded as
+# UTF-8, so they would fail at the first write or log line instead of here.
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# What metadata (free data, stored as msgpack and handed back as it decodes) may hold.
+_PLAIN_SCALARS = (type(None), bool, int, float, str, bytes, bytearray, dt.datetime, dt.date, dt.time,
+                  dt.timedelta, uuid.UUID, decimal.Decimal)
 
 
 def check_idempotency_key(key: str) -> str:
-    if not isinstance(key, str) or not _TOKEN_RE.match(key):
+    if not isinstance(key, str) or not _TOKEN_RE.fullmatch(key):
         raise ValidationError("idempotency_key", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     return key
 
 
 def check_stream_id(stream_id: str) -> str:
-    if not isinstance(stream_id, str) or not _STREAM_ID_RE.match(stream_id):
+    if not isinstance(stream_id, str) or not _STREAM_ID_RE.fullmatch(stream_id):
         raise ValidationError("stream_id", "is not a rerankq stream id")
     return stream_id
 
 
+def _show(value: Any) -> str:
+    """A value for an error message: bounded, and ASCII-safe for lone surrogates (repr escapes them)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _child(path: str, key: Any) -> str:
+    if isinstance(key, str) and key.isascii() and key.isidentifier():
+        return f"{path}.{key}" if path else key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"{path}[{key}]"
+    return f"{path}[{_show(key)}]"
+
+
+# Where a value sits: a field name, or (parent, key). Formatted only for an error, since
+# every candidate's every value is walked and most input is fine.
+_At = Union[str, tuple[Any, Any]]
+_PASSED = (int, float, bool, type(None))
+
+
+def _format(at: _At) -> str:
+    keys = []
+    while isinstance(at, tuple):
+        at, key = at
+        keys.append(key)
+    path = at
+    for key in reversed(keys):
+        path = _child(path, key)
+    return path
+
+
+def _check_text(at: _At, text: str) -> None:
+    if text.isascii():  # a flag CPython keeps on every str: no scan
+        return
+    found = _SURROGATE_RE.search(text)
+    if found:
+        raise ValidationError(_format(at), f"contains a lone surrogate U+{ord(found.group()):04X} at position "
+                                           f"{found.start()}; text must be valid Unicode")
+
+
+def _plain(value: Any, at: _At, root: _At, depth: int = 0, free: bool = False) -> Any:
+    """A copy of ``value`` with structs turned into dicts, so msgspec checks what is inside them.
+
+    msgspec does not type-check a struct built in Python, and ``structs.asdict`` is
+    shallow. Refuses lone surrogates (naming the path) and nesting past
+    MAX_NESTING_DEPTH (naming ``root``, the field). ``free`` marks metadata, which holds
+    any plain data rather than a declared type.
+    """
+    if type(value) in _PASSED:
+        return value
+    if isinstance(value, str):
+        _check_text(at, value)
+        return value
+    # dict and list first: the ABC check for Mapping is slow, and they are nearly all we meet.
+    if type(value) not in (dict, list) and not isinstance(value, (msgspec.Struct, Mapping, list, tuple, set, frozenset)):
+        if free and not isinstance(value, _PLAIN_SCALARS):
+            raise ValidationError(_format(at), "must be plain data (strings, numbers, booleans, None, bytes, dates, "
+                                               f"lists and mappings), got {type(value).__name__}")
+        return value
+    if depth >= MAX_NESTING_DEPTH:
+        raise ValidationError(_format(root), f"is nested more than {MAX_NESTING_DEPTH} levels deep")
+    if isinstance(value, (list, tuple, set, frozenset)):
+        # As lists: msgspec reads any of these as a list, and msgpack stores them as one.
+        return [item if type(item) in _PASSED or (type(item) is str and item.isascii())
+                else _plain(item, (at, i), root, depth + 1, free) for i, item in enumerate(value)]
+    pairs = ((name, getattr(value, name)) for name in value.__struct_fields__) \
+        if isinstance(value, msgspec.Struct) else value.items()
+    out = {}
+    for key, item in pairs:
+        if isinstance(key, str):
+            _check_text((at, key), key)
+        elif free and (isinstance(key, bool) or not isinstance(key, (int, float))):
+            raise ValidationError(_format((at, key)),
+                                  f"a mapping key must be a string or a number, got {type(key).__name__}")
+        # Inlined for the common leaf: this walk runs over every value of every candidate.
+        out[key] = item if type(item) in _PASSED or (type(item) is str and item.isascii()) \
+            else _plain(item, (at, key), root, depth + 1, free)
+    return out
+
+
+def _plain_candidate(item: Any, at: _At) -> Any:
+    """One candidate as a dict, each field walked on its own (metadata as free data)."""
+    if not isinstance(item, (Candidate, Mapping)):
+        return _plain(item, at, at)
+    pairs = ((name, getattr(item, name)) for name in item.__struct_fields__) \
+        if isinstance(item, Candidate) else item.items()
+    out = {}
+    for key, value in pairs:
+        if isinstance(key, str):
+            _check_text((at, key), key)
+        out[key] = value if type(value) in _PASSED or (type(value) is str and value.isascii()) \
+            else _plain(value, (at, key), (at, key), 0, key == "metadata")
+    return out
+
+
+_MSGSPEC_AT_KEY_RE = re.compile(r"(?s)(.*) - at `key` in `\$(.*)`")
+_MSGSPEC_AT_RE = re.compile(r"(?s)(.*) - at `\$(.*)`")
+_MSGSPEC_FIELD_RE = re.compile(r"(?s)Object (?:missing required|contains unknown) field `(.*)`")
+
+
 def _field_path(prefix: str, exc: msgspec.ValidationError) -> ValidationError:
+    """msgspec's ``... - at `$[2].text``` as ``prefix[2].text``; a missing or unknown field joins the path."""
     text = str(exc)
-    match = re.search(r" - at `\$(.*)`$", text)
-    path = match.group(1) if match else ""
-    return ValidationError(prefix + path, text.split(" - at ")[0])
+    key_error = _MSGSPEC_AT_KEY_RE.fullmatch(text)
+    located = key_error or _MSGSPEC_AT_RE.fullmatch(text)
+    message, path = (located.group(1), located.group(2)) if located else (text, "")
+    path = prefix + path
+    if key_error:
+        message += " (a mapping key)"
+    field = _MSGSPEC_FIELD_RE.fullmatch(message)
+    if field:
+        path = _child(path, field.group(1))
+    return ValidationError(path.lstrip("."), message)
 
 
 def to_candidates(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[Candidate]:
     if isinstance(candidates, (str, bytes, Mapping)) or not isinstance(candidates, Iterable):
         raise ValidationError("candidates", f"must be a list of candidates, got {type(candidates).__name__}")
-    items = list(candidates)
-    # Candidate instances go through msgspec too: a struct built in Python is not type-checked.
+    # Candidate instances go through msgspec too, as dicts: a struct built in Python is not type-checked.
+    items = [_plain_candidate(item, ("candidates", i)) for i, item in enumerate(candidates)]
     try:
-        return msgspec.convert(
-            [msgspec.structs.asdict(c) if isinstance(c, Candidate) else c for c in items],
-            list[Candidate],
-        )
+        return msgspec.convert(items, list[Candidate])
     except msgspec.ValidationError as exc:
         raise _field_path("candidates", exc) from None
 
@@ -136,11 +254,18 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
 def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     # A struct built from a caller's keyword arguments is not type-checked: run it through
     # msgspec so a wrong type is a ValidationError naming the field, not a TypeError later.
+    # Nested structs (boosts, query_range) are walked into dicts too, so their fields are checked.
+    fields = {name: _plain(getattr(spec, name), name, name) for name in spec.__struct_fields__}
     try:
-        spec = msgspec.convert(msgspec.structs.asdict(spec), StreamSpec)
+        spec = msgspec.convert(fields, StreamSpec)
     except msgspec.ValidationError as exc:
         error = _field_path("", exc)
-        raise ValidationError(error.field.lstrip(".") or "spec", error.message) from None
+        raise ValidationError(error.field or "spec", error.message) from None
+    # Naive datetimes are UTC, as for candidates; a range mixing both could not even be compared.
+    query_range = spec.query_range
+    if query_range is not None:
+        query_range = TimeRange(start=_utc(query_range.start), end=_utc(query_range.end))
+    spec = msgspec.structs.replace(spec, reference_time=_utc(spec.reference_time), query_range=query_range)
     if not spec.query or not spec.query.strip():
         raise ValidationError("query", "must not be empty")
     if len(spec.query) > settings.max_query_chars:
@@ -171,8 +296,87 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
             raise ValidationError(f"boosts.{name}", f"must be within [0, 1], got {getattr(spec.boosts, name)}")
     if spec.query_range is not None and spec.query_range.start > spec.query_range.end:
         raise ValidationError("query_range", "start is after end")
-    if spec.tenant is not None and not _TOKEN_RE.match(spec.tenant):
+    if spec.tenant is not None and not _TOKEN_RE.fullmatch(spec.tenant):
         raise ValidationError("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
-    if spec.chain is not None and not _TOKEN_RE.match(spec.chain):
+    if spec.chain is not None and not _TOKEN_RE.fullmatch(spec.chain):
         raise ValidationError("chain", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     return spec
+
+
+def _is_integer(value: Any) -> bool:
+    # bool is an int to Python, never to a caller: True would reach Redis as 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_open_arguments(
+    *,
+    query: Any,
+    window_size: Any,
+    first_windows: Any,
+    device: Any,
+    min_score: Any,
+    min_final_score: Any,
+    chain: Any,
+    tenant: Any,
+    boosts: Any,
+    reference_time: Any,
+    query_range: Any,
+    ttl_s: Any,
+    idempotency_key: Any,
+    budget: Any,
+    keep: Any,
+    allow_shallow: Any,
+    max_rerank_candidates: Any,
+    max_candidates_per_source: Any,
+    strategy_boosts: Any,
+    document_budget: Any,
+) -> None:
+    """What open() must refuse before its arguments are used at all (candidates: ``to_candidates``).
+
+    Every argument is walked first, so nothing later can meet a lone surrogate or recurse
+    past MAX_NESTING_DEPTH (even an error message's repr would). Types whose wrong values
+    would be defaulted away (``boosts or Boosts()``) or read as another type are checked here.
+    """
+    arguments = {
+        "query": query, "window_size": window_size, "first_windows": first_windows, "device": device,
+        "min_score": min_score, "min_final_score": min_final_score, "chain": chain, "tenant": tenant,
+        "boosts": boosts, "reference_time": reference_time, "query_range": query_range, "ttl_s": ttl_s,
+        "idempotency_key": idempotency_key, "budget": budget, "keep": keep, "allow_shallow": allow_shallow,
+        "max_rerank_candidates": max_rerank_candidates, "max_candidates_per_source": max_candidates_per_source,
+        "strategy_boosts": strategy_boosts, "document_budget": document_budget,
+    }
+    for name, value in arguments.items():
+        _plain(value, name, name)
+    if not isinstance(query, str):
+        raise ValidationError("query", f"must be a string, got {type(query).__name__}")
+    if device not in ("cpu", "gpu", "any"):
+        raise ValidationError("device", f"must be cpu, gpu or any, got {_show(device)}")
+    if not _is_integer(first_windows) or first_windows < 1:
+        raise ValidationError("first_windows", f"must be a positive integer, got {_show(first_windows)}")
+    for name in ("window_size", "ttl_s", "keep", "max_rerank_candidates", "max_candidates_per_source",
+                 "document_budget"):
+        value = arguments[name]
+        if value is not None and not _is_integer(value):
+            raise ValidationError(name, f"must be an integer, got {type(value).__name__}")
+    if not isinstance(allow_shallow, bool):
+        raise ValidationError("allow_shallow", f"must be True or False, got {type(allow_shallow).__name__}")
+    if boosts is not None and not isinstance(boosts, (Boosts, Mapping)):
+        raise ValidationError("boosts", f"must be a Boosts or a mapping of its fields, got {type(boosts).__name__}")
+    if query_range is not None and not isinstance(query_range, (TimeRange, Mapping)):
+        raise ValidationError("query_range", f"must be a TimeRange or a mapping of start and end, "
+                                             f"got {type(query_range).__name__}")
+    if reference_time is not None and not isinstance(reference_time, dt.datetime):
+        raise ValidationError("reference_time", f"must be a datetime, got {type(reference_time).__name__}")
+
+
+def check_pull_arguments(stream_id: Any, offset: Any, limit: Any, *, timeout: Any, raise_on_failed: Any) -> None:
+    check_stream_id(stream_id)
+    if not _is_integer(offset) or offset < 0:
+        raise ValidationError("offset", "must be a non-negative integer")
+    if not _is_integer(limit) or limit < 1:
+        raise ValidationError("limit", "must be a positive integer")
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or math.isnan(timeout) or timeout < 0:
+        shown = _show(timeout) if isinstance(timeout, numbers.Real) else type(timeout).__name__
+        raise ValidationError("timeout", f"must be a number of seconds, 0 or more, got {shown}")
+    if not isinstance(raise_on_failed, bool):
+        raise ValidationError("raise_on_failed", f"must be True or False, got {type(raise_on_failed).__name__}")

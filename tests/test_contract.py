@@ -23,7 +23,7 @@ from producer import ConfigError, ValidationError, load_settings
         ("q", [{"id": "a", "text": "x", "fusion_score": math.nan}], {}, "candidates[0].fusion_score"),
         ("q", [{"id": "a", "text": "x", "fusion_score": math.inf}], {}, "candidates[0].fusion_score"),
         ("q", [{"id": "a", "text": "x", "embedding": [1.0, math.nan]}], {}, "candidates[0].embedding"),
-        ("q", [{"id": "a", "text": "x", "unknown_field": 1}], {}, "candidates[0]"),
+        ("q", [{"id": "a", "text": "x", "unknown_field": 1}], {}, "candidates[0].unknown_field"),
         ("q", [{"id": "a", "text": 7}], {}, "candidates[0].text"),
         ("q", [{"id": "", "text": "x"}], {}, "candidates[0].id"),
         ("q", [{"id": "a", "text": "x" * 70000}], {}, "candidates[0].text"),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import unicodedata
 
 import regex
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from producer.wire import Candidate
@@ -147,3 +148,61 @@ def test_clip_backs_off_to_a_whole_character() -> None:
 def test_budget_counts_code_points_not_bytes() -> None:
     cjk = "证" * 100
     assert len(assemble(Candidate(id="m", text=cjk), "q", budget=50)) == 50  # 150 bytes, 50 code points
+
+
+# -- dates before year 1000, cuts after a space --------------------------------
+
+
+def test_dates_before_year_1000_are_zero_padded_iso() -> None:
+    assert date_prefix(dt.datetime(800, 12, 25, tzinfo=dt.timezone.utc)) == "[Date: December 25, 0800 (0800-12-25)] "
+    assert date_prefix(dt.datetime(1, 1, 1)) == "[Date: January 01, 0001 (0001-01-01)] "
+    assert date_prefix(dt.datetime(9999, 12, 31)) == "[Date: December 31, 9999 (9999-12-31)] "
+
+
+def test_an_excerpt_does_not_start_with_a_mark_that_belongs_to_the_space_before_it() -> None:
+    text = "x" * 200 + " \u0301abc needle " + "y" * 200
+    out = excerpt(text, "needle", 60)
+    assert out.startswith(ELLIPSIS) and "needle" in out
+    body = out[1:]
+    assert not unicodedata.category(body[0]).startswith("M"), repr(body[:5])
+
+
+# Characters that attach to the one before them; a cut before any of them splits a character.
+EXTENDERS = ["\u0301", "\u0308", "\u20dd", "\u0903", "\u200d", "\ufe0f", "\U0001f3fd", "\U000e0067"]
+BASES = list("abc xyz") + ["证", "😀", "🇩🇪", "👨‍👩‍👧"]
+
+
+@st.composite
+def texts_with_stray_marks(draw: st.DrawFn) -> tuple[str, int]:
+    """Text where marks and joiners follow spaces and each other, with one query match somewhere."""
+    pieces = st.lists(st.sampled_from(BASES + EXTENDERS + [" "] * 4 + [" " + e for e in EXTENDERS]), max_size=150)
+    before, after = draw(pieces), draw(pieces)
+    text = "".join(before) + " " + "".join(draw(st.lists(st.sampled_from(EXTENDERS), min_size=1, max_size=3))) \
+        + "needle " + "".join(after)
+    return text, draw(st.integers(min_value=2, max_value=120))
+
+
+def extends_previous(ch: str) -> bool:
+    """Independent of the module: a grapheme cluster (UAX #29, via `regex`) would not start here."""
+    return len(regex.findall(r"\X", "a" + ch)) == 1
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts_with_stray_marks())
+@example(("x" * 200 + " \u0301abc needle " + "y" * 200, 60))
+@example(("a \u0301\u0301needle aa🇩🇪", 14))
+def test_no_excerpt_begins_or_ends_inside_a_character(case: tuple[str, int]) -> None:
+    text, budget = case
+    out = excerpt(text, "needle", budget)
+    assert len(out) <= budget
+    if out == text:
+        return
+    head_cut, tail_cut = out.startswith(ELLIPSIS), out.endswith(ELLIPSIS)
+    body = out[1 if head_cut else 0: len(out) - 1 if tail_cut else len(out)]
+    if head_cut and body:
+        assert not extends_previous(body[0]), f"starts with {body[0]!r}: {body[:8]!r}"
+    cuts = boundaries(text)
+    # Where in the text the body lies: some occurrence must have both ends on a character boundary.
+    starts = [i for i in range(len(text) - len(body) + 1) if text.startswith(body, i)]
+    assert starts, "an excerpt is a contiguous piece of the text"
+    assert any(i in cuts and i + len(body) in cuts for i in starts), (body, budget)

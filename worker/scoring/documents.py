@@ -34,7 +34,9 @@ def date_prefix(when: dt.datetime | None) -> str:
     # Both a written-out and an ISO date: cross-encoders read them differently.
     if when is None:
         return ""
-    return f"[Date: {_MONTHS[when.month - 1]} {when.day:02d}, {when.year:04d} ({when:%Y-%m-%d})] "
+    # Formatted by hand: strftime's %Y does not zero-pad years before 1000 on every platform.
+    year, month, day = f"{when.year:04d}", f"{when.month:02d}", f"{when.day:02d}"
+    return f"[Date: {_MONTHS[when.month - 1]} {day}, {year} ({year}-{month}-{day})] "
 
 
 # -- cutting without splitting a character -----------------------------------
@@ -140,7 +142,8 @@ def excerpt(text: str, query: str, budget: int) -> str:
     # Prefer to start at a word: skip forward to just after a space if one is near.
     space = text.find(" ", start, match)
     if space != -1 and space - start < 32:
-        start = space + 1
+        # What follows the space may be a mark that belongs to it: start at the next boundary.
+        start = _forward_to_boundary(text, space + 1)
     end = start + room
     if end >= len(text):
         # The match sits in the tail: take the whole tail, as much lead as fits.
