@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from producer import ValidationError
-from producer.keys import Keys
+from producer.keys import Keys, shard_tag
 from producer.settings import load_settings
 from producer.validation import check_idempotency_key, check_stream_id
 from producer.wire import (
@@ -93,8 +93,10 @@ def test_open_either_succeeds_or_names_the_field_and_writes_nothing(client, raw_
         assert type(exc).__name__ == "IdempotencyConflict", repr(exc)
     else:
         check_stream_id(stream)
-        keys = client.store.keys.stream(stream).all()
-        assert all(k.startswith(f"{namespace}:s:{{{stream}}}:") for k in keys)
+        keys = client.store.keys.stream(stream)
+        tag = "{" + shard_tag(stream) + "}"
+        assert all(k.startswith(f"{namespace}:s:{tag}:{stream}:") for k in keys.own())
+        assert all(k.count("{") == 1 and tag in k for k in keys.all())  # one slot for the whole script
 
 
 # -- every argument of open(), as an attacker would send it -----------------------
@@ -296,7 +298,8 @@ def test_no_id_or_key_can_reach_another_streams_keys(text):
             continue
         assert set(token) <= set(string.ascii_letters + string.digits + "_.-")
         keys = Keys("ns").stream(token)
-        assert all(k.startswith("ns:s:{" + token + "}:") and k.count("{") == 1 for k in keys.all())
+        assert all(k.startswith("ns:s:{" + shard_tag(token) + "}:" + token + ":") for k in keys.own())
+        assert all(k.count("{") == 1 and k.count("}") == 1 for k in keys.all())
 
 
 @given(st.binary(max_size=200))
