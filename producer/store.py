@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.errors import IdempotencyConflict, StreamNotFound, UnsupportedRedis
+from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound, UnsupportedRedis
 from producer.keys import Keys, StreamKeys
 from producer.wire import (
     Candidate,
@@ -169,11 +169,15 @@ class Store:
         last, meta, results = pipe.execute()
         if meta[0] is None:
             raise StreamNotFound(stream_id)
+        try:
+            decoded = {int(w): window_result_decoder.decode(v) for w, v in results.items()}
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise StreamCorrupted(stream_id, f"a committed window: {exc}") from None
         return Snapshot(
             n_candidates=int(meta[0]),
             window_size=int(meta[1]),
             admitted=int(meta[2]),
-            results={int(w): window_result_decoder.decode(v) for w, v in results.items()},
+            results=decoded,
             last_event_id=last[0][0] if last else b"0-0",
             device=meta[3].decode() if meta[3] else "cpu",
         )
