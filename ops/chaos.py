@@ -116,6 +116,8 @@ class Fleet:
 
 
 class FaultLoop(threading.Thread):
+    """Injects one fault every ``every_s`` (a random interval) until stopped, and counts them."""
+
     def __init__(self, fleet: Fleet, server: EmbeddedRedis, queues: QueueFaults, ledger: Ledger,
                  rng: random.Random, every_s: tuple[float, float]) -> None:
         super().__init__(name="chaos-faults", daemon=True)
@@ -272,8 +274,9 @@ def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], cana
           f" (skipped: {' '.join(f'{k}={v}' for k, v in sorted(faults.skipped.items())) or 'none'})", flush=True)
     print(f"chaos: opens attempted={findings.streams} acknowledged={acknowledged} gave_up={findings.gave_up}"
           f" vanished={findings.vanished}; streams still incomplete after the drain={incomplete}", flush=True)
-    print(f"chaos: twice by commit events={len(findings.twice_events)} by worker log lines={len(findings.twice_logs)};"
-          f" windows first read by a reader={len(ledger.first_read)}", flush=True)
+    print(f"chaos: twice by commit events={len(findings.twice_events)} by worker log lines={len(findings.twice_logs)}"
+          f" (windows logged committed={findings.logged_windows}, first read by a reader={len(ledger.first_read)})",
+          flush=True)
     print("chaos: counters " + " ".join(f"{k}={counters.get(k, 0)}" for k in
                                         ("windows_committed", "windows_failed", "windows_poisoned",
                                          "windows_redelivered")), flush=True)
@@ -281,6 +284,9 @@ def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], cana
           flush=True)
     violated = bool(findings.lost or findings.twice or findings.failed or findings.changed or findings.gave_up
                     or canary.lost)
+    if findings.windows and not findings.logged_windows:
+        print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
+        violated = True
     if args.breakage == "commit-check":
         applied = sum(1 for p in fleet.log_paths() if MARKER.encode() in p.read_bytes())
         print(f"chaos: --break commit-check applied in {applied} of {len(fleet.started)} workers", flush=True)

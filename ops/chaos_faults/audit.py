@@ -39,6 +39,8 @@ class Findings:
     changed: int = 0
     gave_up: int = 0
     vanished: int = 0
+    #: Windows with at least one ``window_committed`` line: none at all means that check is blind.
+    logged_windows: int = 0
 
     @property
     def twice(self) -> int:
@@ -84,7 +86,9 @@ def committed_lines(log_paths: list[Path]) -> Counter[tuple[str, int]]:
 def audit(client: RerankClient, ledger: Ledger, log_paths: list[Path]) -> Findings:
     found = Findings(streams=len(ledger.opens))
     raw: redis.Redis = client.store.client
-    for (stream_id, window), n in committed_lines(log_paths).items():
+    lines = committed_lines(log_paths)
+    found.logged_windows = len(lines)
+    for (stream_id, window), n in lines.items():
         if n > 1:
             found.twice_logs.add((stream_id, window))
     first_read: dict[str, dict[int, str]] = defaultdict(dict)

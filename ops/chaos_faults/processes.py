@@ -17,6 +17,7 @@ class Worker:
 
     def __init__(self, env: dict[str, str], log_path: Path, cwd: Path) -> None:
         self.log_path = log_path
+        self._ready = False
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "worker", "--device", "cpu", "--processes", "1", "--json-logs",
@@ -29,10 +30,12 @@ class Worker:
 
     def ready(self) -> bool:
         """Celery's banner line (`` ready.``) is in the log: it consumes from its queues."""
-        try:
-            return b" ready." in self.log_path.read_bytes()
-        except OSError:
-            return False
+        if not self._ready:
+            try:
+                self._ready = b" ready." in self.log_path.read_bytes()
+            except OSError:
+                pass
+        return self._ready
 
     def pool_pids(self) -> list[int]:
         try:
