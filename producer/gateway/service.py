@@ -12,7 +12,7 @@ import redis
 from starlette.requests import Request
 from starlette.responses import Response
 
-from producer.errors import StoreError
+from producer.errors import StoreError, StreamNotFound, ValidationError
 from producer.gateway.auth import KeyRing, Principal
 from producer.gateway.bridge import QueueBridge, store_problem
 from producer.gateway.config import GatewaySettings
@@ -109,6 +109,10 @@ def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handl
                 return await handler(request)
             except Problem as problem:
                 return _answer(render, problem, request)
+            except ValidationError as error:
+                return _answer(render, Problem.from_validation(error), request)
+            except StreamNotFound as error:
+                return _answer(render, Problem("not_found", str(error), stream_id=error.stream_id), request)
             except (StoreError, redis.RedisError, OSError) as exc:
                 return _answer(render, store_problem(exc), request)
 
