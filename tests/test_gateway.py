@@ -374,6 +374,7 @@ def test_openapi_describes_every_route(deployment: Deployment) -> None:
     for path in ("/v2/rerank", "/v1/rerank", "/rerank", "/{device}/v2/rerank", "/v1/streams",
                  "/v1/streams/{stream_id}", "/v1/streams/{stream_id}/page", "/v1/streams/{stream_id}/events"):
         assert path in document["paths"]
+    assert deployment.post("/tpu/v2/rerank", {}).status_code == 404  # only device queues are a route prefix
     schemas = document["components"]["schemas"]
     assert set(schemas["CohereV2Request"]["required"]) == {"model", "query", "documents"}
     assert set(schemas["TeiRequest"]["required"]) == {"query", "texts"}
@@ -391,7 +392,8 @@ def test_rerankq_cohere_and_tei_providers_parse_the_gateway_unmodified(deploymen
                     **{f"RERANKQ_RERANKER_1_{k}": v for k, v in {**member, "PROVIDER": "cohere",
                                                                    "API_VERSION": "v1"}.items()},
                     **{f"RERANKQ_RERANKER_2_{k}": v for k, v in {**member, "PROVIDER": "tei"}.items()},
-                    **{f"RERANKQ_RERANKER_3_{k}": v for k, v in {**member, "PROVIDER": "tei", "SCALE": "logit"}.items()})
+                    **{f"RERANKQ_RERANKER_3_{k}": v for k, v in {**member, "PROVIDER": "tei",
+                                                                   "SCALE": "logit"}.items()})
     worker = WorkerProcess.rerankq(env, deployment.tmp / "dogfood-worker.log", "--device", "cpu", cwd=ROOT).start()
     q = query("dogfood")
     candidates = [{"id": f"d{i}", "text": text} for i, text in enumerate(DOCS)]

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -35,6 +36,21 @@ from producer.logs import get_logger
 from producer.settings import Settings, load_settings
 
 log = get_logger("rerankq.gateway")
+
+
+class DeviceConvertor(Convertor[str]):
+    """``/{device:device}/…`` matches the device queues only: any other first segment is a 404."""
+
+    regex = "cpu|gpu|any"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("device", DeviceConvertor())
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -74,9 +90,9 @@ def routes() -> list[Route]:
 
     # A client that can only be given a base URL picks its device queue by it: http://gw/gpu.
     by_device = [
-        Route("/{device}/v2/rerank", cohere.rerank_v2, methods=["POST"]),
-        Route("/{device}/v1/rerank", cohere.rerank_v1, methods=["POST"]),
-        Route("/{device}/rerank", tei.rerank, methods=["POST"]),
+        Route("/{device:device}/v2/rerank", cohere.rerank_v2, methods=["POST"]),
+        Route("/{device:device}/v1/rerank", cohere.rerank_v1, methods=["POST"]),
+        Route("/{device:device}/rerank", tei.rerank, methods=["POST"]),
     ]
     return [*fixed, Route("/openapi.json", openapi, methods=["GET"]), *by_device]
 

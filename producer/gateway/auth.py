@@ -58,7 +58,8 @@ class Principal:
         if asked not in ALL_DEVICES:
             raise Problem("invalid", f"device: must be cpu, gpu or any, got {asked[:16]!r}", field="device")
         if asked not in self.devices:
-            raise Problem("forbidden", f"this API key may not use the {asked} queue (allowed: {', '.join(self.devices)})",
+            allowed = ", ".join(self.devices)
+            raise Problem("forbidden", f"this API key may not use the {asked} queue (allowed: {allowed})",
                           field="device")
         return asked  # type: ignore[return-value]
 
@@ -147,7 +148,8 @@ def load_keyring(gateway: GatewaySettings, settings: Settings) -> KeyRing:
         if entry.chain is not None:
             entry.chain = entry.chain.lower()
             if entry.chain not in settings.chain_profiles:
-                raise ConfigError(source, f"{at}.chain names no chain profile; set {chain_profile_variable(entry.chain)}")
+                raise ConfigError(source, f"{at}.chain names no chain profile; "
+                                          f"set {chain_profile_variable(entry.chain)}")
         if not entry.devices or len(set(entry.devices)) != len(entry.devices):
             raise ConfigError(source, f"{at}.devices must list distinct devices of cpu, gpu, any")
     return KeyRing(entries)

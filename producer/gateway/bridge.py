@@ -34,7 +34,18 @@ from producer.logs import get_logger
 from producer.pages import build_page
 from producer.store import BLOCK_CHUNK_S, Snapshot, Store
 from producer.validation import check_stream_id
-from producer.wire import Failed, Filtered, Omitted, Page, Ranked, StreamStatus, WindowResult, WindowStatus, spec_decoder, window_result_decoder
+from producer.wire import (
+    Failed,
+    Filtered,
+    Omitted,
+    Page,
+    Ranked,
+    StreamStatus,
+    WindowResult,
+    WindowStatus,
+    spec_decoder,
+    window_result_decoder,
+)
 
 log = get_logger("rerankq.gateway")
 T = TypeVar("T")
@@ -252,10 +263,11 @@ class QueueBridge:
                 pipe = self.redis.pipeline(transaction=False)
                 for _, fields in entries:
                     pipe.hget(keys.results, fields[b"window"])
-                for (entry_id, _), raw in zip(entries, await pipe.execute()):
+                for (entry_id, _), raw in zip(entries, await pipe.execute(), strict=True):
                     last = entry_id
                     if raw is not None:
-                        yield "commit", entry_id.decode(), msgspec.json.encode(window_status(window_result_decoder.decode(raw)))
+                        summary = window_status(window_result_decoder.decode(raw))
+                        yield "commit", entry_id.decode(), msgspec.json.encode(summary)
             elif block is not None:
                 yield "heartbeat", None, b""
             meta = await self.redis.hmget(keys.meta, "n", "window_size", "committed")

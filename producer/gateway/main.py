@@ -93,7 +93,9 @@ def serve(settings, config: GatewaySettings, keyring, overrides: dict) -> int:  
     common = {"host": config.host, "port": config.port, "access_log": config.access_log,
               "log_level": config.log_level.lower(), "lifespan": "on", "log_config": None,
               # Behind a proxy the client address comes from it; the gateway logs no addresses anyway.
-              "proxy_headers": False, "server_header": False}
+              "proxy_headers": False, "server_header": False,
+              # Long-polls and event streams would hold a shutdown forever: cut them after this.
+              "timeout_graceful_shutdown": 10}
     if config.workers > 1:
         # Each process builds its own app from the environment: carry the command line there.
         for name, value in overrides.items():

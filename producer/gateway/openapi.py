@@ -79,7 +79,8 @@ def openapi_document() -> dict[str, Any]:
             "parameters": [stream_param] + [
                 {"name": name, "in": "query", "required": False, "schema": {"type": kind}}
                 for name, kind in (("offset", "integer"), ("limit", "integer"), ("wait", "number"))],
-            "responses": {"200": _json(page), **_errors(stream_error, {404: "no such stream", 422: "a bad parameter"})}}},
+            "responses": {"200": _json(page),
+                          **_errors(stream_error, {404: "no such stream", 422: "a bad parameter"})}}},
         "/v1/streams/{stream_id}/events": {"get": {
             "summary": "Server-Sent Events: commit (a window's status), complete, gone",
             "parameters": [stream_param, {"name": "Last-Event-ID", "in": "header", "required": False,
