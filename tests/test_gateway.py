@@ -39,6 +39,7 @@ SERVED_BY = f"0:{FAST}"
 MAX_DOCUMENTS = 40
 MAX_CHARS = 3000
 MAX_BODY = 200_000
+MAX_WINDOW = 16
 
 
 def queue_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
@@ -83,7 +84,7 @@ class Deployment:
 def deployment(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("gateway")
     env = queue_env(redis_server.url, "g" + uuid.uuid4().hex[:10], RERANKQ_RERANKER_PROVIDER=FAST,
-                    RERANKQ_CHAIN_FAST="0")
+                    RERANKQ_CHAIN_FAST="0", RERANKQ_MAX_WINDOW_SIZE=str(MAX_WINDOW), RERANKQ_WINDOW_SIZE="10")
     keys = write_keys(tmp / "keys.json", [
         {"name": "acme", "tenant": "acme", "devices": ["cpu", "gpu"]},
         {"name": "other", "tenant": "other"},
@@ -180,6 +181,18 @@ def test_cohere_errors_name_the_field_with_cohere_codes(deployment: Deployment) 
     refused(None, 400, "not valid JSON", raw=b'{"model": "m", "query": ')
     v1 = deployment.post("/v1/rerank", {"query": q, "documents": [{"title": "no text"}]})
     assert v1.status_code == 400 and "documents[0]" in v1.json()["message"]
+
+
+def test_more_documents_than_a_window_holds_are_scored_in_windows_and_ranked_together(deployment: Deployment) -> None:
+    q = query("windows")
+    documents = [f"note {i} on payment gateway errors" for i in range(MAX_DOCUMENTS)]
+    answer = deployment.post("/v2/rerank", {"model": "m", "query": q, "documents": documents})
+    assert answer.status_code == 200, answer.text
+    status = deployment.client.status(answer.headers["x-rerankq-stream-id"])
+    assert [(w.start, w.end, w.state) for w in status.windows] == [(0, 16, "committed"), (16, 32, "committed"),
+                                                                   (32, 40, "committed")]
+    expected = sorted(((_score(q, d), i) for i, d in enumerate(documents)), key=lambda p: (-p[0], p[1]))
+    assert [r["index"] for r in answer.json()["results"]] == [i for _, i in expected]
 
 
 # -- TEI --------------------------------------------------------------------------------------

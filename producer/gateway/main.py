@@ -11,12 +11,13 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from producer.errors import ConfigError
-from producer.gateway.auth import ALL_DEVICES, digest, load_keyring, new_key
+from producer.gateway.auth import ALL_DEVICES, KeyRing, digest, load_keyring, new_key
 from producer.gateway.config import GatewaySettings, load_gateway_settings, variable
 from producer.logs import get_logger
-from producer.settings import load_settings
+from producer.settings import Settings, load_settings
 
 log = get_logger("rerankq.gateway")
 CONFIG_ERROR, STARTUP_FAILURE = 2, 3
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve(settings, config, keyring, overrides)
 
 
-def serve(settings, config: GatewaySettings, keyring, overrides: dict) -> int:  # type: ignore[no-untyped-def]
+def serve(settings: Settings, config: GatewaySettings, keyring: KeyRing, overrides: dict[str, Any]) -> int:
     import uvicorn
 
     from producer.gateway.app import create_app
