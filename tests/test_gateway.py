@@ -433,12 +433,20 @@ def test_rerankq_cohere_and_tei_providers_parse_the_gateway_unmodified(deploymen
 
 def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_path: Path) -> None:
     env = queue_env(redis_server.url, "p" + uuid.uuid4().hex[:10], RERANKQ_GATEWAY_MAX_BACKLOG="2",
-                    RERANKQ_GATEWAY_MAX_RETRY_AFTER_S="9", RERANKQ_GATEWAY_DRAIN_SAMPLE_S="0.1")
+                    RERANKQ_GATEWAY_MAX_RETRY_AFTER_S="9", RERANKQ_GATEWAY_DRAIN_SAMPLE_S="0.1",
+                    RERANKQ_RERANKER_PROVIDER=FAST)
     gateway = GatewayProcess(env, tmp_path / "gateway.log", "--insecure-no-auth").start()
     backlog = redis.Redis.from_url(redis_server.url)
-    backlog.lpush(env["RERANKQ_CPU_QUEUE"], *[b"waiting"] * 5)  # no worker: nothing drains it
+    answered = {"model": "m", "query": query("answered"), "documents": DOCS}
     try:
         with httpx.Client(base_url=gateway.url, timeout=30) as http:
+            worker = WorkerProcess.rerankq(env, tmp_path / "worker.log", "--device", "cpu", cwd=ROOT).start()
+            try:
+                first = http.post("/v2/rerank", json=answered)
+            finally:
+                worker.stop()
+            assert first.status_code == 200
+            backlog.lpush(env["RERANKQ_CPU_QUEUE"], *[b"waiting"] * 5)  # no worker now: nothing drains it
             deadline = time.monotonic() + 10
             while True:
                 # A new job each time: one already in flight would be waited on, as nothing is sent for it.
@@ -457,6 +465,9 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
             gpu = http.post("/gpu/v2/rerank", json={"model": "m", "query": "q", "documents": ["a"]},
                             headers={"X-Rerankq-Timeout": "0.2"})
             assert gpu.status_code == 504
+            # What was answered before is answered still: nothing needs sending.
+            again = http.post("/v2/rerank", json=answered)
+            assert again.status_code == 200 and again.json()["results"] == first.json()["results"]
     finally:
         backlog.delete(env["RERANKQ_CPU_QUEUE"], env["RERANKQ_GPU_QUEUE"])
         backlog.close()

@@ -168,17 +168,18 @@ class QueueBridge:
         for generation in range(MAX_GENERATIONS):
             key = job.idempotency_key(generation)
             stream_id = "k_" + key
+            created, found = False, None
             if self.backlog.over_bound(job.device):
                 # Under backpressure only what is already there is answered: nothing is sent.
                 try:
-                    snapshot = await self.snapshot(stream_id)
+                    found = await self.snapshot(stream_id)
                 except StreamNotFound:
-                    self.backlog.check(job.device)
-                    raise
-                if len(snapshot.results) >= snapshot.n_windows and failure(snapshot) is not None:
-                    self.backlog.check(job.device)
-                created = False
-            else:
+                    found = None
+                if found is not None and len(found.results) >= found.n_windows and failure(found) is not None:
+                    found = None
+                if found is None:
+                    self.backlog.check(job.device)  # 429, unless the backlog fell under the bound meanwhile
+            if found is None:
                 try:
                     created = await self.blocking(self._open, job, key)
                 except IdempotencyConflict:
