@@ -12,10 +12,11 @@ status codes; the published ``docs/openapi.json``):
 - ``{"error": str, "error_type": "Validation"|"Empty"|"Overloaded"|"Backend"|"Unhealthy"}``
   (serde writes the variant names): 400 Empty (no texts), 413 Validation (more texts than a
   request may carry, as TEI's OpenAPI documents its batch-size error, though its router maps
-  that Validation error to 422; or a body over the byte limit), 422 Validation (a bad field, a text too long), 429 Overloaded (with
-  ``Retry-After``), 424 Backend (every reranker failed), 503 Unhealthy (Redis), 504 Backend
-  (timed out; the stream id is in ``X-Rerankq-Stream-Id``). A missing or wrong key is a bare
-  401, as TEI's ``--api-key`` check answers.
+  that Validation error to 422; or a body over the byte limit), 422 Validation (a bad field,
+  a text too long), 429 Overloaded (with ``Retry-After``), 424 Backend (every reranker
+  failed), 503 Unhealthy (Redis), 504 Backend (timed out; the stream id is in
+  ``X-Rerankq-Stream-Id``). A missing or wrong key is a bare 401, as TEI's ``--api-key``
+  check answers.
 
 Scores: without ``raw_scores`` the queue's normalised score in [0, 1], which is what TEI
 gives for a reranker (its sigmoid applied); with ``raw_scores`` its logit, the score before
