@@ -157,16 +157,27 @@ class Store:
             self._run(self.keys.stream(stream_id), "hurry", *windows)
 
     def snapshot(self, stream_id: str) -> Snapshot:
-        k = self.keys.stream(stream_id)
         # No MULTI: at maxmemory Redis refuses every command queued in one, reads included,
-        # and a reader must still read a full Redis. The order keeps it consistent enough: the
-        # last event is read first, so any commit the results miss comes after it and wakes
-        # a wait on the log at once.
+        # and a reader must still read a full Redis.
         pipe = self.client.pipeline(transaction=False)
+        self.queue_snapshot(pipe, stream_id)
+        return self.parse_snapshot(stream_id, pipe.execute())
+
+    def queue_snapshot(self, pipe: Any, stream_id: str) -> None:
+        """Queue a snapshot's reads on a pipeline (redis-py's, or redis.asyncio's for the gateway).
+
+        The order keeps it consistent enough: the last event is read first, so any commit the
+        results miss comes after it and wakes a wait on the log at once.
+        """
+        k = self.keys.stream(stream_id)
         pipe.xrevrange(k.events, count=1)
         pipe.hmget(k.meta, "n", "window_size", "admitted", "device")
         pipe.hgetall(k.results)
-        last, meta, results = pipe.execute()
+
+    @staticmethod
+    def parse_snapshot(stream_id: str, replies: list[Any]) -> Snapshot:
+        """The Snapshot from the replies of ``queue_snapshot``'s commands."""
+        last, meta, results = replies
         if meta[0] is None:
             raise StreamNotFound(stream_id)
         try:
