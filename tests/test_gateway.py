@@ -24,9 +24,9 @@ import httpx
 import pytest
 import redis
 import redis.asyncio
-
 from delivery_providers import _score
 from gateway_helpers import GatewayProcess, sse_events, write_keys
+
 from producer import RerankClient, load_settings
 from producer.gateway.config import load_gateway_settings
 from producer.gateway.limits import Backlog, CountingDispatcher

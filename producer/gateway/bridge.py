@@ -12,14 +12,14 @@ builds it (``producer.pages.build_page``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 import msgspec
 import redis
 import redis.asyncio
