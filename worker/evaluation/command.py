@@ -105,6 +105,7 @@ def _evaluate(args: argparse.Namespace, collection: Any) -> int:
     input_scores = evaluate(collection.qrels, input_rankings, relevant_grade=args.relevant_grade)
 
     runs, scores, reported = {}, {}, []
+    load_before = os.getloadavg()[0]
     progress(f"evaluating {len(qids)} queries, depths {depths}, members "
              + ", ".join(f"{i}:{chain[i].provider}" for i in members))
     with stack(env, max_depth=max(depths), members=members, device=args.device) as where:
@@ -123,7 +124,8 @@ def _evaluate(args: argparse.Namespace, collection: Any) -> int:
                 scores[(label, depth)] = evaluate(collection.qrels, {q.qid: q.ranking for q in run.queries},
                                                   relevant_grade=args.relevant_grade)
         stack_notes = {"private": where.private, "pair_cache": False if where.private else None,
-                       "worker_log": str(where.log_path) if where.log_path else None, **environment_notes(env)}
+                       "worker_log": str(where.log_path) if where.log_path else None,
+                       "load_average_1m_at_start": round(load_before, 2), **environment_notes(env)}
 
     report = build_report(
         collection={"files": {k: str(getattr(args, k)) for k in ("qrels", "run", "queries", "documents")},

@@ -137,7 +137,9 @@ def render(report: Mapping[str, Any]) -> str:
     stack = report["stack"]
     blocks.append(f"{'private redis-server and worker' if stack.get('private') else 'configured Redis and workers'}"
                   f"; pair-score cache {'off' if stack.get('pair_cache') is False else 'as configured'}"
-                  f"; precision {stack.get('precision')}; {stack.get('cpu_count')} CPUs")
+                  f"; precision {stack.get('precision')}; torch threads {stack.get('torch_threads')}; "
+                  f"{stack.get('cpu_count')} CPUs, load average {stack.get('load_average_1m_at_start')} at the start "
+                  f"and {stack.get('load_average_1m')} at the end (latency is this machine's, as busy as that)")
     return "\n\n".join(blocks)
 
 

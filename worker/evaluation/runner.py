@@ -178,7 +178,8 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
 
 
 def environment_notes(env: dict[str, str]) -> dict[str, object]:
-    """What the latencies depend on, for the report."""
-    return {"cpu_count": os.cpu_count(), "precision": env.get("RERANKQ_PRECISION", "auto"),
+    """What the latencies depend on, for the report: the machine, and how busy it was."""
+    return {"cpu_count": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
+            "precision": env.get("RERANKQ_PRECISION", "auto"),
             "worker_processes": env.get("RERANKQ_WORKER_PROCESSES", "1"),
             "torch_threads": env.get("RERANKQ_TORCH_THREADS", "cores / processes")}
