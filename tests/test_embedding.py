@@ -4,6 +4,7 @@ workers, its embeddings kept for MMR, and the default chain falling back to it."
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -154,3 +155,46 @@ def test_with_no_chain_configured_an_offline_worker_reranks_with_the_packaged_mo
     assert status.failovers and status.failovers[0].startswith("0:local: ")
     # The sample's first window holds two payment-gateway documents among office notes.
     assert {r.id for r in page.rows[:2]} == {"doc-00", "doc-07"}
+
+
+def test_coalesced_windows_get_their_own_scores_and_embeddings(packaged_engine):
+    """A threads-pool worker coalesces windows of many streams into one engine call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from worker.providers.base import ScoreRequest
+    from worker.providers.embedding import EmbeddingProvider
+
+    settings = load_settings({}, precision="fp32", coalesce=True, coalesce_delay_ms=200)
+    provider = EmbeddingProvider(MemberSettings(provider="embedding"), settings)
+    assert provider.coalescer is not None and provider.engine is packaged_engine
+    windows = [(QUERY, DOCUMENTS), ("who approves leave requests", UNRELATED[:4])]
+
+    def run(window: tuple[str, list[str]]) -> tuple[list[float | None], list[list[float]]]:
+        query, documents = window
+        scores = provider.score(ScoreRequest(query=query, documents=documents), deadline=time.monotonic() + 120)
+        return scores, provider.embed(list(documents))
+
+    flushes = provider.coalescer.flushes
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, windows))
+    assert provider.coalescer.flushes == flushes + 1  # both windows in one forward call
+    for (query, documents), (scores, vectors) in zip(windows, results):
+        alone = packaged_engine.score_and_embed([(query, d) for d in documents])
+        assert max(abs(s - a) for s, (a, _) in zip(scores, alone)) < 1e-5
+        assert max(abs(x - y) for v, (_, w) in zip(vectors, alone) for x, y in zip(v, w)) < 1e-5
+
+
+def test_a_gpu_worker_whose_only_model_is_the_bi_encoder_refuses_to_start_without_cuda(base_env):
+    import subprocess
+    import sys
+
+    import torch
+    from conftest import ROOT
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: the worker would rightly start")
+    env = {**base_env, **EMBEDDING_ONLY, "RERANKQ_RERANKER_1_PROVIDER": "rrf"}
+    proc = subprocess.run([sys.executable, "-m", "worker", "--device", "gpu"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "no CUDA device" in proc.stderr and " ready." not in proc.stderr
