@@ -116,6 +116,7 @@ class WindowScorer:
         ``delivery`` names this message (the Celery task id): the same message coming
         back after its process died takes the window over; another one is a duplicate.
         """
+        began_at = time.time()  # the queue's part of a window's latency ends here
         bound = log.bind(stream=stream_id, window=window)
         # The lease is this attempt's whole budget, waits for a full Redis included.
         until = time.monotonic() + self.settings.redeliver_after_s * 0.9
@@ -141,7 +142,6 @@ class WindowScorer:
             return self._commit_failed(stream_id, window, begun, str(exc), outcome="failed",
                                        attempts=begun.attempt, until=until, bound=bound)
 
-        began_at = time.time()
         start = window * spec.window_size
         end = start + len(candidates)
         documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
