@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, ConfigError, ValidationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except TimeoutError as exc:
+    except (TimeoutError, RuntimeError) as exc:  # no answer in time; the private worker did not start
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
