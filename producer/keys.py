@@ -38,15 +38,18 @@ class StreamKeys:
     #: The shard's active-stream index and counters (shared with the shard's other streams).
     active: str
     counters: str
+    #: Windows' embeddings from an embedding member (``WindowEmbeddings``), beside ``results``.
+    embeddings: str
 
     def all(self) -> list[str]:
         """In the order ``store.lua`` expects them."""
         return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
-                self.active, self.counters]
+                self.active, self.counters, self.embeddings]
 
     def own(self) -> list[str]:
         """The keys that belong to this stream alone."""
-        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events]
+        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
+                self.embeddings]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Keys:
             events=f"{base}:events",
             active=self.active(tag),
             counters=self.counters(tag),
+            embeddings=f"{base}:embeddings",
         )
 
     @staticmethod

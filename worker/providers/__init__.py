@@ -13,6 +13,7 @@ from worker.providers.base import Provider, ProviderStartError
 
 _REGISTRY: dict[str, str] = {
     "local": "worker.providers.local:LocalProvider",
+    "embedding": "worker.providers.embedding:EmbeddingProvider",
     "tei": "worker.providers.tei:TeiProvider",
     "cohere": "worker.providers.cohere:CohereProvider",
     "http": "worker.providers.generic:HttpProvider",

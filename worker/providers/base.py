@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 # How a provider's numbers are to be read. Declared per provider, never guessed
-# from a batch: "probability" is used as it is, "logit" goes through a sigmoid.
-Scale = Literal["logit", "probability"]
+# from a batch: "probability" is used as it is, "logit" goes through a sigmoid, and
+# "cosine" (a similarity in [-1, 1], neither of the two) is clipped at 0
+# (worker.scoring.decide.normalise says why).
+Scale = Literal["logit", "probability", "cosine"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ class Provider(Protocol):
       that could matter.
     - ``answers_subsets: bool``: True when an answer may leave documents out (``top_n``); its
       answer then depends on the whole window, and the cache keeps it per window.
+
+    A provider that embeds documents (``embedding``) also has ``embed(documents) ->
+    list[list[float]]``: the normalised embedding of each document, kept beside the
+    decisions of a window it served so a reader can run MMR without sending embeddings.
     """
 
     kind: str

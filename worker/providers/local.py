@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-from typing import TYPE_CHECKING
-
 import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
-from worker.engine.coalesce import Coalescer, CoalesceTimeout
+from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.providers.base import ProviderStartError, ProviderUnavailable, Scale, ScoreRequest, cache_identity
-
-if TYPE_CHECKING:
-    from worker.engine import ScoringEngine
 
 log = structlog.get_logger("rerankq.provider.local")
 
@@ -69,7 +63,7 @@ class LocalProvider:
         # The scale changes how the number is read, so it is named too.
         self.cache_identity = cache_identity(self.kind, model=self.model_name, precision=self.engine.precision,
                                              device=device.split(":")[0], scale=self.scale)
-        self.coalescer = shared_coalescer(self.engine, settings) if settings.coalesce else None
+        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.coalesce else None
         log.info("model_loaded", model=self.model_name, device=device, scale=self.scale,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)
 
@@ -88,17 +82,3 @@ class LocalProvider:
     def close(self) -> None:
         pass  # the engine and coalescer live as long as the process; other members may share them
 
-
-_coalescers: dict[int, Coalescer] = {}
-_coalescers_lock = threading.Lock()
-
-
-def shared_coalescer(engine: ScoringEngine, settings: Settings) -> Coalescer:
-    """One coalescer per engine, so every member and thread using the model meets in it."""
-    with _coalescers_lock:
-        coalescer = _coalescers.get(id(engine))
-        if coalescer is None:
-            coalescer = Coalescer(engine.score_pairs, max_pairs=settings.coalesce_max_pairs,
-                                  max_delay_s=settings.coalesce_delay_ms / 1000.0)
-            _coalescers[id(engine)] = coalescer
-        return coalescer
