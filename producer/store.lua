@@ -1,8 +1,9 @@
 -- Every state change rerankq makes to a stream, one command per call, so each is atomic.
 --
 -- KEYS (always, in this order): spec, candidates, meta, results, attempts, pending, events,
--- then the stream's shard: its active-stream index and its counters. All nine carry the
--- shard's hash tag, so a call touches one Cluster slot.
+-- then the stream's shard: its active-stream index, its counters, and its indexes of
+-- uncommitted windows, one per device (each key ends in ':<device>'). All carry the shard's
+-- hash tag, so a call touches one Cluster slot.
 -- ARGV[1]: the command; ARGV[2]: now in milliseconds; the rest depend on the command.
 --
 -- Under maxmemory Redis refuses a script at its first write that could grow memory, before
@@ -32,6 +33,17 @@ local function extend_expiry(key, expire_at)
   end
 end
 
+-- The shard's index of uncommitted windows for this stream's device (nil for a device no
+-- key was passed for). Members are '<stream>:<window>', scored by the stream's expiry, so a
+-- count of live entries skips expired streams without a scan (the exporter's backlog).
+local function uncommitted_key(device)
+  local suffix = ':' .. tostring(device)
+  for i = 10, #KEYS do
+    if string.sub(KEYS[i], -#suffix) == suffix then return KEYS[i] end
+  end
+  return nil
+end
+
 local function n_windows()
   local n = tonumber(redis.call('HGET', meta_key, 'n'))
   local size = tonumber(redis.call('HGET', meta_key, 'window_size'))
@@ -49,8 +61,9 @@ local function window_number(text, count)
 end
 
 -- Admit windows up to `target` (bounded by the window count); each new window is put in
--- the pending set with a deadline, which the sweep uses to find lost messages.
-local function admit(target, deadline)
+-- the pending set with a deadline, which the sweep uses to find lost messages, gets its
+-- admit time (for its queue wait), and enters its device's uncommitted index.
+local function admit(target, deadline, stream_id)
   local count = n_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
   if target > count then target = count end
@@ -60,8 +73,23 @@ local function admit(target, deadline)
     table.insert(new, w)
   end
   if target > admitted then
+    local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
     redis.call('HSET', meta_key, 'admitted', target)
-    redis.call('PEXPIREAT', pending_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
+    redis.call('PEXPIREAT', pending_key, expire_at)
+    local index = uncommitted_key(redis.call('HGET', meta_key, 'device'))
+    if index then
+      -- Entries of streams that expired uncommitted are dropped here, a few at a time.
+      redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+      for _, w in ipairs(new) do
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+        redis.call('ZADD', index, expire_at, stream_id .. ':' .. w)
+      end
+      extend_expiry(index, expire_at)
+    else
+      for _, w in ipairs(new) do
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+      end
+    end
   end
   return new
 end
@@ -85,7 +113,7 @@ if command == 'open' then
   end
   redis.call('HSET', meta_key, 'n', n, 'window_size', ARGV[7], 'admitted', 0, 'committed', 0,
     'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at, 'device', ARGV[10])
-  local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]))
+  local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]), stream_id)
   expire_own(expire_at)
   redis.call('ZADD', active_key, expire_at, stream_id)
   extend_expiry(active_key, expire_at)
@@ -93,15 +121,16 @@ if command == 'open' then
   return new
 
 elseif command == 'admit' then
-  -- ARGV: target window count, deadline
+  -- ARGV: target window count, deadline, stream id
   if redis.call('EXISTS', meta_key) == 0 then return {-3} end
-  local new = admit(tonumber(ARGV[3]), tonumber(ARGV[4]))
+  local new = admit(tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
   table.insert(new, 1, 1)
   return new
 
 elseif command == 'begin' then
   -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
-  -- Returns {attempt, spec, candidate...} (the window's own candidates), or {code}:
+  -- Returns {attempt, admitted at (ms, 0 if unknown), spec, candidate...} (the window's own
+  -- candidates), or {code}:
   -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
   --
   -- The lease is what keeps the attempt count honest under at-least-once delivery:
@@ -123,14 +152,16 @@ elseif command == 'begin' then
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
   -- The sweep leaves the window be until the lease runs out.
   redis.call('ZADD', pending_key, 'XX', lease_until, window)
-  local reply = {attempt, redis.call('GET', spec_key)}
+  -- Streams opened before admit times were kept fall back to their open time.
+  local admitted_at = redis.call('HGET', meta_key, 'admitted_at:' .. window) or redis.call('HGET', meta_key, 'created_at')
+  local reply = {attempt, tonumber(admitted_at) or 0, redis.call('GET', spec_key)}
   for _, blob in ipairs(redis.call('LRANGE', cands_key, w * size, (w + 1) * size - 1)) do
     table.insert(reply, blob)
   end
   return reply
 
 elseif command == 'commit' then
-  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned).
+  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned), stream id.
   -- Writes only the first commit of an admitted window, and counts it in the shard's counters.
   -- Returns 1 written, 0 already committed, -2 never admitted.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
@@ -152,6 +183,9 @@ elseif command == 'commit' then
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
   redis.call('PEXPIREAT', events_key, expire_at)
+  for i = 10, #KEYS do
+    redis.call('ZREM', KEYS[i], ARGV[7] .. ':' .. window)
+  end
   redis.call('HINCRBY', counters_key, 'windows_committed', 1)
   if outcome ~= 'ranked' then
     redis.call('HINCRBY', counters_key, 'windows_' .. outcome, 1)

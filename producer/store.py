@@ -97,11 +97,13 @@ class Snapshot(msgspec.Struct):
 
 
 class Begun(msgspec.Struct):
-    """A delivery's start on a window: the attempt number and the window's raw data."""
+    """A delivery's start on a window: the attempt number, when the window was admitted
+    (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data."""
 
     attempt: int
     spec: bytes
     candidates: list[bytes]
+    admitted_at_ms: int = 0
 
 
 class Store:
@@ -145,7 +147,7 @@ class Store:
 
     def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> list[int]:
         reply = self._run(
-            self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000)
+            self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000), stream_id
         )
         if reply and reply[0] == GONE:
             raise StreamNotFound(stream_id)
@@ -214,7 +216,7 @@ class Store:
                           _now_ms() + int(work_deadline_s * 1000), delivery)
         if reply[0] < 0:
             return int(reply[0])
-        return Begun(attempt=int(reply[0]), spec=reply[1], candidates=list(reply[2:]))
+        return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
 
     def commit(self, stream_id: str, result: WindowResult, *, outcome: str) -> int:
         """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned).
@@ -222,7 +224,7 @@ class Store:
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
-                             self.event_log_maxlen, outcome))
+                             self.event_log_maxlen, outcome, stream_id))
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
         """``due_windows_many`` for one stream: its overdue windows, claimed."""

@@ -11,7 +11,7 @@ probe at load shows it keeps the ranking fp32 gives.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -43,6 +43,8 @@ class ScoringEngine:
         self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
         self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
         self.real_tokens = 0
+        #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
+        self.on_batch: Callable[[int, int], None] | None = None
         self.probe_spearman: float | None = None
         self.network.eval()
         requested = precision or settings.precision
@@ -134,8 +136,11 @@ class ScoringEngine:
                 values = logits[:, -1].cpu().tolist()
                 for i, value in zip(batch.indices, values):
                     scores[i] = float(value)
+                real = int(batch.tensors["attention_mask"].sum())
                 self.padded_tokens += batch.padded_tokens
-                self.real_tokens += int(batch.tensors["attention_mask"].sum())
+                self.real_tokens += real
+                if self.on_batch is not None:
+                    self.on_batch(real, batch.padded_tokens)
         return scores
 
     def score(self, query: str, documents: Sequence[str]) -> list[float]:
