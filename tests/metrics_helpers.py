@@ -20,6 +20,14 @@ def get(port: int, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
+def status_of(port: int, path: str) -> int:
+    """The status a path answers, or 0 while nothing listens."""
+    try:
+        return get(port, path)[0]
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
 def get_json(port: int, path: str) -> tuple[int, Any]:
     status, body = get(port, path)
     return status, json.loads(body)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import ROOT, make_candidates
 from delivery_helpers import pull_until_complete, wait_for
-from metrics_helpers import get, get_json, scrape, series, total
+from metrics_helpers import get_json, scrape, series, status_of, total
 
 from worker.embedded.redis_server import free_port
 
@@ -56,7 +56,7 @@ def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_
     )
     worker = start_worker(env=env, args=["--device", "cpu", "--processes", "2"], drop=("RERANKQ_RERANKER_MODEL",))
     client = make_client()
-    wait_for(lambda: get(port, "/readyz")[0] == 200, 60, "both pool processes ready")
+    wait_for(lambda: status_of(port, "/readyz") == 200, 60, "both pool processes ready")
 
     def one_window(query: str, prefix: str) -> str:
         stream = client.open(query, make_candidates(10, prefix=prefix), window_size=10, allow_shallow=True)
@@ -137,7 +137,7 @@ def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_
     port, env = metrics_env(tmp_path)
     start_worker(env=env, args=["--device", "cpu", "--pool", "threads", "--threads", "4"])
     client = make_client()
-    wait_for(lambda: get(port, "/readyz")[0] == 200, 60, "the worker ready")
+    wait_for(lambda: status_of(port, "/readyz") == 200, 60, "the worker ready")
     assert get_json(port, "/healthz") == (200, {"ok": True, "redis": True, "broker": True})
 
     scrapes: list[float] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -87,7 +88,11 @@ class BacklogReader:
         self._unacked = broker_client.register_script(_UNACKED_BY_QUEUE)
 
     def read(self) -> Backlog:
-        return Backlog(queues=self.read_queues(), **self.read_windows())
+        # Windows before queues: a window is admitted before its message is sent and its
+        # message popped before it commits, so read in this order a draining queue never
+        # shows more messages than uncommitted windows.
+        windows = self.read_windows()
+        return Backlog(queues=self.read_queues(), **windows)
 
     def read_queues(self) -> list[QueueBacklog]:
         devices = queue_devices(self.settings)
@@ -111,7 +116,7 @@ class BacklogReader:
                                     unacked=unacked[i], oldest_age_s=oldest))
         return out
 
-    def read_windows(self) -> dict[str, object]:
+    def read_windows(self) -> dict[str, Any]:
         now_ms = int(time.time() * 1000)
         tags = self.keys.shard_tags()
         pipe = self.store_client.pipeline(transaction=False)
