@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from importlib import metadata
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -98,31 +99,52 @@ class WorkerMetrics(Recorder):
                              "1 when a chain member started in every live pool process, 0 when one has not",
                              ["member"], multiprocess_mode="livemin", registry=None)
 
+        # Children bound once: a window's reports are on the hot path (benchmarked in
+        # ops/bench/metrics.py), and a label lookup costs as much as the write it precedes.
+        self._queue_wait = self.queue_wait.labels(self.device)
+        self._scoring = self.scoring.labels(self.device)
+        self._commit = self.commit.labels(self.device)
+        self._latency = self.latency.labels(self.device)
+        self._committed: dict[tuple[str, str], Any] = {}
+        self._member: dict[str, tuple[Any, Any, Any]] = {}
+
+    def _member_children(self, member: str) -> tuple[Any, Any, Any]:
+        children = self._member.get(member)
+        if children is None:
+            children = self._member[member] = (self.requests.labels(member), self.pairs.labels(self.device, member),
+                                               self.request_seconds.labels(member))
+        return children
+
     def window_begun(self, *, attempt: int, admitted_at_ms: int) -> None:
         if attempt > 1:
             self.attempts_again.labels(self.device).inc()
         elif admitted_at_ms:
             # Clocks of different hosts may disagree a little; a wait is never negative.
-            self.queue_wait.labels(self.device).observe(max(0.0, time.time() - admitted_at_ms / 1000))
+            self._queue_wait.observe(max(0.0, time.time() - admitted_at_ms / 1000))
 
     def window_scored(self, seconds: float) -> None:
-        self.scoring.labels(self.device).observe(seconds)
+        self._scoring.observe(seconds)
 
     def window_committed(self, *, member: str | None, outcome: str, commit_s: float, admitted_at_ms: int,
                          written: bool) -> None:
-        self.commit.labels(self.device).observe(commit_s)
+        self._commit.observe(commit_s)
         if not written:
             return
-        self.committed.labels(self.device, member or NO_MEMBER, outcome).inc()
+        key = (member or NO_MEMBER, outcome)
+        counter = self._committed.get(key)
+        if counter is None:
+            counter = self._committed[key] = self.committed.labels(self.device, *key)
+        counter.inc()
         if admitted_at_ms:
-            self.latency.labels(self.device).observe(max(0.0, time.time() - admitted_at_ms / 1000))
+            self._latency.observe(max(0.0, time.time() - admitted_at_ms / 1000))
 
     def provider_called(self, member: str, pairs: int) -> None:
-        self.requests.labels(member).inc()
-        self.pairs.labels(self.device, member).inc(pairs)
+        requests, pairs_scored, _ = self._member_children(member)
+        requests.inc()
+        pairs_scored.inc(pairs)
 
     def provider_answered(self, member: str, seconds: float, error: str | None) -> None:
-        self.request_seconds.labels(member).observe(seconds)
+        self._member_children(member)[2].observe(seconds)
         if error is not None:
             self.errors.labels(member, error).inc()
 
