@@ -117,3 +117,15 @@ def test_unreadable_redis_reports_down_not_stale_figures(tmp_path, base_env):
     assert once.returncode == 0, once.stderr
     lines = [line for line in once.stdout.splitlines() if line and not line.startswith("#")]
     assert lines == ["rerankq_exporter_redis_up 0.0"]
+
+
+def test_the_exporter_imports_no_torch_and_no_worker_code(base_env):
+    script = ("import sys\n"
+              "from producer.exporter import main\n"
+              "assert main(['--once']) == 0\n"
+              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'worker', 'transformers'))\n"
+              "assert not heavy, heavy\n")
+    once = subprocess.run([sys.executable, "-c", script], env=base_env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert once.returncode == 0, once.stderr
+    assert "rerankq_queue_messages{" in once.stdout

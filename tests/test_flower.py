@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT, make_candidates
 from delivery_helpers import provider_env, pull_until_complete, wait_for
-from metrics_helpers import get_json, status_of
+from metrics_helpers import get, get_json, status_of
 
 from worker.embedded.redis_server import free_port
 
@@ -26,6 +26,8 @@ def test_flower_sees_the_windows_and_the_worker(start_worker, make_client, base_
                               stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: status_of(port, "/healthcheck") == 200, 60, "flower")
+        # Events are broadcast, not queued: start once Flower hears the worker's heartbeats.
+        wait_for(lambda: b"flower_worker_online{" in get(port, "/metrics")[1], 60, "flower to hear the worker")
         client = make_client()
         stream = client.open("gateway error", make_candidates(30), window_size=10, first_windows=3)
         pull_until_complete(client, stream, 30)

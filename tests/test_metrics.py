@@ -43,6 +43,13 @@ def assert_never_ahead_of_the_store(port: int, client) -> None:
     assert total(samples, "rerankq_pair_cache_hits_total") <= counters.get("pair_cache_hits", 0)
 
 
+def settled(port: int, client) -> None:
+    """Wait until the worker has counted its last commit: it counts right after the commit
+    script returns, so a reader can see the window a moment before the metric moves."""
+    wait_for(lambda: total(scrape(port), COMMITTED) == client.store.counters().get("windows_committed", 0), 10,
+             "the metrics to count the last commit")
+
+
 def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_path):
     tei, cohere = server("tei"), server("cohere")
     port, env = metrics_env(
@@ -72,6 +79,7 @@ def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_
     streams += [one_window("payment declined", "d")]  # skipped by the open breaker, no call
     streams += [one_window("checkout outage", "b")]  # tei skipped again; cohere's cached scores
 
+    settled(port, client)
     samples = scrape(port)
     counters = client.store.counters()
     # Windows: the store's count, the readers' view, and the metric agree exactly.
@@ -161,6 +169,7 @@ def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_
         scraper.join()
     assert scrapes == sorted(scrapes)  # a counter never goes back
 
+    settled(port, client)
     samples = scrape(port)
     counters = client.store.counters()
     assert total(samples, COMMITTED) == counters["windows_committed"] == 9
@@ -178,6 +187,7 @@ def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_
 
     again = client.open("query 0", make_candidates(30, prefix="s0"), window_size=10, first_windows=3)
     pull_until_complete(client, again, 30)
+    settled(port, client)
     samples = scrape(port)
     counters = client.store.counters()
     assert total(samples, "rerankq_pair_cache_hits_total", member="0:local") == counters["pair_cache_hits"] == 30
@@ -213,6 +223,7 @@ def test_not_ready_without_a_scoring_member_and_the_health_probe(start_worker, m
     client = make_client()
     stream = client.open("gateway error", make_candidates(10), window_size=10, allow_shallow=True)
     pull_until_complete(client, stream, 10)
+    settled(port, client)
     samples = scrape(port)
     assert total(samples, COMMITTED, member="1:rrf") == client.store.counters()["windows_committed"] == 1
     assert total(samples, "rerankq_failovers_total", member="0:local", reason="not_started") == 1
