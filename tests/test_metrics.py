@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 from conftest import ROOT, make_candidates
-from delivery_helpers import pull_until_complete, wait_for
+from delivery_helpers import provider_env, pull_until_complete, wait_for
 from metrics_helpers import get_json, scrape, series, status_of, total
 
 from worker.embedded.redis_server import free_port
@@ -237,3 +237,45 @@ def test_a_bad_metrics_port_fails_at_start(value, base_env):
     with pytest.raises(ConfigError) as caught:
         load_settings({**base_env, "RERANKQ_METRICS_PORT": value})
     assert caught.value.args and "RERANKQ_METRICS_PORT" in str(caught.value)
+
+
+def test_sweep_resends_are_counted_by_the_main_process(start_worker, make_client, tmp_path):
+    """The sweep runs in a prefork worker's main process: its counts are merged with the pool's."""
+    from test_sweep import _open_without_dispatch
+
+    client = make_client(redeliver_after_s=2)
+    stream = _open_without_dispatch(client, 20, 10, 2, grace_s=1)  # admitted, never sent
+    port, env = metrics_env(tmp_path, **provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
+    worker = start_worker(env=env)
+    wait_for(lambda: len(client.store.snapshot(stream).results) == 2, 30, "the sweep to recover both windows", 0.2)
+    settled(port, client)
+
+    samples = scrape(port)
+    counters = client.store.counters()
+    assert total(samples, "rerankq_windows_redelivered_total") == counters["windows_redelivered"] == 2
+    assert total(samples, COMMITTED) == counters["windows_committed"] == 2
+    directory = tmp_path / "metrics" / f"worker-{worker.proc.pid}"
+    assert (directory / f"counter_{worker.proc.pid}.db").exists()  # written by the main process
+
+
+def test_poisoned_windows_and_attempts_again_survive_the_processes_that_died(start_worker, make_client, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    port, env = metrics_env(tmp_path, **provider_env("SuicideProvider", mark_dir=marks, max_attempts=2))
+    start_worker(env=env)
+    client = make_client(max_attempts=2)
+    stream = client.open("payment gateway error", make_candidates(5), window_size=5)
+    pull_until_complete(client, stream, 5, timeout_s=90)
+    settled(port, client)
+
+    samples = scrape(port)
+    counters = client.store.counters()
+    assert total(samples, COMMITTED, member="none", outcome="poisoned") == counters["windows_poisoned"] == 1
+    # Attempts 2 and 3 began a window already attempted; the processes that counted them are gone.
+    assert client.status(stream).windows[0].attempts == 2
+    assert total(samples, "rerankq_window_attempts_again_total", device="cpu") == 2
+    assert total(samples, "rerankq_window_queue_wait_seconds_count") == 1  # the first attempt only
+    dead = {int(p.name.split(".")[0]) for p in marks.iterdir()}
+    assert len(dead) == 2
+    live = {int(s["pid"]) for s in series(samples, "rerankq_worker_process_ready")}
+    assert live and not live & dead

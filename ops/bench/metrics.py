@@ -1,5 +1,9 @@
 """What metrics cost: window throughput of a worker with metrics on against the same worker
-with metrics off, side by side in one run.
+with metrics off, side by side in one run; and the CPU they add to one window.
+
+First, the window path alone (begin, chain, decide, commit against the private Redis, the
+provider doing nothing) run in this process with metrics off and on, alternated: the CPU time
+the metrics add to a window, free of Celery and of the other processes' noise.
 
 Two workers run at once on one private Redis, each on its own queues: one without
 RERANKQ_METRICS_PORT, one with it (and scraped every second, as a busy Prometheus would).
@@ -93,6 +97,60 @@ class Scraper:
         self._thread.join()
 
 
+def window_path(redis_url: str, *, rounds: int, windows: int) -> dict[str, float]:
+    """CPU time (this process) per window through ``WindowScorer.process``, metrics off vs on."""
+    from worker.logs import configure_logging
+    from worker.metrics.multiprocess import prepare
+
+    configure_logging(level="WARNING", json=False)
+    prepare(Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-files-")))
+    from producer.wire import Candidate, StreamSpec
+    from worker.metrics.definitions import WorkerMetrics
+    from worker.metrics.recorder import NO_METRICS
+    from worker.runtime import Runtime
+
+    settings = load_settings(worker_env(redis_url, "bm-path",
+                                        RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider"))
+    runtimes = {"off": Runtime(settings, NO_METRICS), "on": Runtime(settings, WorkerMetrics(device="cpu",
+                                                                                           pool="prefork"))}
+    for runtime in runtimes.values():
+        runtime.warm_up()
+    window_size, per_stream = 5, 5
+    made = 0
+
+    def streams(n: int) -> list[str]:
+        nonlocal made
+        out = []
+        for _ in range(n):
+            made += 1
+            stream = f"s_{made:032x}"
+            spec = StreamSpec(query=f"query {made}", window_size=window_size, n_candidates=window_size * per_stream)
+            cands = [Candidate(id=f"c{i}", text=f"incident note {i}") for i in range(window_size * per_stream)]
+            runtimes["off"].store.open(stream, spec, cands, first_windows=per_stream, enqueue_grace_s=3600,
+                                       fingerprint="bench")
+            out.append(stream)
+        return out
+
+    def run(arm: str) -> float:
+        opened = streams(windows // per_stream)
+        start = time.process_time()
+        for stream in opened:
+            for window in range(per_stream):
+                runtimes[arm].scorer.process(stream, window, delivery="bench")
+        return (time.process_time() - start) / windows
+
+    run("off"), run("on")  # warm
+    per_window: dict[str, list[float]] = {"off": [], "on": []}
+    for r in range(rounds):
+        for arm in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            per_window[arm].append(run(arm))
+    for runtime in runtimes.values():
+        runtime.close()
+    off, on = p50(per_window["off"]) * 1e6, p50(per_window["on"]) * 1e6
+    added = statistics.median(b - a for a, b in zip(per_window["off"], per_window["on"])) * 1e6
+    return {"off_us_per_window": off, "on_us_per_window": on, "added_us_per_window": added}
+
+
 def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str], *, rounds: int, streams: int,
             windows: int, window_size: int) -> dict[str, object]:
     port = free_port()
@@ -171,6 +229,13 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-"))
     figures: dict[str, object] = {}
     try:
+        path = window_path(redis_server.url, rounds=rounds * 2, windows=200)
+        print_table("the window path in one process, provider doing nothing: CPU microseconds per window "
+                    "(median of alternated rounds)",
+                    ["metrics off", "metrics on", "added by metrics", "added"],
+                    [[path["off_us_per_window"], path["on_us_per_window"], path["added_us_per_window"],
+                      f"{path['added_us_per_window'] / path['off_us_per_window'] * 100:.1f}%"]])
+        figures["window_path"] = path
         figures["noop"] = compare(redis_server.url, logs, "noop",
                                   {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"},
                                   rounds=rounds, streams=8, windows=50, window_size=5)
@@ -184,6 +249,8 @@ def main() -> None:
 
     rows = []
     for label, f in figures.items():
+        if label == "window_path":
+            continue
         rows.append([label, f["windows_per_round"], f["off_windows_per_s"], f["on_windows_per_s"], f["ratio_p50"],
                      f"{(1 - f['ratio_p50']) * 100:.1f}%", f"{f['ratio_min']:.2f}-{f['ratio_max']:.2f}",
                      f["off_cpu_ms_per_window"], f["on_cpu_ms_per_window"],

@@ -107,6 +107,7 @@ class WorkerMetrics(Recorder):
         self._latency = self.latency.labels(self.device)
         self._committed: dict[tuple[str, str], Any] = {}
         self._member: dict[str, tuple[Any, Any, Any]] = {}
+        self._cache: dict[str, tuple[Any, Any]] = {}
 
     def _member_children(self, member: str) -> tuple[Any, Any, Any]:
         children = self._member.get(member)
@@ -156,10 +157,13 @@ class WorkerMetrics(Recorder):
         self.failovers.labels(member, reason).inc()
 
     def cache_counted(self, member: str, hits: int, misses: int) -> None:
+        counters = self._cache.get(member)
+        if counters is None:
+            counters = self._cache[member] = (self.cache_hits.labels(member), self.cache_misses.labels(member))
         if hits:
-            self.cache_hits.labels(member).inc(hits)
+            counters[0].inc(hits)
         if misses:
-            self.cache_misses.labels(member).inc(misses)
+            counters[1].inc(misses)
 
     def windows_redelivered(self, count: int) -> None:
         self.redelivered.inc(count)
