@@ -97,25 +97,27 @@ class Scraper:
         self._thread.join()
 
 
-def window_path(redis_url: str, *, rounds: int, windows: int) -> dict[str, float]:
+def window_path(redis_url: str, provider_env: dict[str, str], *, rounds: int, windows: int,
+                window_size: int) -> dict[str, float]:
     """CPU time (this process) per window through ``WindowScorer.process``, metrics off vs on."""
     from worker.logs import configure_logging
     from worker.metrics.multiprocess import prepare
 
     configure_logging(level="WARNING", json=False)
-    prepare(Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-files-")))
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        prepare(Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-files-")))
     from producer.wire import Candidate, StreamSpec
     from worker.metrics.definitions import WorkerMetrics
     from worker.metrics.recorder import NO_METRICS
     from worker.runtime import Runtime
 
-    settings = load_settings(worker_env(redis_url, "bm-path",
-                                        RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider"))
+    settings = load_settings(worker_env(redis_url, f"bm-path-{os.urandom(3).hex()}", **provider_env),
+                             pair_cache=False, torch_threads=1)
     runtimes = {"off": Runtime(settings, NO_METRICS), "on": Runtime(settings, WorkerMetrics(device="cpu",
                                                                                            pool="prefork"))}
     for runtime in runtimes.values():
         runtime.warm_up()
-    window_size, per_stream = 5, 5
+    per_stream = 5
     made = 0
 
     def streams(n: int) -> list[str]:
@@ -132,12 +134,16 @@ def window_path(redis_url: str, *, rounds: int, windows: int) -> dict[str, float
         return out
 
     def run(arm: str) -> float:
-        opened = streams(windows // per_stream)
+        opened = streams(max(1, windows // per_stream))
+        for member in runtimes[arm].chain.members:
+            engine = getattr(member.checked, "engine", None)
+            if engine is not None:  # one engine per model per process: both arms share it
+                engine.on_batch = runtimes[arm].recorder.batch_padding
         start = time.process_time()
         for stream in opened:
             for window in range(per_stream):
                 runtimes[arm].scorer.process(stream, window, delivery="bench")
-        return (time.process_time() - start) / windows
+        return (time.process_time() - start) / (len(opened) * per_stream)
 
     run("off"), run("on")  # warm
     per_window: dict[str, list[float]] = {"off": [], "on": []}
@@ -152,7 +158,7 @@ def window_path(redis_url: str, *, rounds: int, windows: int) -> dict[str, float
 
 
 def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str], *, rounds: int, streams: int,
-            windows: int, window_size: int) -> dict[str, object]:
+            windows: int, window_size: int, scrape_interval_s: float = 1.0) -> dict[str, object]:
     port = free_port()
     envs = {
         "off": worker_env(redis_url, f"bm-{label}-off", **provider_env),
@@ -172,7 +178,7 @@ def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str]
         main_cpu: dict[str, list[float]] = {"off": [], "on": []}
         ratios = []
         total_windows = streams * windows
-        with Scraper(port, 1.0) as scraper:
+        with Scraper(port, scrape_interval_s) as scraper:
             for r in range(rounds):
                 order = ("off", "on") if r % 2 == 0 else ("on", "off")
                 took = {}
@@ -229,13 +235,19 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-"))
     figures: dict[str, object] = {}
     try:
-        path = window_path(redis_server.url, rounds=rounds * 2, windows=200)
-        print_table("the window path in one process, provider doing nothing: CPU microseconds per window "
-                    "(median of alternated rounds)",
-                    ["metrics off", "metrics on", "added by metrics", "added"],
-                    [[path["off_us_per_window"], path["on_us_per_window"], path["added_us_per_window"],
-                      f"{path['added_us_per_window'] / path['off_us_per_window'] * 100:.1f}%"]])
-        figures["window_path"] = path
+        noop = {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"}
+        paths = {"noop": window_path(redis_server.url, noop, rounds=rounds * 2, windows=200, window_size=5)}
+        if args.model:
+            model_env = {"RERANKQ_RERANKER_PROVIDER": "local",
+                         "RERANKQ_RERANKER_MODEL": str(bench_model()) if args.model == "bench" else args.model}
+            paths["model"] = window_path(redis_server.url, model_env, rounds=max(4, rounds // 2), windows=5,
+                                         window_size=25)
+        print_table("the window path in one process (begin, chain, decide, commit; torch on 1 thread): CPU "
+                    "microseconds per window, median of alternated rounds",
+                    ["provider", "metrics off", "metrics on", "added by metrics", "added"],
+                    [[label, p["off_us_per_window"], p["on_us_per_window"], p["added_us_per_window"],
+                      f"{p['added_us_per_window'] / p['off_us_per_window'] * 100:.2f}%"] for label, p in paths.items()])
+        figures["window_path"] = paths
         figures["noop"] = compare(redis_server.url, logs, "noop",
                                   {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"},
                                   rounds=rounds, streams=8, windows=50, window_size=5)
