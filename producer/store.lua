@@ -33,13 +33,22 @@ local function extend_expiry(key, expire_at)
   end
 end
 
--- The shard's index of uncommitted windows for this stream's device (nil for a device no
--- key was passed for). Members are '<stream>:<window>', scored by the stream's expiry, so a
+-- The stream's id, as its keys spell it (ids never contain a colon).
+local stream_id = string.match(meta_key, ':([^:]+):meta$')
+
+-- The shard's indexes of uncommitted windows, one per device, found by name wherever they
+-- stand among the keys. Members are '<stream>:<window>', scored by the stream's expiry, so a
 -- count of live entries skips expired streams without a scan (the exporter's backlog).
+local uncommitted_keys = {}
+for i = 10, #KEYS do
+  if string.find(KEYS[i], ':uncommitted:{', 1, true) then table.insert(uncommitted_keys, KEYS[i]) end
+end
+
+-- The index for this stream's device; nil for a device no key was passed for.
 local function uncommitted_key(device)
   local suffix = ':' .. tostring(device)
-  for i = 10, #KEYS do
-    if string.sub(KEYS[i], -#suffix) == suffix then return KEYS[i] end
+  for _, key in ipairs(uncommitted_keys) do
+    if string.sub(key, -#suffix) == suffix then return key end
   end
   return nil
 end
@@ -63,7 +72,7 @@ end
 -- Admit windows up to `target` (bounded by the window count); each new window is put in
 -- the pending set with a deadline, which the sweep uses to find lost messages, gets its
 -- admit time (for its queue wait), and enters its device's uncommitted index.
-local function admit(target, deadline, stream_id)
+local function admit(target, deadline)
   local count = n_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
   if target > count then target = count end
@@ -98,7 +107,7 @@ if command == 'open' then
   -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
   -- candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job and
   -- {-1} for another job under the same key, both without writing anything.
-  local stream_id, fingerprint, expire_at = ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local fingerprint, expire_at = ARGV[4], tonumber(ARGV[5])
   if redis.call('EXISTS', meta_key) == 1 then
     if redis.call('HGET', meta_key, 'fingerprint') ~= fingerprint then
       return {-1}
@@ -113,7 +122,7 @@ if command == 'open' then
   end
   redis.call('HSET', meta_key, 'n', n, 'window_size', ARGV[7], 'admitted', 0, 'committed', 0,
     'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at, 'device', ARGV[10])
-  local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]), stream_id)
+  local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]))
   expire_own(expire_at)
   redis.call('ZADD', active_key, expire_at, stream_id)
   extend_expiry(active_key, expire_at)
@@ -121,9 +130,9 @@ if command == 'open' then
   return new
 
 elseif command == 'admit' then
-  -- ARGV: target window count, deadline, stream id
+  -- ARGV: target window count, deadline
   if redis.call('EXISTS', meta_key) == 0 then return {-3} end
-  local new = admit(tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
+  local new = admit(tonumber(ARGV[3]), tonumber(ARGV[4]))
   table.insert(new, 1, 1)
   return new
 
@@ -161,7 +170,7 @@ elseif command == 'begin' then
   return reply
 
 elseif command == 'commit' then
-  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned), stream id.
+  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned).
   -- Writes only the first commit of an admitted window, and counts it in the shard's counters.
   -- Returns 1 written, 0 already committed, -2 never admitted.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
@@ -183,8 +192,8 @@ elseif command == 'commit' then
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
   redis.call('PEXPIREAT', events_key, expire_at)
-  for i = 10, #KEYS do
-    redis.call('ZREM', KEYS[i], ARGV[7] .. ':' .. window)
+  for _, key in ipairs(uncommitted_keys) do
+    redis.call('ZREM', key, stream_id .. ':' .. window)
   end
   redis.call('HINCRBY', counters_key, 'windows_committed', 1)
   if outcome ~= 'ranked' then

@@ -147,7 +147,7 @@ class Store:
 
     def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> list[int]:
         reply = self._run(
-            self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000), stream_id
+            self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000)
         )
         if reply and reply[0] == GONE:
             raise StreamNotFound(stream_id)
@@ -224,7 +224,7 @@ class Store:
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
-                             self.event_log_maxlen, outcome, stream_id))
+                             self.event_log_maxlen, outcome))
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
         """``due_windows_many`` for one stream: its overdue windows, claimed."""
