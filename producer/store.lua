@@ -2,7 +2,8 @@
 --
 -- KEYS (always, in this order): spec, candidates, meta, results, attempts, pending, events,
 -- then the stream's shard: its active-stream index and its counters, then the stream's
--- embeddings (written by a commit only). All ten carry the shard's hash tag, so a call
+-- embeddings (written by a commit only), then the shard's indexes of uncommitted windows,
+-- one per device (each key ends in ':<device>'). All carry the shard's hash tag, so a call
 -- touches one Cluster slot.
 -- ARGV[1]: the command; ARGV[2]: now in milliseconds; the rest depend on the command.
 --
@@ -34,6 +35,26 @@ local function extend_expiry(key, expire_at)
   end
 end
 
+-- The stream's id, as its keys spell it (ids never contain a colon).
+local stream_id = string.match(meta_key, ':([^:]+):meta$')
+
+-- The shard's indexes of uncommitted windows, one per device, found by name wherever they
+-- stand among the keys. Members are '<stream>:<window>', scored by the stream's expiry, so a
+-- count of live entries skips expired streams without a scan (the exporter's backlog).
+local uncommitted_keys = {}
+for i = 10, #KEYS do
+  if string.find(KEYS[i], ':uncommitted:{', 1, true) then table.insert(uncommitted_keys, KEYS[i]) end
+end
+
+-- The index for this stream's device; nil for a device no key was passed for.
+local function uncommitted_key(device)
+  local suffix = ':' .. tostring(device)
+  for _, key in ipairs(uncommitted_keys) do
+    if string.sub(key, -#suffix) == suffix then return key end
+  end
+  return nil
+end
+
 local function n_windows()
   local n = tonumber(redis.call('HGET', meta_key, 'n'))
   local size = tonumber(redis.call('HGET', meta_key, 'window_size'))
@@ -51,7 +72,8 @@ local function window_number(text, count)
 end
 
 -- Admit windows up to `target` (bounded by the window count); each new window is put in
--- the pending set with a deadline, which the sweep uses to find lost messages.
+-- the pending set with a deadline, which the sweep uses to find lost messages, gets its
+-- admit time (for its queue wait), and enters its device's uncommitted index.
 local function admit(target, deadline)
   local count = n_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
@@ -62,8 +84,23 @@ local function admit(target, deadline)
     table.insert(new, w)
   end
   if target > admitted then
+    local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
     redis.call('HSET', meta_key, 'admitted', target)
-    redis.call('PEXPIREAT', pending_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
+    redis.call('PEXPIREAT', pending_key, expire_at)
+    local index = uncommitted_key(redis.call('HGET', meta_key, 'device'))
+    if index then
+      -- Entries of streams that expired uncommitted are dropped here, a few at a time.
+      redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+      for _, w in ipairs(new) do
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+        redis.call('ZADD', index, expire_at, stream_id .. ':' .. w)
+      end
+      extend_expiry(index, expire_at)
+    else
+      for _, w in ipairs(new) do
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+      end
+    end
   end
   return new
 end
@@ -72,7 +109,7 @@ if command == 'open' then
   -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
   -- candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job and
   -- {-1} for another job under the same key, both without writing anything.
-  local stream_id, fingerprint, expire_at = ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local fingerprint, expire_at = ARGV[4], tonumber(ARGV[5])
   if redis.call('EXISTS', meta_key) == 1 then
     if redis.call('HGET', meta_key, 'fingerprint') ~= fingerprint then
       return {-1}
@@ -103,7 +140,8 @@ elseif command == 'admit' then
 
 elseif command == 'begin' then
   -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
-  -- Returns {attempt, spec, candidate...} (the window's own candidates), or {code}:
+  -- Returns {attempt, admitted at (ms, 0 if unknown), spec, candidate...} (the window's own
+  -- candidates), or {code}:
   -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
   --
   -- The lease is what keeps the attempt count honest under at-least-once delivery:
@@ -125,7 +163,9 @@ elseif command == 'begin' then
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
   -- The sweep leaves the window be until the lease runs out.
   redis.call('ZADD', pending_key, 'XX', lease_until, window)
-  local reply = {attempt, redis.call('GET', spec_key)}
+  -- Streams opened before admit times were kept fall back to their open time.
+  local admitted_at = redis.call('HGET', meta_key, 'admitted_at:' .. window) or redis.call('HGET', meta_key, 'created_at')
+  local reply = {attempt, tonumber(admitted_at) or 0, redis.call('GET', spec_key)}
   for _, blob in ipairs(redis.call('LRANGE', cands_key, w * size, (w + 1) * size - 1)) do
     table.insert(reply, blob)
   end
@@ -159,6 +199,9 @@ elseif command == 'commit' then
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
   redis.call('PEXPIREAT', events_key, expire_at)
+  for _, key in ipairs(uncommitted_keys) do
+    redis.call('ZREM', key, stream_id .. ':' .. window)
+  end
   redis.call('HINCRBY', counters_key, 'windows_committed', 1)
   if outcome ~= 'ranked' then
     redis.call('HINCRBY', counters_key, 'windows_' .. outcome, 1)

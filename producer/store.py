@@ -99,11 +99,13 @@ class Snapshot(msgspec.Struct):
 
 
 class Begun(msgspec.Struct):
-    """A delivery's start on a window: the attempt number and the window's raw data."""
+    """A delivery's start on a window: the attempt number, when the window was admitted
+    (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data."""
 
     attempt: int
     spec: bytes
     candidates: list[bytes]
+    admitted_at_ms: int = 0
 
 
 class Store:
@@ -231,7 +233,7 @@ class Store:
                           _now_ms() + int(work_deadline_s * 1000), delivery)
         if reply[0] < 0:
             return int(reply[0])
-        return Begun(attempt=int(reply[0]), spec=reply[1], candidates=list(reply[2:]))
+        return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
 
     def commit(self, stream_id: str, result: WindowResult, *, outcome: str,
                embeddings: WindowEmbeddings | None = None) -> int:

@@ -25,6 +25,7 @@ from producer.wire import (
     spec_decoder,
 )
 from worker.chain import Chain, ChainOutcome
+from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.decide import decide
 from worker.scoring.documents import assemble, has_text
@@ -88,10 +89,11 @@ def kept_embeddings(outcome: ChainOutcome, window: int, indexes: list[int], docu
 
 
 class WindowScorer:
-    def __init__(self, settings: Settings, store: Store, chain: Chain) -> None:
+    def __init__(self, settings: Settings, store: Store, chain: Chain, recorder: Recorder = NO_METRICS) -> None:
         self.settings = settings
         self.store = store
         self.chain = chain
+        self.recorder = recorder
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, until the monotonic instant ``until``."""
@@ -126,6 +128,8 @@ class WindowScorer:
             until=until, bound=bound)
         if isinstance(begun, int):
             return self._not_begun(begun, bound)
+        scoring_started = time.perf_counter()
+        self.recorder.window_begun(attempt=begun.attempt, admitted_at_ms=begun.admitted_at_ms)
         if begun.attempt > 1:
             # A redelivery: an earlier attempt died (killed process, lost message, time limit).
             bound.warning("window_attempt_again", attempt=begun.attempt, max_attempts=self.settings.max_attempts)
@@ -162,10 +166,9 @@ class WindowScorer:
             attempts=begun.attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,
             reason=outcome.reason, began_at=began_at,
         )
-        written = self._through_full_redis(
-            lambda: self.store.commit(stream_id, result, outcome="failed" if outcome.failed else "ranked",
-                                      embeddings=embeddings),
-            until=until, bound=bound)
+        self.recorder.window_scored(time.perf_counter() - scoring_started)
+        written = self._commit(stream_id, result, outcome="failed" if outcome.failed else "ranked", begun=begun,
+                               until=until, bound=bound, embeddings=embeddings)
         if written == 1:
             bound.info("window_committed", served_by=outcome.served_by, candidates=len(candidates),
                        failovers=len(outcome.failovers))
@@ -214,6 +217,16 @@ class WindowScorer:
         result = WindowResult(window=window, start=start, end=start + len(decisions), served_by=None,
                               passthrough=False, attempts=attempts, committed_at=time.time(),
                               decisions=decisions, reason=reason)
-        self._through_full_redis(lambda: self.store.commit(stream_id, result, outcome=outcome), until=until,
-                                 bound=bound)
+        self._commit(stream_id, result, outcome=outcome, begun=begun, until=until, bound=bound)
         return "failed"
+
+    def _commit(self, stream_id: str, result: WindowResult, *, outcome: str, begun: Begun, until: float,
+                bound: Any, embeddings: WindowEmbeddings | None = None) -> int:
+        """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts."""
+        start = time.perf_counter()
+        written = self._through_full_redis(
+            lambda: self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings),
+            until=until, bound=bound)
+        self.recorder.window_committed(member=result.served_by, outcome=outcome, commit_s=time.perf_counter() - start,
+                                       admitted_at_ms=begun.admitted_at_ms, written=written == 1)
+        return written

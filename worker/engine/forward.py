@@ -42,6 +42,8 @@ class ForwardEngine:
         self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
         self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
         self.real_tokens = 0
+        #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
+        self.on_batch: Callable[[int, int], None] | None = None
         self.probe_spearman: float | None = None
         requested = precision or settings.precision
         candidate = resolve_precision(requested, self.device.type)
@@ -95,8 +97,11 @@ class ForwardEngine:
         return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0)
 
     def _count(self, batch: Batch) -> None:
+        real = int(batch.tensors["attention_mask"].sum())
         self.padded_tokens += batch.padded_tokens
-        self.real_tokens += int(batch.tensors["attention_mask"].sum())
+        self.real_tokens += real
+        if self.on_batch is not None:
+            self.on_batch(real, batch.padded_tokens)
 
 
 # --- one model copy per process ---------------------------------------------------------------

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -101,3 +102,16 @@ class Provider(Protocol):
 def cache_identity(kind: str, **parts: object) -> str:
     """A provider's ``cache_identity``: its kind and every setting that changes its answer."""
     return json.dumps({"provider": kind, **parts}, sort_keys=True, separators=(",", ":"))
+
+
+#: Told of each retry a provider makes within one call: (reason, seconds it will wait, whether
+#: the wait came from the server's ``Retry-After``). The metering layer sets it around a call,
+#: so a provider reports retries without knowing its place in the chain or whether metrics are on.
+retry_listener: ContextVar[Callable[[str, float, bool], None] | None] = ContextVar("rerankq_retry_listener",
+                                                                                  default=None)
+
+
+def announce_retry(reason: str, wait_s: float, *, from_retry_after: bool) -> None:
+    listener = retry_listener.get()
+    if listener is not None:
+        listener(reason, wait_s, from_retry_after)
