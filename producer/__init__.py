@@ -20,6 +20,7 @@ from producer.wire import (
     Page,
     Ranked,
     Row,
+    StreamProgress,
     StreamSpec,
     StreamStatus,
     TimeRange,
@@ -30,6 +31,6 @@ from producer.wire import (
 __all__ = [
     "Boosts", "Candidate", "ConfigError", "Decision", "Failed", "Filtered", "IdempotencyConflict",
     "Omitted", "Page", "Ranked", "RerankClient", "RerankqError", "Row", "Settings", "StreamNotFound",
-    "StreamSpec", "StreamStatus", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
+    "StreamProgress", "StreamSpec", "StreamStatus", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
     "WindowStatus", "load_settings",
 ]

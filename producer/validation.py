@@ -15,7 +15,7 @@ import msgspec
 
 from producer.errors import ValidationError
 from producer.settings import Settings
-from producer.wire import Boosts, Candidate, StreamSpec, TimeRange, encode
+from producer.wire import LANES, Boosts, Candidate, StreamSpec, TimeRange, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
 # plain tokens, so neither can reach into another stream's key space. Always fullmatch:
@@ -330,6 +330,7 @@ def check_open_arguments(
     max_candidates_per_source: Any,
     strategy_boosts: Any,
     document_budget: Any,
+    lane: Any = "interactive",
 ) -> None:
     """What open() must refuse before its arguments are used at all (candidates: ``to_candidates``).
 
@@ -343,7 +344,7 @@ def check_open_arguments(
         "boosts": boosts, "reference_time": reference_time, "query_range": query_range, "ttl_s": ttl_s,
         "idempotency_key": idempotency_key, "budget": budget, "keep": keep, "allow_shallow": allow_shallow,
         "max_rerank_candidates": max_rerank_candidates, "max_candidates_per_source": max_candidates_per_source,
-        "strategy_boosts": strategy_boosts, "document_budget": document_budget,
+        "strategy_boosts": strategy_boosts, "document_budget": document_budget, "lane": lane,
     }
     for name, value in arguments.items():
         _plain(value, name, name)
@@ -351,6 +352,8 @@ def check_open_arguments(
         raise ValidationError("query", f"must be a string, got {type(query).__name__}")
     if device not in ("cpu", "gpu", "any"):
         raise ValidationError("device", f"must be cpu, gpu or any, got {_show(device)}")
+    if not isinstance(lane, str) or lane not in LANES:
+        raise ValidationError("lane", f"must be interactive or batch, got {_show(lane)}")
     if not _is_integer(first_windows) or first_windows < 1:
         raise ValidationError("first_windows", f"must be a positive integer, got {_show(first_windows)}")
     for name in ("window_size", "ttl_s", "keep", "max_rerank_candidates", "max_candidates_per_source",
