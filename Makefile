@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m worker.demo
+	$(PY) -m worker.cli demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -15,33 +15,23 @@ from pathlib import Path
 
 from producer import RerankClient, load_settings
 from producer.settings import DEFAULT_MODEL
-from producer.wire import Page
+from worker.cli.common import print_json, to_builtins
+from worker.cli.render import page_json, page_lines
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 from worker.logs import configure_logging
 
 
-def print_page(title: str, page: Page) -> None:
-    print(f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
-          f"complete={page.complete})")
-    print(f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<9}  {'win':>3}  {'id':<7}  document")
-    for row in page.rows:
-        score = "-" if row.score is None else f"{row.score:7.4f}"
-        final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
-        text = row.decision.document.replace("\n", " ")
-        text = text if len(text) <= 60 else text[:57] + "..."
-        print(f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<9}  "
-              f"{row.window:>3}  {row.id:<7}  {text}")
-
-
-def main() -> int:
+def main(as_json: bool = False) -> int:
+    """Run the demo; with ``as_json`` print one JSON document (pages and windows) instead of tables."""
+    say = (lambda *args: None) if as_json else print
     configure_logging(level="WARNING")
     env = dict(os.environ)
     redis_server: EmbeddedRedis | None = None
     if not env.get("RERANKQ_REDIS_URL"):
         redis_server = EmbeddedRedis().start()
         env["RERANKQ_REDIS_URL"] = redis_server.url
-        print(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
+        say(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
     chain_configured = any(k.startswith("RERANKQ_RERANKER_1_") for k in env)
     if not chain_configured:
         # The demo fails open: if the model cannot load, fusion order still answers.
@@ -50,24 +40,27 @@ def main() -> int:
     log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
     worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
     try:
-        print("starting a CPU worker (loads the model once)...")
+        say("starting a CPU worker (loads the model once)...")
         worker.start()
         with RerankClient(load_settings(env)) as client:
             stream = client.open(sample["query"], sample["candidates"], window_size=10)
-            print(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
-            print(f"query: {sample['query']!r}")
+            say(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
+            say(f"query: {sample['query']!r}")
             first = client.pull(stream, 0, 5, timeout=120)
-            print_page("page 1", first)
+            say("\n".join(page_lines("page 1", first)))
             deeper = client.pull(stream, 10, 10, timeout=120)
-            print_page("page 3 (deeper than the first window)", deeper)
+            say("\n".join(page_lines("page 3 (deeper than the first window)", deeper)))
             status = client.status(stream)
-            print("\nwindows:")
+            say("\nwindows:")
             for w in status.windows:
-                print(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<8} "
-                      f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}")
+                say(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<8} "
+                    f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}")
+            if as_json:
+                print_json({"stream": stream, "query": sample["query"], "pages": [page_json(first), page_json(deeper)],
+                            "status": to_builtins(status), "worker_log": str(log_path)})
             served = {w.served_by for w in status.windows if w.served_by}
             if served and all(s.endswith(":rrf") for s in served):
-                print(
+                say(
                     "\nThe cross-encoder could not load (no network to fetch "
                     f"{load_settings(env).chain()[0].model or DEFAULT_MODEL}?), so windows kept fusion order "
                     "(served by rrf).\nTo score with a model, point RERANKQ_RERANKER_MODEL at a local path, e.g.\n"

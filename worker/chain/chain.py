@@ -95,6 +95,10 @@ class Member:
         self._last_error: ProviderStartError | None = None
         self.start_attempts = 0
 
+    @property
+    def started(self) -> bool:
+        return self._provider is not None
+
     def provider(self) -> Provider:
         if self._provider is not None:
             return self._provider
