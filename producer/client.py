@@ -211,7 +211,8 @@ class RerankClient:
         # not the caller's to retry (a retry without an idempotency key would pay twice).
         self._send(stream_id, admitted, spec.device, lane)
         log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
-                 lane=lane, budget_dropped_per_source=budgeted.dropped_per_source, budget_dropped_global=budgeted.dropped_global)
+                 lane=lane, budget_dropped_per_source=budgeted.dropped_per_source,
+                 budget_dropped_global=budgeted.dropped_global)
         return stream_id
 
     def _send(self, stream_id: str, windows: list[int], device: str, lane: Lane) -> None:

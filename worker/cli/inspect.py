@@ -62,7 +62,8 @@ def breaker_view(rerank: Any, workers: list[dict[str, Any]]) -> list[dict[str, A
     now_ms = time.time() * 1000
     out = []
     for breaker_id, label in sorted(members.items()):
-        raw = {k.decode(): v.decode() for k, v in rerank.store.client.hgetall(rerank.store.keys.breaker(breaker_id)).items()}
+        found = rerank.store.client.hgetall(rerank.store.keys.breaker(breaker_id))
+        raw = {k.decode(): v.decode() for k, v in found.items()}
         state = raw.get("state", "closed")
         open_for = None
         if state == "open" and raw.get("open_until"):
@@ -148,7 +149,8 @@ def render(view: dict[str, Any]) -> None:
     out.print(f"counters: {c['windows_committed']} windows committed, {c['windows_failed']} failed, "
               f"{c['windows_poisoned']} poisoned, {c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
               f"pair cache hit rate {rate}")
-    per_member = {k: v for k, v in c["all"].items() if k.startswith(("failovers:", "provider_calls:", "provider_timeouts:"))}
+    per_member = {k: v for k, v in c["all"].items()
+                  if k.startswith(("failovers:", "provider_calls:", "provider_timeouts:"))}
     if per_member:
         out.print("  " + ", ".join(f"{k} {v}" for k, v in per_member.items()))
 

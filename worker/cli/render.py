@@ -11,7 +11,8 @@ from producer.wire import Page, StreamStatus
 def page_lines(title: str, page: Page) -> list[str]:
     lines = [f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
              f"complete={page.complete})",
-             f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<9}  {'win':>3}  {'id':<7}  document"]
+             f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<9}  {'win':>3}  "
+             f"{'id':<7}  document"]
     for row in page.rows:
         score = "-" if row.score is None else f"{row.score:7.4f}"
         final = "-" if row.final_score is None else f"{row.final_score:7.4f}"

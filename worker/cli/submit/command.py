@@ -219,12 +219,14 @@ def trec_safe(jobs: Iterator[Any]) -> Iterator[Any]:
     for item in jobs:
         if isinstance(item, Job):
             if any(ch.isspace() for ch in item.id):
-                item = BadLine(file=item.file, line=item.line, field="id", message="has whitespace: not with --format trec")
+                item = BadLine(file=item.file, line=item.line, field="id",
+                               message="has whitespace: not with --format trec")
             else:
                 for i, candidate in enumerate(item.candidates):
                     cid = candidate.get("id") if isinstance(candidate, dict) else None
                     if isinstance(cid, str) and any(ch.isspace() for ch in cid):
-                        item = BadLine(file=item.file, line=item.line_of(f"candidates[{i}]"), field=f"candidates[{i}].id",
+                        field = f"candidates[{i}].id"
+                        item = BadLine(file=item.file, line=item.line_of(field), field=field,
                                        message="has whitespace: not with --format trec")
                         break
         yield item

@@ -36,8 +36,8 @@ from worker.cli.submit.progress import Tally
 #: Bad lines and failed jobs listed in the summary; beyond this they are only counted.
 LIST_LIMIT = 100
 #: The completion poll backs off from the first pause to the longest while nothing completes.
-FIRST_PAUSE_S = 0.002
-LONGEST_PAUSE_S = 0.1
+FIRST_PAUSE_S = 0.02
+LONGEST_PAUSE_S = 0.2
 #: Options whose refusal depends on the job's candidates (the over-fetch rule), not on the option.
 DATA_DEPENDENT = {"keep", "allow_shallow"}
 
