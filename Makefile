@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) ops/bench/scoring.py --quick
 	$(PY) ops/bench/queue.py --quick
 	$(PY) ops/bench/scale.py --quick
+	$(PY) ops/bench/submit.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -280,12 +280,14 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
         raise ValidationError("ttl_s", f"must be between 1 and {MAX_TTL_S} seconds")
     if not 1 <= spec.document_budget <= settings.max_text_chars:
         raise ValidationError("document_budget", f"must be between 1 and {settings.max_text_chars}")
-    for name in msgspec.structs.fields(spec.boosts):
-        value = getattr(spec.boosts, name.name)
+    # __struct_fields__, not structs.fields(): that evaluates the class's annotations on every
+    # call (0.4 ms, a tenth of an open of 25 candidates).
+    for name in spec.boosts.__struct_fields__:
+        value = getattr(spec.boosts, name)
         if isinstance(value, float):
-            _finite(f"boosts.{name.name}", value)
+            _finite(f"boosts.{name}", value)
             if value < 0:
-                raise ValidationError(f"boosts.{name.name}", "must not be negative")
+                raise ValidationError(f"boosts.{name}", "must not be negative")
     for name in ("recency_window_days", "recency_half_life_days", "temporal_decay_days"):
         if getattr(spec.boosts, name) <= 0:
             raise ValidationError(f"boosts.{name}", "must be positive")

@@ -17,7 +17,7 @@ RERANKQ = Path(sys.executable).with_name("rerankq")
 def rerankq(args: list[str], env: dict[str, str], *, timeout: float = 120, cwd: Path | None = None,
             no_torch: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``rerankq ARGS``; with ``no_torch`` (a directory of poisoned modules) first on the path,
-    an import of torch or sentence-transformers fails the command."""
+    an import of torch, or of anything else only the worker extra installs, fails the command."""
     assert RERANKQ.exists(), f"{RERANKQ} missing: run make install"
     if no_torch is not None:
         env = {**env, "PYTHONPATH": f"{no_torch}:{env.get('PYTHONPATH', '')}"}
@@ -25,8 +25,8 @@ def rerankq(args: list[str], env: dict[str, str], *, timeout: float = 120, cwd: 
 
 
 def poisoned_modules(directory: Path) -> Path:
-    """Packages named torch and sentence_transformers whose import raises: what a pipeline-only install has."""
-    for name in ("torch", "sentence_transformers"):
+    """The worker extra's packages, each raising on import: what a pipeline-only install lacks."""
+    for name in ("torch", "sentence_transformers", "transformers", "httpx", "numpy", "psutil"):
         package = directory / name
         package.mkdir(parents=True, exist_ok=True)
         (package / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")

@@ -12,7 +12,11 @@
 2. Memory: peak RSS of ``rerankq submit`` on a 2,000-line and a 20,000-line input (target: flat).
 3. Interactive latency: one-window streams (open, then pull the page) on the idle queue, and
    the same streams while a 2,000-job batch (``--lane batch``) drains on the same device
-   queue, alternated over rounds; p50 side by side (target: within 2x of idle).
+   queue, alternated over rounds; p50 side by side (target: within 2x of idle). Also the same
+   batch sent in the interactive lane: what the lane saves. Twice: on the ``rrf`` worker, where
+   every window is CPU work on the same cores as the batch client and Redis; and on a worker
+   whose provider spends ``--window-ms`` per window off the CPU (a model on a GPU, a remote
+   reranker), where the batch keeps a real backlog in the queue.
 """
 
 from __future__ import annotations
@@ -94,9 +98,12 @@ def peak_rss_mb(env: dict[str, str], jobs: Path, out: Path) -> float:
     return int(done.stdout.strip()) / 1024
 
 
-def interactive_ms(client: RerankClient, n: int, tag: str) -> list[float]:
+def interactive_ms(client: RerankClient, probe: object, queue: str, n: int, tag: str,
+                   depths: list[int]) -> list[float]:
+    """Open-to-page times of ``n`` one-window streams, spaced; the queue depth seen before each."""
     times = []
     for i in range(n):
+        depths.append(probe.depth([queue]))  # type: ignore[attr-defined]
         start = time.perf_counter()
         stream = client.open(f"{tag} {i} is anyone there", [{"id": f"c{k}", "text": f"doc {k} of {tag} {i}"}
                                                             for k in range(CANDIDATES)], window_size=CANDIDATES)
@@ -108,72 +115,84 @@ def interactive_ms(client: RerankClient, n: int, tag: str) -> list[float]:
     return times
 
 
+def latency(env: dict[str, str], client: RerankClient, scratch: Path, *, rounds: int, per_block: int,
+            tag: str) -> dict[str, object]:
+    """Idle and busy blocks alternate over rounds, so load from elsewhere on the host hits both."""
+    from producer.broker_queues import QueueProbe
+    from producer.store import connect
+
+    probe = QueueProbe(connect(env["RERANKQ_REDIS_URL"]))
+    queue = env["RERANKQ_CPU_QUEUE"]
+    times: dict[str, list[float]] = {"idle": [], "batch": [], "interactive": []}
+    depths: dict[str, list[int]] = {"idle": [], "batch": [], "interactive": []}
+    try:
+        interactive_ms(client, probe, queue, 5, f"{tag} warm", [])
+        for r in range(rounds):
+            times["idle"] += interactive_ms(client, probe, queue, per_block, f"{tag} idle{r}", depths["idle"])
+            # The batch in its lane, then the same batch in the interactive lane: what the lane saves.
+            for lane in ("batch", "interactive"):
+                name = f"{tag}-drain{r}{lane}"
+                drain = subprocess.Popen([*RERANKQ, "submit", str(write_jobs(scratch / f"{name}.jsonl", 2000, name)),
+                                          "--out", str(scratch / f"{name}.out"), "--keep", "5", "--quiet", "--json",
+                                          "--lane", lane], env=env, stdout=subprocess.PIPE, text=True)
+                deadline = time.monotonic() + 60
+                while probe.depth([queue]) < 20 and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the batch is queued and draining before the first interactive stream
+                times[lane] += interactive_ms(client, probe, queue, per_block, f"{tag} busy{r}{lane}", depths[lane])
+                drained = json.loads(drain.communicate(timeout=3600)[0])
+                if drained["jobs"]["done"] != 2000:
+                    raise RuntimeError(f"the batch did not finish: {drained}")
+    finally:
+        probe.client.close()
+    idle = p50(times["idle"])
+    return {arm: {"n": len(t), "p50": p50(t), "p90": percentile(t, .9), "max": max(t), "ratio": p50(t) / idle,
+                  "queued_p50": p50(depths[arm])} for arm, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=None, help="jobs per throughput arm (default 2000)")
-    parser.add_argument("--rounds", type=int, default=None, help="alternated rounds of each arm (default 2)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternated rounds of each arm (default 3)")
     parser.add_argument("--rss-lines", type=int, nargs=2, default=None, help="input sizes for the RSS step")
+    parser.add_argument("--window-ms", type=float, default=10.0, help="the off-CPU provider's time per window")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     n_jobs = args.jobs or (600 if args.quick else 2000)
-    rounds = args.rounds or (1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 3)
     rss_sizes = args.rss_lines or ([1000, 4000] if args.quick else [2000, 20000])
-    n_interactive = 20 if args.quick else 90
-    latency_rounds = 1 if args.quick else 3
+    per_block = 20 if args.quick else 30
 
     redis_server = EmbeddedRedis().start()
     scratch = Path(tempfile.mkdtemp(prefix="rerankq-bench-submit-"))
     ns = "bs" + uuid.uuid4().hex[:6]
     env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="rrf", RERANKQ_PAIR_CACHE="false")
-    worker = rerankq_worker(env, scratch / "worker.log", "--processes", "1").start()
+    paced_env = {**env, "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
+                 "RERANKQ_BENCH_WINDOW_S": str(args.window_ms / 1000)}
     client = RerankClient(load_settings(env))
-    figures: dict[str, object] = {}
+    worker = rerankq_worker(env, scratch / "worker.log", "--processes", "1").start()
     try:
-        interactive_ms(client, 5, "warm")
         run_submit(env, write_jobs(scratch / "warm.jsonl", 50, "warm"), scratch / "warm.out")
-
         submit_rate, submit_wall_rate, loop_rate = [], [], []
         for r in range(rounds):
             summary, wall = run_submit(env, write_jobs(scratch / f"submit{r}.jsonl", n_jobs, f"s{r}"),
                                        scratch / f"submit{r}.out")
-            assert summary["jobs"]["done"] == n_jobs, summary
+            if summary["jobs"]["done"] != n_jobs:
+                raise RuntimeError(summary)
             submit_rate.append(n_jobs / summary["elapsed_s"])
             submit_wall_rate.append(n_jobs / wall)
             loop_jobs = write_jobs(scratch / f"loop{r}.jsonl", n_jobs, f"l{r}")
-            seconds = python_loop(client, loop_jobs, scratch / f"loop{r}.out")
-            loop_rate.append(n_jobs / seconds)
+            loop_rate.append(n_jobs / python_loop(client, loop_jobs, scratch / f"loop{r}.out"))
             print(f"round {r}: submit {submit_rate[-1]:.0f} jobs/s ({submit_wall_rate[-1]:.0f} from process start), "
                   f"loop {loop_rate[-1]:.0f} jobs/s", flush=True)
 
         rss = {n: peak_rss_mb(env, write_jobs(scratch / f"rss{n}.jsonl", n, f"m{n}"), scratch / f"rss{n}.out")
                for n in rss_sizes}
         print(f"peak RSS: {', '.join(f'{n} lines {mb:.0f} MB' for n, mb in rss.items())}", flush=True)
-
-        # Idle and busy blocks alternate over rounds, so load from elsewhere on the host hits both.
-        from producer.broker_queues import QueueProbe
-        from producer.store import connect
-
-        probe = QueueProbe(connect(redis_server.url))
-        queue = env["RERANKQ_CPU_QUEUE"]
-        idle: list[float] = []
-        busy: list[float] = []
-        backlog: list[int] = []
-        per_block = max(5, n_interactive // latency_rounds)
-        for r in range(latency_rounds):
-            idle += interactive_ms(client, per_block, f"idle{r}")
-            batch_jobs = write_jobs(scratch / f"drain{r}.jsonl", 2000, f"drain{r}")
-            drain = subprocess.Popen([*RERANKQ, "submit", str(batch_jobs), "--out", str(scratch / f"drain{r}.out"),
-                                      "--keep", "5", "--quiet", "--json"], env=env, stdout=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + 60
-            while probe.depth([queue]) < 20 and time.monotonic() < deadline:
-                time.sleep(0.05)  # the batch is queued and draining before the first interactive stream
-            backlog.append(probe.depth([queue]))
-            busy += interactive_ms(client, per_block, f"busy{r}")
-            backlog.append(probe.depth([queue]))
-            drained = json.loads(drain.communicate(timeout=3600)[0])
-            assert drained["jobs"]["done"] == 2000, drained
-        probe.client.close()
+        cpu_bound = latency(env, client, scratch, rounds=rounds, per_block=per_block, tag="rrf")
+        worker.stop()
+        worker = rerankq_worker(paced_env, scratch / "paced-worker.log", "--processes", "1").start()
+        off_cpu = latency(paced_env, client, scratch, rounds=rounds, per_block=per_block, tag="paced")
     finally:
         client.close()
         worker.stop()
@@ -189,21 +208,21 @@ def main() -> None:
                  ["ratio submit / loop", submit_med / loop_med, ""],
                  ["ratio, from process start", wall_med / loop_med, ""]])
     print_table("submit: peak RSS", ["input lines", "peak RSS MB"], [[n, mb] for n, mb in rss.items()])
-    print_table("interactive one-window streams (25 candidates): open to page, ms",
-                ["queue", "n", "p50", "p90", "max"],
-                [["idle", len(idle), p50(idle), percentile(idle, .9), max(idle)],
-                 [f"2,000-job batch draining ({min(backlog)}-{max(backlog)} queued)", len(busy), p50(busy),
-                  percentile(busy, .9), max(busy)],
-                 ["ratio busy / idle (p50)", "", p50(busy) / p50(idle), "", ""]])
-    figures.update({
-        "jobs": n_jobs, "submit_jobs_per_s": submit_med, "submit_wall_jobs_per_s": wall_med,
+    labels = {"idle": "idle queue", "batch": "2,000-job batch draining, batch lane (submit's default)",
+              "interactive": "the same batch in the interactive lane (no lanes)"}
+    for title, view in (("on the rrf worker (CPU-bound: worker, batch client and Redis share the cores)", cpu_bound),
+                        (f"on a worker whose provider spends {args.window_ms:g} ms per window off the CPU", off_cpu)):
+        print_table(f"interactive one-window streams, open to page, ms, {rounds} alternated rounds: {title}",
+                    ["queue", "n", "p50", "p90", "max", "p50 / idle", "windows queued (p50)"],
+                    [[labels[arm], v["n"], v["p50"], v["p90"], v["max"], v["ratio"], v["queued_p50"]]
+                     for arm, v in view.items()])
+    write_json(args.json_path, {
+        "jobs": n_jobs, "rounds": rounds, "submit_jobs_per_s": submit_med, "submit_wall_jobs_per_s": wall_med,
         "loop_jobs_per_s": loop_med, "ratio": submit_med / loop_med, "ratio_wall": wall_med / loop_med,
+        "submit_rounds": submit_rate, "loop_rounds": loop_rate,
         "peak_rss_mb": {str(n): mb for n, mb in rss.items()},
-        "interactive_idle_ms_p50": p50(idle), "interactive_busy_ms_p50": p50(busy),
-        "interactive_ratio_p50": p50(busy) / p50(idle), "backlog_min": min(backlog), "backlog_max": max(backlog),
-        "latency_rounds": latency_rounds,
+        "latency_rrf": cpu_bound, "latency_off_cpu": off_cpu, "window_ms": args.window_ms,
     })
-    write_json(args.json_path, figures)
 
 
 if __name__ == "__main__":

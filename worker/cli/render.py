@@ -39,9 +39,9 @@ def page_json(page: Page) -> dict[str, Any]:
 def row_json(row: Any) -> dict[str, Any]:
     """Every field of a row, the same keys for every kind (null where a kind has none)."""
     d = row.decision
-    return {"rank": row.rank, "window": row.window, "kind": row.kind, "id": d.id, "index": d.index,
-            "score": row.score, "final_score": row.final_score, "served_by": row.served_by, "reason": row.reason,
-            "document": d.document}
+    return {"rank": row.rank, "window": row.window, "kind": type(d).__struct_config__.tag, "id": d.id,
+            "index": d.index, "score": getattr(d, "score", None), "final_score": getattr(d, "final_score", None),
+            "served_by": getattr(d, "served_by", None), "reason": getattr(d, "reason", None), "document": d.document}
 
 
 def status_table(status: StreamStatus) -> Any:

@@ -192,7 +192,8 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
             ledger.close()
             if lookup is not None:
                 lookup.close()
-    return summarise(outcome, tally, out_path, identity, as_json=as_json, in_flight=len(runner.in_flight))
+    return summarise(outcome, tally, out_path, identity, as_json=as_json,
+                     in_flight=len(runner.in_flight) + len(runner.opening))
 
 
 _OPEN_DEFAULTS = {k: None for k in (
@@ -257,7 +258,8 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
             "windows": {"total": tally.windows_total, "committed": tally.windows_committed},
             "pairs": tally.pairs, "failovers": tally.failovers,
             "bad_lines": [{"file": b.file, "line": b.line, "field": b.field, "message": b.message}
-                          for b in ([outcome.stopped_at] if outcome.stopped_at else []) + outcome.bad_lines],
+                          for b in ([outcome.stopped_at] if outcome.stopped_at else [])
+                          + sorted(outcome.bad_lines, key=lambda b: (b.file, b.line))],
             "failed_jobs": outcome.failed_jobs, "interrupted": outcome.interrupted, "error": outcome.fatal,
             "resume": resume_command() if status else None,
         })
@@ -266,7 +268,7 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
     say(f"{'stopped' if status else 'done'}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
         f"({tally.done / elapsed:.1f} jobs/s); {tally.resumed} were there from an earlier run; {tally.failed} failed, "
         f"{tally.skipped} skipped; {tally.windows_committed} windows, {tally.failovers} failovers; run id {run_id}")
-    for bad in outcome.bad_lines:
+    for bad in sorted(outcome.bad_lines, key=lambda b: (b.file, b.line)):
         say(f"  skipped {bad}")
     if tally.skipped > len(outcome.bad_lines):
         say(f"  ... and {tally.skipped - len(outcome.bad_lines)} more bad lines")
