@@ -96,7 +96,8 @@ def _run_id(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 @click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
               help="a bad line stops the run, or is skipped, counted and listed at the end")
 @click.option("--run-id", callback=_run_id, default=None,
-              help="the run's identity in idempotency keys  [default: a digest of the input paths and job options]")
+              help="the run's identity in idempotency keys  [default: a digest of the input and output paths "
+                   "and the job options]")
 @click.option("--tag", default="rerankq", show_default=True, help="the TREC run tag")
 @click.option("--progress-every", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="seconds between progress lines when stdout is not a terminal")
@@ -150,8 +151,10 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
                 raise ValidationError("boosts", str(exc).replace("`$.", "`")) from None
     except ValidationError as exc:
         raise click.BadParameter(exc.message, param_hint=option_of(exc.field)) from None
-    inputs = [p.resolve() for p in (input_path, queries, docs) if p is not None]
-    identity = run_id or run_identity(inputs, {**open_options, "depth": depth})
+    # The output is part of the identity: the same command resumes; another --out reranks afresh
+    # (say, after the workers' model changed) instead of reading the streams of an earlier run.
+    paths = [p.resolve() for p in (input_path, queries, docs, out_path) if p is not None]
+    identity = run_id or run_identity(paths, {**open_options, "depth": depth})
 
     from worker.cli.common import client
     from worker.cli.submit.jobs import count_lines, jsonl_jobs
@@ -174,7 +177,10 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
 
             lookup = Lookup(queries, docs, Path(scratch))
             total = count_queries(input_path)
-            jobs: Iterator[Any] = trec_jobs(input_path, lookup, depth=depth or 10**9)
+            from producer.budget import required_depth
+
+            # Only the candidates that will be reranked are looked up in the corpus.
+            jobs: Iterator[Any] = trec_jobs(input_path, lookup, depth=depth or required_depth(keep or 10))
         else:
             total = count_lines(input_path)
             jobs = jsonl_jobs(input_path)
@@ -207,9 +213,9 @@ def option_of(field: str) -> str:
     return "--boost" if root == "boosts" else "--" + root.replace("_", "-")
 
 
-def run_identity(inputs: list[Path], options: dict[str, Any]) -> str:
-    """The input files (resolved paths) and every option that shapes a job, digested."""
-    text = json.dumps({"inputs": [str(p) for p in inputs], "options": options}, sort_keys=True, default=str)
+def run_identity(paths: list[Path], options: dict[str, Any]) -> str:
+    """The input and output files (resolved paths) and every option that shapes a job, digested."""
+    text = json.dumps({"paths": [str(p) for p in paths], "options": options}, sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
