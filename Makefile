@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m worker.demo
+	$(PY) -m worker.cli demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(PY) ops/bench/scoring.py --quick
 	$(PY) ops/bench/queue.py --quick
 	$(PY) ops/bench/scale.py --quick
+	$(PY) ops/bench/submit.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

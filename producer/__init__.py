@@ -25,6 +25,7 @@ from producer.wire import (
     Page,
     Ranked,
     Row,
+    StreamProgress,
     StreamSpec,
     StreamStatus,
     TimeRange,
@@ -35,6 +36,7 @@ from producer.wire import (
 __all__ = [
     "Boosts", "Candidate", "ConfigError", "Decision", "Failed", "Filtered", "IdempotencyConflict",
     "Omitted", "Page", "Ranked", "RerankClient", "RerankqError", "Row", "Settings", "StreamNotFound",
-    "StoreError", "StoreFull", "StoreUnavailable", "StreamCorrupted", "StreamSpec", "StreamStatus", "UnsupportedRedis", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
+    "StoreError", "StoreFull", "StoreUnavailable", "StreamCorrupted", "StreamProgress", "StreamSpec", "StreamStatus",
+    "UnsupportedRedis", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
     "WindowStatus", "load_settings",
 ]

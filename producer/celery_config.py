@@ -13,6 +13,7 @@ import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from producer.broker_queues import PRIORITY_STEPS
 from producer.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from producer.settings import Settings
 
@@ -33,6 +34,9 @@ def transport_options(settings: Settings) -> dict[str, Any]:
         "socket_timeout": 30,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
+        # The lanes' lists (producer.broker_queues): pinned, so every producer, worker and the
+        # sweep's probe name the same lists whatever kombu's default steps become.
+        "priority_steps": list(PRIORITY_STEPS),
     }
 
 

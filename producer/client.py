@@ -38,9 +38,11 @@ from producer.wire import (
     Device,
     Failed,
     Filtered,
+    Lane,
     Omitted,
     Page,
     Ranked,
+    StreamProgress,
     StreamSpec,
     StreamStatus,
     TimeRange,
@@ -145,6 +147,7 @@ class RerankClient:
         max_candidates_per_source: int | None = None,
         strategy_boosts: str | Mapping[str, str] | None = None,
         document_budget: int | None = None,
+        lane: Lane = "interactive",
     ) -> str:
         """Validate, write the stream, and enqueue its first window(s). Returns the stream id.
 
@@ -155,6 +158,11 @@ class RerankClient:
 
         With ``idempotency_key``, a retried open of the same job returns the same id and
         enqueues nothing more; reusing the key for a different job raises.
+
+        ``lane="batch"`` queues every window of the stream (these, a deeper pull's, the
+        sweep's re-sends) behind the interactive windows of its device queue: a worker takes
+        any waiting interactive window first. The lane is no part of the job: a retried open
+        keeps the lane it was first opened with.
         """
         check_open_arguments(
             query=query, window_size=window_size, first_windows=first_windows, device=device, min_score=min_score,
@@ -162,7 +170,7 @@ class RerankClient:
             reference_time=reference_time, query_range=query_range, ttl_s=ttl_s, idempotency_key=idempotency_key,
             budget=budget, keep=keep, allow_shallow=allow_shallow, max_rerank_candidates=max_rerank_candidates,
             max_candidates_per_source=max_candidates_per_source, strategy_boosts=strategy_boosts,
-            document_budget=document_budget,
+            document_budget=document_budget, lane=lane,
         )
         stream_id = "k_" + check_idempotency_key(idempotency_key) if idempotency_key is not None else "s_" + uuid.uuid4().hex
         items = check_candidates(to_candidates(candidates), self.settings)
@@ -197,18 +205,19 @@ class RerankClient:
         with store_errors(stream_id, written=False, retry_safe=idempotency_key is not None):
             created, admitted = self.store.open(
                 stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
-                fingerprint=fingerprint,
+                fingerprint=fingerprint, lane=lane,
             )
         # From here the stream exists: a message that cannot be sent is the sweep's to send,
         # not the caller's to retry (a retry without an idempotency key would pay twice).
-        self._send(stream_id, admitted, spec.device)
+        self._send(stream_id, admitted, spec.device, lane)
         log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
-                 budget_dropped_per_source=budgeted.dropped_per_source, budget_dropped_global=budgeted.dropped_global)
+                 lane=lane, budget_dropped_per_source=budgeted.dropped_per_source,
+                 budget_dropped_global=budgeted.dropped_global)
         return stream_id
 
-    def _send(self, stream_id: str, windows: list[int], device: str) -> None:
+    def _send(self, stream_id: str, windows: list[int], device: str, lane: Lane) -> None:
         try:
-            self.dispatcher.send(stream_id, windows, device)
+            self.dispatcher.send(stream_id, windows, device, lane)
         except SEND_ERRORS as exc:
             log.warning("windows_not_sent", stream=stream_id, windows=windows, error=type(exc).__name__,
                         recovery="the workers' sweep sends them")
@@ -246,7 +255,7 @@ class RerankClient:
                 if target > snapshot.admitted:
                     admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
                     if admitted:
-                        self._send(stream_id, admitted, snapshot.device)
+                        self._send(stream_id, admitted, snapshot.device, snapshot.lane)  # type: ignore[arg-type]
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -316,3 +325,18 @@ class RerankClient:
         return StreamStatus(
             stream_id=stream_id, n_candidates=snapshot.n_candidates, window_size=snapshot.window_size, windows=windows
         )
+
+    def progress(self, stream_ids: list[str]) -> dict[str, StreamProgress | None]:
+        """How far each stream has come (windows admitted, committed, failed; failovers), read
+        from the streams' meta in one round trip: cheap enough to poll many streams. A stream
+        that does not exist (never opened, or expired) maps to None."""
+        if isinstance(stream_ids, (str, bytes)) or not isinstance(stream_ids, list):
+            raise ValidationError("stream_ids", "must be a list of stream ids")
+        for i, stream_id in enumerate(stream_ids):
+            try:
+                check_stream_id(stream_id)
+            except ValidationError:
+                raise ValidationError(f"stream_ids[{i}]", "is not a rerankq stream id") from None
+        with store_errors("", written=True, retry_safe=True):
+            found = self.store.progress(stream_ids)
+        return dict(zip(stream_ids, found))

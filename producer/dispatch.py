@@ -6,9 +6,10 @@ import time
 
 from celery import Celery
 
-from producer.broker_queues import SENT_AT_HEADER, task_id
+from producer.broker_queues import LANE_PRIORITY, SENT_AT_HEADER, task_id
 from producer.celery_config import TASK_NAME, celery_config
 from producer.settings import Settings
+from producer.wire import Lane
 
 
 class Dispatcher:
@@ -19,13 +20,15 @@ class Dispatcher:
             app.conf.update(celery_config(settings))
         self.app = app
 
-    def send(self, stream_id: str, windows: list[int], device: str) -> None:
+    def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
+        """One message per window to the device's queue, in the stream's lane (a Celery priority)."""
         queue = self.settings.queue_for(device)
+        priority = LANE_PRIORITY[lane]
         for window in windows:
             # The task id names the window, so the sweep can tell a queued message from a lost one;
             # the send time lets the exporter age the oldest waiting message without a scan.
             self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue, task_id=task_id(stream_id, window),
-                               headers={SENT_AT_HEADER: time.time()})
+                               priority=priority, headers={SENT_AT_HEADER: time.time()})
 
     def close(self) -> None:
         self.app.close()

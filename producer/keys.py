@@ -113,6 +113,10 @@ class Keys:
         """A subset-answering member's whole answer to one window (``worker.chain.cache``)."""
         return f"{self.namespace}:answer:{digest}"
 
+    def worker_card(self, hostname: str) -> str:
+        """HASH of one worker's processes (pid -> what each runs), for operators (``worker.card``)."""
+        return f"{self.namespace}:worker:{hostname}"
+
     @property
     def sweep_lock(self) -> str:
         return f"{self.namespace}:sweep-lock"

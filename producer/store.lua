@@ -107,8 +107,9 @@ end
 
 if command == 'open' then
   -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
-  -- candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job and
-  -- {-1} for another job under the same key, both without writing anything.
+  -- lane, candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job
+  -- and {-1} for another job under the same key, both without writing anything. The device and
+  -- lane are kept in meta: every later send of a window (a deeper pull, the sweep) goes there.
   local fingerprint, expire_at = ARGV[4], tonumber(ARGV[5])
   if redis.call('EXISTS', meta_key) == 1 then
     if redis.call('HGET', meta_key, 'fingerprint') ~= fingerprint then
@@ -116,14 +117,15 @@ if command == 'open' then
     end
     return {0}
   end
-  local first_candidate = 11
+  local first_candidate = 12
   local n = #ARGV - first_candidate + 1
   redis.call('SET', spec_key, ARGV[6])
   for i = first_candidate, #ARGV, 500 do
     redis.call('RPUSH', cands_key, unpack(ARGV, i, math.min(i + 499, #ARGV)))
   end
   redis.call('HSET', meta_key, 'n', n, 'window_size', ARGV[7], 'admitted', 0, 'committed', 0,
-    'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at, 'device', ARGV[10])
+    'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at, 'device', ARGV[10],
+    'lane', ARGV[11])
   local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]))
   expire_own(expire_at)
   redis.call('ZADD', active_key, expire_at, stream_id)
@@ -173,9 +175,10 @@ elseif command == 'begin' then
 
 elseif command == 'commit' then
   -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned),
-  -- and the window's encoded embeddings, empty when it has none.
-  -- Writes only the first commit of an admitted window, and counts it in the shard's counters.
-  -- Returns 1 written, 0 already committed, -2 never admitted.
+  -- the window's encoded embeddings (empty when it has none), failovers on the way. Writes only
+  -- the first commit of an admitted window, and counts it in the shard's counters and in the
+  -- stream's meta (its progress, readable without decoding results). Returns 1 written, 0
+  -- already committed, -2 never admitted.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
   local count = n_windows()
   local w = window_number(ARGV[3], count)
@@ -196,6 +199,13 @@ elseif command == 'commit' then
   redis.call('ZREM', pending_key, window)
   redis.call('HDEL', attempts_key, 'holder:' .. window, 'until:' .. window)
   redis.call('HINCRBY', meta_key, 'committed', 1)
+  local failovers = tonumber(ARGV[8]) or 0
+  if failovers > 0 then
+    redis.call('HINCRBY', meta_key, 'failovers', failovers)
+  end
+  if outcome ~= 'ranked' then
+    redis.call('HINCRBY', meta_key, 'failed', 1)
+  end
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
   redis.call('PEXPIREAT', events_key, expire_at)
@@ -211,14 +221,16 @@ elseif command == 'commit' then
 elseif command == 'due' then
   -- The sweep: admitted, uncommitted windows whose deadline (enqueue grace or lease)
   -- passed; their deadline moves to ARGV[3] so a second sweeper does not take them too.
-  -- Returns {device, window...}, or {} when none is due (or the stream is gone).
+  -- Returns {device, lane, window...}, or {} when none is due (or the stream is gone).
   if redis.call('EXISTS', meta_key) == 0 then return {} end
   local due = redis.call('ZRANGEBYSCORE', pending_key, '-inf', now)
   if #due == 0 then return {} end
   for _, window in ipairs(due) do
     redis.call('ZADD', pending_key, tonumber(ARGV[3]), window)
   end
-  table.insert(due, 1, redis.call('HGET', meta_key, 'device') or 'cpu')
+  local route = redis.call('HMGET', meta_key, 'device', 'lane')
+  table.insert(due, 1, route[2] or 'interactive')
+  table.insert(due, 1, route[1] or 'cpu')
   return due
 
 elseif command == 'hurry' then

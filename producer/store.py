@@ -13,6 +13,8 @@ from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
 from producer.keys import Keys, StreamKeys
 from producer.wire import (
     Candidate,
+    Lane,
+    StreamProgress,
     StreamSpec,
     WindowEmbeddings,
     WindowResult,
@@ -88,6 +90,7 @@ class Snapshot(msgspec.Struct):
     results: dict[int, WindowResult]
     last_event_id: bytes
     device: str = "cpu"
+    lane: str = "interactive"
 
     @property
     def n_windows(self) -> int:
@@ -96,6 +99,14 @@ class Snapshot(msgspec.Struct):
     def bounds(self, window: int) -> tuple[int, int]:
         start = window * self.window_size
         return start, min(start + self.window_size, self.n_candidates)
+
+
+class DueWindows(msgspec.Struct):
+    """A stream's overdue windows, claimed by the sweep, with where their messages go."""
+
+    device: str
+    lane: str
+    windows: list[int]
 
 
 class Begun(msgspec.Struct):
@@ -129,6 +140,7 @@ class Store:
         first_windows: int,
         enqueue_grace_s: float,
         fingerprint: str,
+        lane: Lane = "interactive",
     ) -> tuple[bool, list[int]]:
         """Write a stream, index it and admit its first windows, in one script call.
 
@@ -141,7 +153,7 @@ class Store:
         deadline = now + int(enqueue_grace_s * 1000)
         reply = self._run(
             self.keys.stream(stream_id), "open", stream_id, fingerprint, expire_at, encode(spec),
-            spec.window_size, first_windows, deadline, spec.device, *blobs,
+            spec.window_size, first_windows, deadline, spec.device, lane, *blobs,
         )
         if reply[0] == -1:
             raise IdempotencyConflict(stream_id.removeprefix("k_"))
@@ -175,7 +187,7 @@ class Store:
         """
         k = self.keys.stream(stream_id)
         pipe.xrevrange(k.events, count=1)
-        pipe.hmget(k.meta, "n", "window_size", "admitted", "device")
+        pipe.hmget(k.meta, "n", "window_size", "admitted", "device", "lane")
         pipe.hgetall(k.results)
 
     @staticmethod
@@ -195,7 +207,27 @@ class Store:
             results=decoded,
             last_event_id=last[0][0] if last else b"0-0",
             device=meta[3].decode() if meta[3] else "cpu",
+            lane=meta[4].decode() if meta[4] else "interactive",
         )
+
+    def progress(self, stream_ids: list[str]) -> list[StreamProgress | None]:
+        """Each stream's progress from its meta alone, in one round trip; None for a stream
+        that does not exist (never opened, or expired)."""
+        fields = ("n", "window_size", "admitted", "committed", "failed", "failovers", "lane")
+        pipe = self.client.pipeline(transaction=False)
+        for stream_id in stream_ids:
+            pipe.hmget(self.keys.stream(stream_id).meta, *fields)
+        out: list[StreamProgress | None] = []
+        for stream_id, meta in zip(stream_ids, pipe.execute()):
+            if meta[0] is None:
+                out.append(None)
+                continue
+            out.append(StreamProgress(
+                stream_id=stream_id, n_candidates=int(meta[0]), window_size=int(meta[1]), admitted=int(meta[2]),
+                committed=int(meta[3] or 0), failed=int(meta[4] or 0), failovers=int(meta[5] or 0),
+                lane=meta[6].decode() if meta[6] else "interactive",  # type: ignore[arg-type]
+            ))
+        return out
 
     def wait_for_commit(self, stream_id: str, after_id: bytes, timeout_s: float) -> bool:
         """Block on the stream's event log until a commit after ``after_id`` or the timeout."""
@@ -243,7 +275,8 @@ class Store:
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
-                             self.event_log_maxlen, outcome, encode(embeddings) if embeddings is not None else b""))
+                             self.event_log_maxlen, outcome, encode(embeddings) if embeddings is not None else b"",
+                             len(result.failovers)))
 
     def load_embeddings(self, stream_id: str, windows: list[int]) -> dict[int, list[float]]:
         """The kept embeddings of these windows' candidates, by candidate index (windows without any add none)."""
@@ -257,21 +290,23 @@ class Store:
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
         """``due_windows_many`` for one stream: its overdue windows, claimed."""
-        return self.due_windows_many([stream_id], retry_in_s=retry_in_s).get(stream_id, ("", []))[1]
+        due = self.due_windows_many([stream_id], retry_in_s=retry_in_s).get(stream_id)
+        return due.windows if due is not None else []
 
-    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float) -> dict[str, tuple[str, list[int]]]:
+    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float) -> dict[str, DueWindows]:
         """Overdue windows of these streams, claimed for re-sending (their deadline moves
-        ``retry_in_s`` out), with each stream's device: one round trip, each call atomic."""
+        ``retry_in_s`` out), with each stream's device and lane: one round trip, each call atomic."""
         if not stream_ids:
             return {}
         retry_at = _now_ms() + int(retry_in_s * 1000)
         pipe = self.client.pipeline(transaction=False)
         for stream_id in stream_ids:
             self._run(self.keys.stream(stream_id), "due", retry_at, client=pipe)
-        out: dict[str, tuple[str, list[int]]] = {}
+        out: dict[str, DueWindows] = {}
         for stream_id, reply in zip(stream_ids, pipe.execute()):
             if reply:
-                out[stream_id] = (reply[0].decode(), [int(w) for w in reply[1:]])
+                out[stream_id] = DueWindows(device=reply[0].decode(), lane=reply[1].decode(),
+                                            windows=[int(w) for w in reply[2:]])
         return out
 
     def active_streams(self) -> list[str]:

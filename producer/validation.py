@@ -15,7 +15,7 @@ import msgspec
 
 from producer.errors import ValidationError
 from producer.settings import Settings
-from producer.wire import Boosts, Candidate, StreamSpec, TimeRange, encode
+from producer.wire import LANES, Boosts, Candidate, StreamSpec, TimeRange, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
 # plain tokens, so neither can reach into another stream's key space. Always fullmatch:
@@ -286,12 +286,14 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
         raise ValidationError("ttl_s", f"must be between 1 and {MAX_TTL_S} seconds")
     if not 1 <= spec.document_budget <= settings.max_text_chars:
         raise ValidationError("document_budget", f"must be between 1 and {settings.max_text_chars}")
-    for name in msgspec.structs.fields(spec.boosts):
-        value = getattr(spec.boosts, name.name)
+    # __struct_fields__, not structs.fields(): that evaluates the class's annotations on every
+    # call (0.4 ms, a tenth of an open of 25 candidates).
+    for name in spec.boosts.__struct_fields__:
+        value = getattr(spec.boosts, name)
         if isinstance(value, float):
-            _finite(f"boosts.{name.name}", value)
+            _finite(f"boosts.{name}", value)
             if value < 0:
-                raise ValidationError(f"boosts.{name.name}", "must not be negative")
+                raise ValidationError(f"boosts.{name}", "must not be negative")
     for name in ("recency_window_days", "recency_half_life_days", "temporal_decay_days"):
         if getattr(spec.boosts, name) <= 0:
             raise ValidationError(f"boosts.{name}", "must be positive")
@@ -336,6 +338,7 @@ def check_open_arguments(
     max_candidates_per_source: Any,
     strategy_boosts: Any,
     document_budget: Any,
+    lane: Any = "interactive",
 ) -> None:
     """What open() must refuse before its arguments are used at all (candidates: ``to_candidates``).
 
@@ -349,7 +352,7 @@ def check_open_arguments(
         "boosts": boosts, "reference_time": reference_time, "query_range": query_range, "ttl_s": ttl_s,
         "idempotency_key": idempotency_key, "budget": budget, "keep": keep, "allow_shallow": allow_shallow,
         "max_rerank_candidates": max_rerank_candidates, "max_candidates_per_source": max_candidates_per_source,
-        "strategy_boosts": strategy_boosts, "document_budget": document_budget,
+        "strategy_boosts": strategy_boosts, "document_budget": document_budget, "lane": lane,
     }
     for name, value in arguments.items():
         _plain(value, name, name)
@@ -357,6 +360,8 @@ def check_open_arguments(
         raise ValidationError("query", f"must be a string, got {type(query).__name__}")
     if device not in ("cpu", "gpu", "any"):
         raise ValidationError("device", f"must be cpu, gpu or any, got {_show(device)}")
+    if not isinstance(lane, str) or lane not in LANES:
+        raise ValidationError("lane", f"must be interactive or batch, got {_show(lane)}")
     if not _is_integer(first_windows) or first_windows < 1:
         raise ValidationError("first_windows", f"must be a positive integer, got {_show(first_windows)}")
     for name in ("window_size", "ttl_s", "keep", "max_rerank_candidates", "max_candidates_per_source",

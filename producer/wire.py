@@ -14,6 +14,10 @@ from typing import Any, Literal, Union
 import msgspec
 
 Device = Literal["cpu", "gpu", "any"]
+#: Which lane of its device queue a stream's windows wait in: a worker takes every waiting
+#: interactive window before any batch one (``producer.broker_queues``).
+Lane = Literal["interactive", "batch"]
+LANES: tuple[Lane, ...] = ("interactive", "batch")
 BudgetLevel = Literal["low", "mid", "high"]
 RecencyCurve = Literal["linear", "exponential", "none"]
 
@@ -245,6 +249,30 @@ class StreamStatus(Base):
     n_candidates: int
     window_size: int
     windows: list[WindowStatus]
+
+
+class StreamProgress(Base):
+    """How far a stream has come, read from its meta alone (no results decoded)."""
+
+    stream_id: str
+    n_candidates: int
+    window_size: int
+    admitted: int
+    committed: int
+    #: Committed windows whose outcome was failed or poisoned.
+    failed: int = 0
+    #: Members skipped on the way, summed over the committed windows.
+    failovers: int = 0
+    lane: Lane = "interactive"
+
+    @property
+    def n_windows(self) -> int:
+        return -(-self.n_candidates // self.window_size)
+
+    @property
+    def complete(self) -> bool:
+        """Every window of the stream is committed."""
+        return self.committed >= self.n_windows
 
 
 # Encoders and decoders are built once; msgpack is what Redis holds.

@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from producer.exporter.main import build_parser as exporter_parser
 from producer.settings import load_settings
-from worker.__main__ import build_parser as worker_parser
+from worker.cli.worker_command import worker as worker_command
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
@@ -98,8 +98,9 @@ def test_worker_services_run_what_they_claim(name):
 
     command = service["command"]
     assert command[:3] == ["python", "-m", "worker"]
-    args = worker_parser().parse_args(command[3:])  # what `python -m worker` accepts
-    assert args.device == device
+    # What `python -m worker` accepts: the `rerankq worker` command's own parser.
+    args = worker_command.make_context("worker", list(command[3:])).params
+    assert args["device"] == device
 
     env = compose_env(service)
     settings = load_settings(env)

@@ -39,7 +39,7 @@ CANDIDATE_FIELDS = set(Candidate.__struct_fields__)
 OPEN_ARGS = {"query", "candidates", "window_size", "first_windows", "device", "min_score", "min_final_score",
              "chain", "tenant", "boosts", "reference_time", "query_range", "ttl_s", "idempotency_key",
              "strategy_boosts", "budget", "keep", "allow_shallow", "max_rerank_candidates",
-             "max_candidates_per_source", "document_budget"}
+             "max_candidates_per_source", "document_budget", "lane"}
 
 junk = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) | st.binary(max_size=8),
@@ -188,6 +188,7 @@ open_arguments = {
     "max_candidates_per_source": st.none() | st.integers(0, 3),
     "strategy_boosts": st.none() | st.just("graph:high") | st.dictionaries(some_text, st.sampled_from(["low", "high"]), max_size=2),
     "document_budget": st.none() | st.integers(1, 500),
+    "lane": st.sampled_from(["interactive", "batch"]),
 }
 assert set(open_arguments) | {"query", "candidates"} == OPEN_ARGS
 

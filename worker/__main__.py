@@ -1,144 +1,14 @@
-"""Start a worker pinned to one device kind: ``python -m worker --device cpu``.
-
-A CPU worker runs prefork processes sized to the cores it is given; a GPU worker
-runs one process (start one per GPU) with a thread pool, so windows of many
-streams can share a forward pass.
-"""
+"""``python -m worker`` (and the ``rerankq-worker`` script): an alias of ``rerankq worker``."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import socket
-
-import msgspec
-import structlog
-from celery import Celery
-
-from producer.settings import Settings, load_settings
-from worker.app import create_app
-from worker.logs import configure_logging
-
-log = structlog.get_logger("rerankq.worker")
-
-
-def cpu_quota() -> int:
-    """Cores this process may actually use (affinity and cgroup quota), not the host's count."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as fh:
-            quota, period = fh.read().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rerankq-worker", description=__doc__)
-    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    parser.add_argument("--processes", type=int, default=None, help="worker processes (cpu) ")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="concurrent windows per process (gpu, or cpu with --pool threads)")
-    parser.add_argument("--pool", choices=["prefork", "threads"], default=None,
-                        help="cpu only: prefork (default) or threads, one process whose windows "
-                             "coalesce into shared forward passes")
-    parser.add_argument("--gpu-index", type=int, default=None, help="pin to cuda:N")
-    parser.add_argument("--loglevel", default=os.environ.get("RERANKQ_LOG_LEVEL", "INFO"))
-    parser.add_argument("--json-logs", action="store_true")
-    return parser
+import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from worker.cli import main as rerankq
 
-    configure_logging(level=args.loglevel.upper(), json=args.json_logs)
-    settings = load_settings()
-    quota = cpu_quota()
-    if args.device == "gpu":
-        device = f"cuda:{args.gpu_index}" if args.gpu_index is not None else "cuda"
-        settings = msgspec.structs.replace(settings, device=device)
-        queues = [settings.gpu_queue, settings.any_queue]
-        pool, concurrency = "threads", args.threads or 8
-        settings = msgspec.structs.replace(settings, coalesce=True if settings.coalesce is None else settings.coalesce)
-    elif args.pool == "threads":
-        # One process, all cores to torch, windows of concurrent tasks coalesced: the
-        # GPU worker's code path on the CPU (tests run it this way).
-        threads = settings.torch_threads or quota
-        coalesce = True if settings.coalesce is None else settings.coalesce
-        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=threads, coalesce=coalesce)
-        queues = [settings.cpu_queue, settings.any_queue]
-        pool, concurrency = "threads", args.threads or 4
-    else:
-        processes = args.processes or settings.worker_processes or 1
-        threads = settings.torch_threads or max(1, quota // processes)
-        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=threads,
-                                           coalesce=bool(settings.coalesce))
-        queues = [settings.cpu_queue, settings.any_queue]
-        # prefork even for one process: a child killed mid-window (OOM, segfault) is
-        # noticed by the parent, which requeues the message.
-        pool, concurrency = "prefork", processes
-    problem = device_problem(settings)
-    if problem:
-        log.error("worker_cannot_serve_device", device=args.device, problem=problem)
-        return 1
-    from worker.metrics import start_monitoring
-
-    try:
-        monitoring = start_monitoring(settings, device=settings.device, pool=pool,
-                                      processes=concurrency if pool == "prefork" else 1)
-    except OSError as exc:  # the port is taken, the directory cannot be written
-        log.error("metrics_cannot_start", port=settings.metrics_port, error=f"{type(exc).__name__}: {exc}")
-        return 1
-    if monitoring.server is not None:
-        log.info("metrics_listening", host=settings.metrics_host, port=monitoring.server.port)
-    app = create_app(settings, monitoring=monitoring)
-    # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
-    heartbeat = [] if settings.task_events else ["--without-heartbeat"]
-    return run_celery(app, [
-        "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
-        f"--hostname=rerankq-{args.device}-{os.getpid()}@{socket.gethostname()}",
-        f"--loglevel={args.loglevel.upper()}", "--without-gossip", "--without-mingle", *heartbeat,
-    ])
-
-
-def run_celery(app: Celery, argv: list[str]) -> int:
-    """Run a celery command for ``app`` and return its exit status.
-
-    ``app.worker_main`` and ``app.start`` both drop the status (click hands it back as a return
-    value they ignore), so a worker that died of an unrecoverable error would exit 0 and a
-    restart-on-failure policy would leave it down.
-    """
-    from celery.bin.celery import celery as celery_command
-
-    celery_command.params[0].default = app
-    try:
-        code = celery_command.main(args=argv, standalone_mode=False)
-    finally:
-        celery_command.params[0].default = None
-    return code if isinstance(code, int) else 0
-
-
-def device_problem(settings: Settings) -> str | None:
-    """Why this worker cannot serve the device it was started for, or None.
-
-    A GPU worker whose in-process model would have no CUDA device would report ready and
-    serve every window by its fallback: refuse to start instead, so the operator notices.
-    """
-    if not settings.device.startswith("cuda"):
-        return None
-    local = [i for i, m in enumerate(settings.chain()) if m.provider in ("local", "embedding") and not m.device]
-    if not local:
-        return None  # only remote members (or members pinned to a device of their own)
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (pip install 'rerankq[worker]')"
-    if not torch.cuda.is_available():
-        return (f"--device gpu asks for {settings.device}, but torch {torch.__version__} sees no CUDA device "
-                f"(chain members {local} run the model in process); start a --device cpu worker instead")
-    return None
+    return rerankq(["worker", *(sys.argv[1:] if argv is None else argv)], prog_name="rerankq")
 
 
 if __name__ == "__main__":

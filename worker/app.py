@@ -8,6 +8,7 @@ from celery import Celery, signals
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ValidationError
 from producer.settings import Settings
+from worker import card, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
 from worker.metrics import MONITORING_OFF, Monitoring
 from worker.runtime import get_runtime, reset_runtime
 from worker.sweep import SweepTimer
@@ -31,6 +32,7 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
     recorder = monitoring.recorder
+    app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the remote-control command
 
     @app.task(name=TASK_NAME, bind=True, ignore_result=True)
     def score_window(self, stream_id: object, window: object) -> str:  # type: ignore[no-untyped-def]
@@ -42,18 +44,34 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
         runtime = get_runtime(settings, recorder)
         return runtime.scorer.process(stream_id, window, delivery=str(self.request.id))  # type: ignore[arg-type]
 
+    @signals.celeryd_init.connect(weak=False)
+    def _learn_hostname(sender: object = None, **_: object) -> None:
+        # The main process, before the pool forks: its children inherit the name for their cards.
+        if isinstance(sender, str):
+            card.set_hostname(sender)
+
+    def load_and_publish() -> None:
+        runtime = get_runtime(settings, recorder)
+        name = card.hostname()
+        if name is not None:
+            card.publish(runtime.store, name, card.describe(runtime))
+
     if eager_runtime:
         @signals.worker_process_init.connect(weak=False)
         def _load_in_child(**_: object) -> None:
             reset_runtime()
-            get_runtime(settings, recorder)
+            load_and_publish()
 
         @signals.worker_ready.connect(weak=False)
         def _load_in_main(sender: object = None, **_: object) -> None:
             # prefork loads in each child instead; never in the parent that forks them.
             pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
             if "prefork" not in pool:
-                get_runtime(settings, recorder)
+                load_and_publish()
+            name = card.hostname()
+            if name is not None:
+                keeper = card.CardKeeper(settings, name).start()
+                signals.worker_shutting_down.connect(lambda **_: keeper.request_stop(), weak=False)
 
     health = monitoring.health
     if health is not None:

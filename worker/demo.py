@@ -15,23 +15,11 @@ from pathlib import Path
 
 from producer import RerankClient, load_settings
 from producer.settings import DEFAULT_MODEL, MemberSettings, packaged_embedding_installed
-from producer.wire import Page
+from worker.cli.common import print_json, to_builtins
+from worker.cli.render import page_json, page_lines
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 from worker.logs import configure_logging
-
-
-def print_page(title: str, page: Page) -> None:
-    print(f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
-          f"complete={page.complete})")
-    print(f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<11}  {'win':>3}  {'id':<7}  document")
-    for row in page.rows:
-        score = "-" if row.score is None else f"{row.score:7.4f}"
-        final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
-        text = row.decision.document.replace("\n", " ")
-        text = text if len(text) <= 60 else text[:57] + "..."
-        print(f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<11}  "
-              f"{row.window:>3}  {row.id:<7}  {text}")
 
 
 def served_note(served: list[str], failovers: list[str], chain: list[MemberSettings], log_path: Path) -> str:
@@ -57,14 +45,16 @@ def served_note(served: list[str], failovers: list[str], chain: list[MemberSetti
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(as_json: bool = False) -> int:
+    """Run the demo; with ``as_json`` print one JSON document (pages and windows) instead of tables."""
+    say = (lambda *args: None) if as_json else print
     configure_logging(level="WARNING")
     env = dict(os.environ)
     redis_server: EmbeddedRedis | None = None
     if not env.get("RERANKQ_REDIS_URL"):
         redis_server = EmbeddedRedis().start()
         env["RERANKQ_REDIS_URL"] = redis_server.url
-        print(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
+        say(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
     member_zero_only = any(k.startswith("RERANKQ_RERANKER_") for k in env) and not any(
         k.startswith("RERANKQ_RERANKER_1_") for k in env)
     if member_zero_only:
@@ -74,28 +64,31 @@ def main() -> int:
         for index, provider in enumerate(fallbacks, start=1):
             env[f"RERANKQ_RERANKER_{index}_PROVIDER"] = provider
     chain = load_settings(env).chain()
-    print("chain: " + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain)))
+    say("chain: " + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain)))
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
     log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
     worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
     try:
-        print("starting a CPU worker (loads the model once)...")
+        say("starting a CPU worker (loads the model once)...")
         worker.start()
         with RerankClient(load_settings(env)) as client:
             stream = client.open(sample["query"], sample["candidates"], window_size=10)
-            print(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
-            print(f"query: {sample['query']!r}")
+            say(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
+            say(f"query: {sample['query']!r}")
             first = client.pull(stream, 0, 5, timeout=120)
-            print_page("page 1", first)
+            say("\n".join(page_lines("page 1", first)))
             deeper = client.pull(stream, 20, 5, timeout=120)
-            print_page("page 5 (deeper: the third window's best)", deeper)
+            say("\n".join(page_lines("page 5 (deeper: the third window's best)", deeper)))
             status = client.status(stream)
-            print("\nwindows:")
+            say("\nwindows:")
             for w in status.windows:
-                print(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<11} "
-                      f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}")
-            print(served_note([w.served_by for w in status.windows if w.served_by],
-                              [f for w in status.windows for f in w.failovers], chain, log_path))
+                say(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<11} "
+                    f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}")
+            if as_json:
+                print_json({"stream": stream, "query": sample["query"], "pages": [page_json(first), page_json(deeper)],
+                            "status": to_builtins(status), "worker_log": str(log_path)})
+            say(served_note([w.served_by for w in status.windows if w.served_by],
+                            [f for w in status.windows for f in w.failovers], chain, log_path))
     finally:
         worker.stop()
         if redis_server is not None:

@@ -27,7 +27,7 @@ from kombu.exceptions import OperationalError
 from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
 from producer.settings import Settings
-from producer.store import Store, connect
+from producer.store import DueWindows, Store, connect
 from worker.metrics.recorder import NO_METRICS, Recorder
 
 log = structlog.get_logger("rerankq.sweep")
@@ -45,20 +45,21 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, s
     it never stops the others.
     """
     streams = store.active_streams()
-    due: dict[str, tuple[str, list[int]]] = {}
+    due: dict[str, DueWindows] = {}
     for i in range(0, len(streams), SWEEP_BATCH):
         due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s))
     if not due:
         return 0
     queued = probe.queued_windows(settings.all_queues()) if probe is not None else set()
     sent = waiting = 0
-    for stream_id, (device, windows) in due.items():
-        lost = [w for w in windows if (stream_id, w) not in queued]
-        waiting += len(windows) - len(lost)
+    for stream_id, claimed in due.items():
+        lost = [w for w in claimed.windows if (stream_id, w) not in queued]
+        waiting += len(claimed.windows) - len(lost)
         if not lost:
             continue
         try:
-            dispatcher.send(stream_id, lost, device)
+            # The lane the stream was opened in: a batch window re-sent never jumps the interactive ones.
+            dispatcher.send(stream_id, lost, claimed.device, claimed.lane)  # type: ignore[arg-type]
         except SEND_ERRORS as exc:
             # Claimed already: the next period after this one tries again.
             log.warning("sweep_send_failed", stream=stream_id, windows=lost, error=type(exc).__name__)

@@ -173,6 +173,6 @@ def rerankq_worker(env: dict[str, str], log_path: Path, *args: str) -> WorkerPro
 
 
 def cpu_quota() -> int:
-    from worker.__main__ import cpu_quota as quota
+    from worker.launch import cpu_quota as quota
 
     return quota()

@@ -42,6 +42,7 @@ def healthz(port: int, *, timeout_s: float = 3.0) -> bool:
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Serve the queues' backlog per device for Prometheus and autoscalers (no workers needed)."""
     args = build_parser().parse_args(argv)
     from producer.settings import load_settings
 

@@ -34,6 +34,7 @@ from producer.dispatch import Dispatcher
 from producer.gateway.config import Device, GatewaySettings
 from producer.gateway.problems import Problem
 from producer.settings import Settings
+from producer.wire import Lane
 
 #: Weight of the newest interval in the drain-rate average.
 SMOOTHING = 0.3
@@ -64,8 +65,8 @@ class CountingDispatcher(Dispatcher):
         self._per_queue: Counter[str] = Counter()
         self._thread = threading.local()
 
-    def send(self, stream_id: str, windows: list[int], device: str) -> None:
-        super().send(stream_id, windows, device)
+    def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
+        super().send(stream_id, windows, device, lane)
         with self._lock:
             self._per_queue[self.settings.queue_for(device)] += len(windows)
         self._thread.sent = getattr(self._thread, "sent", 0) + len(windows)

@@ -61,6 +61,7 @@ def keygen(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve the Cohere- and TEI-compatible rerank HTTP gateway over the queue (`keygen` makes a key)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])

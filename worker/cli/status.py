@@ -1,0 +1,28 @@
+"""``rerankq status STREAM``: every window of a stream as a table."""
+
+from __future__ import annotations
+
+import click
+
+from worker.cli.common import client, console, json_option, print_json
+
+
+@click.command(epilog="""\b
+Example:
+  rerankq status k_nightly-0042
+  rerankq status s_0123456789abcdef0123456789abcdef --json | jq '.windows[] | select(.state != "committed")'
+""")
+@click.argument("stream")
+@json_option()
+def status(stream: str, as_json: bool) -> int:
+    """Where every window of STREAM stands: state, attempts, who served it, the failovers on
+    the way, its decision counts, and the reason of a failed window."""
+    with client() as rerank:
+        found = rerank.status(stream)
+    if as_json:
+        print_json(found)
+    else:
+        from worker.cli.render import status_table
+
+        console().print(status_table(found))
+    return 0

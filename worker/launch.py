@@ -1,0 +1,126 @@
+"""Start a worker pinned to one device kind: what ``rerankq worker`` runs.
+
+A CPU worker runs prefork processes sized to the cores it is given; a GPU worker
+runs one process (start one per GPU) with a thread pool, so windows of many
+streams can share a forward pass.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgspec
+import structlog
+from celery import Celery
+
+from producer.settings import Settings, load_settings
+from worker.app import create_app
+from worker.logs import configure_logging
+
+log = structlog.get_logger("rerankq.worker")
+
+
+def cpu_quota() -> int:
+    """Cores this process may actually use (affinity and cgroup quota), not the host's count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as fh:
+            quota, period = fh.read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def start_worker(*, device: str = "cpu", processes: int | None = None, threads: int | None = None,
+                 pool: str | None = None, gpu_index: int | None = None, loglevel: str = "INFO",
+                 json_logs: bool = False) -> int:
+    """Run a worker until it stops; returns its exit status (non-zero on a fatal error)."""
+    configure_logging(level=loglevel.upper(), json=json_logs)
+    settings = load_settings()
+    quota = cpu_quota()
+    if device == "gpu":
+        target = f"cuda:{gpu_index}" if gpu_index is not None else "cuda"
+        settings = msgspec.structs.replace(settings, device=target)
+        queues = [settings.gpu_queue, settings.any_queue]
+        pool_name, concurrency = "threads", threads or 8
+        settings = msgspec.structs.replace(settings, coalesce=True if settings.coalesce is None else settings.coalesce)
+    elif pool == "threads":
+        # One process, all cores to torch, windows of concurrent tasks coalesced: the
+        # GPU worker's code path on the CPU (tests run it this way).
+        torch_threads = settings.torch_threads or quota
+        coalesce = True if settings.coalesce is None else settings.coalesce
+        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=torch_threads, coalesce=coalesce)
+        queues = [settings.cpu_queue, settings.any_queue]
+        pool_name, concurrency = "threads", threads or 4
+    else:
+        count = processes or settings.worker_processes or 1
+        torch_threads = settings.torch_threads or max(1, quota // count)
+        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=torch_threads,
+                                           coalesce=bool(settings.coalesce))
+        queues = [settings.cpu_queue, settings.any_queue]
+        # prefork even for one process: a child killed mid-window (OOM, segfault) is
+        # noticed by the parent, which requeues the message.
+        pool_name, concurrency = "prefork", count
+    problem = device_problem(settings)
+    if problem:
+        log.error("worker_cannot_serve_device", device=device, problem=problem)
+        return 1
+    from worker.metrics import start_monitoring
+
+    try:
+        monitoring = start_monitoring(settings, device=settings.device, pool=pool_name,
+                                      processes=concurrency if pool_name == "prefork" else 1)
+    except OSError as exc:  # the port is taken, the directory cannot be written
+        log.error("metrics_cannot_start", port=settings.metrics_port, error=f"{type(exc).__name__}: {exc}")
+        return 1
+    if monitoring.server is not None:
+        log.info("metrics_listening", host=settings.metrics_host, port=monitoring.server.port)
+    app = create_app(settings, monitoring=monitoring)
+    # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
+    heartbeat = [] if settings.task_events else ["--without-heartbeat"]
+    return run_celery(app, [
+        "worker", f"--pool={pool_name}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
+        f"--hostname=rerankq-{device}-{os.getpid()}@{socket.gethostname()}",
+        f"--loglevel={loglevel.upper()}", "--without-gossip", "--without-mingle", *heartbeat,
+    ])
+
+
+def run_celery(app: Celery, argv: list[str]) -> int:
+    """Run a celery command for ``app`` and return its exit status.
+
+    ``app.worker_main`` and ``app.start`` both drop the status (click hands it back as a return
+    value they ignore), so a worker that died of an unrecoverable error would exit 0 and a
+    restart-on-failure policy would leave it down.
+    """
+    from celery.bin.celery import celery as celery_command
+
+    celery_command.params[0].default = app
+    try:
+        code = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        celery_command.params[0].default = None
+    return code if isinstance(code, int) else 0
+
+
+def device_problem(settings: Settings) -> str | None:
+    """Why this worker cannot serve the device it was started for, or None.
+
+    A GPU worker whose in-process model would have no CUDA device would report ready and
+    serve every window by its fallback: refuse to start instead, so the operator notices.
+    """
+    if not settings.device.startswith("cuda"):
+        return None
+    local = [i for i, m in enumerate(settings.chain()) if m.provider in ("local", "embedding") and not m.device]
+    if not local:
+        return None  # only remote members (or members pinned to a device of their own)
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install 'rerankq[worker]')"
+    if not torch.cuda.is_available():
+        return (f"--device gpu asks for {settings.device}, but torch {torch.__version__} sees no CUDA device "
+                f"(chain members {local} run the model in process); start a --device cpu worker instead")
+    return None
