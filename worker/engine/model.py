@@ -17,19 +17,27 @@ from typing import Any
 import structlog
 
 from producer.settings import Settings
+from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, require_package
 from worker.engine.batching import Batch, default_token_budget, plan_batches
+from worker.engine.calibration import Calibration, read_calibration
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, spearman
-from worker.engine.precision import probe_pairs, resolve_precision
+from worker.engine.precision import exported_precisions, probe_pairs, resolve_precision
 
 log = structlog.get_logger("rerankq.engine")
 
 
 class ScoringEngine:
-    """Scores pairs with the model's configured activation applied (so the declared scale holds)."""
+    """Scores pairs with the model's configured activation applied (so the declared scale holds).
+
+    The engine tokenises and batches; its backend (``worker/engine/backend.py``) runs each
+    batch's forward pass: torch (the model itself, at a precision), or an export of it run
+    by ONNX Runtime or OpenVINO, adopted only if it ranks the parity probe as torch fp32 does.
+    """
 
     def __init__(self, model: Any, *, settings: Settings, precision: str | None = None,
-                 token_budget: int | None = None, verify_parity: bool = True) -> None:
+                 token_budget: int | None = None, verify_parity: bool = True,
+                 backend: BackendChoice | None = None, model_name: str | None = None) -> None:
         import torch
 
         self.cross_encoder = model
@@ -40,48 +48,95 @@ class ScoringEngine:
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
         self.activation = getattr(model, "activation_fn", None)
         self.device = torch.device(model.device)
+        self.model_name = model_name or str(getattr(self.network, "name_or_path", "") or "")
         self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
         self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
         self.real_tokens = 0
         self.probe_spearman: float | None = None
         self.network.eval()
+        #: torch fp32: what every other backend and precision is held to.
+        self.reference = TorchBackend(self.network, self.device, "fp32")
+        self.backend: Backend = self.reference
+        choice = backend or BackendChoice()
         requested = precision or settings.precision
-        candidate = resolve_precision(requested, self.device.type)
-        self.precision = "fp32"
-        if candidate != "fp32":
-            # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
-            # kept with a warning when the probe disagrees.
-            self.precision = self._adopt(candidate, verify=verify_parity, enforce=requested == "auto")
+        if choice.name == "torch":
+            candidate = resolve_precision(requested, self.device.type)
+            if candidate != "fp32":
+                # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
+                # kept with a warning when the probe disagrees.
+                self._adopt_precision(candidate, verify=verify_parity, enforce=requested == "auto")
+        else:
+            self._adopt_exported(choice, requested, verify=verify_parity)
+        self.precision = self.backend.precision
 
-    # -- precision --
+    # -- precision and backend --
 
-    def _adopt(self, candidate: str, *, verify: bool, enforce: bool) -> str:
-        """Switch to ``candidate``; with ``enforce``, only if the probe keeps fp32's ranking."""
+    def _adopt_precision(self, candidate: str, *, verify: bool, enforce: bool) -> None:
+        """Run torch at ``candidate``; with ``enforce``, only if the probe keeps fp32's ranking."""
         pairs = probe_pairs()
         reference = self.score_pairs(pairs) if verify else None
-        self.precision = candidate
+        self.backend = TorchBackend(self.network, self.device, candidate)
         if reference is not None:
             rho = spearman(reference, self.score_pairs(pairs))
             self.probe_spearman = rho
             if rho < MIN_SPEARMAN and enforce:
                 log.warning("precision_rejected", precision=candidate, spearman=round(rho, 4), kept="fp32")
-                self.precision = "fp32"
-                return "fp32"
+                self.backend = self.reference
+                return
             if rho < MIN_SPEARMAN:
                 log.warning("precision_below_parity", precision=candidate, spearman=round(rho, 4))
         log.info("precision_adopted", precision=candidate, verified=reference is not None)
-        return candidate
 
-    def _autocast(self) -> Any:
-        import contextlib
+    def _adopt_exported(self, choice: BackendChoice, requested: str, *, verify: bool) -> None:
+        """Run an export with ONNX Runtime or OpenVINO: the first candidate precision whose
+        every probe window ranks as torch fp32 ranks it, or none (BackendRefused)."""
+        require_package(choice.name)
+        calibration = read_calibration(choice.calibration) if choice.calibration else None
+        windows = [probe_pairs(), *(calibration.held_out if calibration else [])]
+        reference = [self.score_pairs(w) for w in windows] if verify else None
+        rejected = []
+        for precision in exported_precisions(choice, requested, self.device.type):
+            candidate = self._load_exported(choice, precision, calibration)
+            if reference is None:
+                self.backend = candidate
+                return
+            rho = min(spearman(r, self._score(candidate, w)) for r, w in zip(reference, windows))
+            if rho >= MIN_SPEARMAN:
+                self.backend, self.probe_spearman = candidate, rho
+                log.info("backend_adopted", backend=choice.name, precision=precision, spearman=round(rho, 4),
+                         exported=candidate.exported, windows=len(windows))
+                return
+            log.warning("backend_below_parity", backend=choice.name, precision=precision, spearman=round(rho, 4))
+            rejected.append(f"{precision} at Spearman {rho:.4f}")
+        raise BackendRefused(
+            f"{choice.name} does not keep torch fp32's ranking ({', '.join(rejected)} on the worst of "
+            f"{len(windows)} probe windows; parity needs {MIN_SPEARMAN}): refused"
+        )
 
+    def _load_exported(self, choice: BackendChoice, precision: str, calibration: Calibration | None) -> Any:
         import torch
 
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        if self.precision == "fp16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.float16)
-        return contextlib.nullcontext()
+        from worker.engine.export import onnx_artifact, openvino_artifact
+        from worker.engine.runtimes import OnnxBackend, OpenVINOBackend
+
+        def feeds() -> list[dict[str, Any]]:
+            windows = calibration.calibrate if calibration else []
+            return [{k: v.numpy() for k, v in batch.tensors.items()}
+                    for window in windows for batch in self.batches(self.tokenize(window))]
+
+        threads = torch.get_num_threads()
+        digest = calibration.digest if calibration else None
+        if choice.name == "onnx":
+            level = choice.onnx_optimization
+            artifact = onnx_artifact(self.model_name, self.network, self.tokenizer, level=level,
+                                     quantization=choice.quantization, calibration=feeds, calibration_digest=digest)
+            # A QDQ int8 graph becomes int8 kernels in the session's extended passes.
+            session_level = "O2" if choice.quantization == "int8" else level
+            return OnnxBackend(artifact, precision=precision, level=session_level, device=str(self.device),
+                               threads=threads)
+        artifact = openvino_artifact(self.model_name, self.network, self.tokenizer, quantization=choice.quantization,
+                                     calibration=feeds, calibration_digest=digest)
+        return OpenVINOBackend(artifact, precision=precision, device=str(self.device), threads=threads)
 
     # -- scoring --
 
@@ -118,16 +173,18 @@ class ScoringEngine:
         return out
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        return self._score(self.backend, pairs)
+
+    def _score(self, backend: Backend, pairs: Sequence[tuple[str, str]]) -> list[float]:
         import torch
 
         if not pairs:
             return []
         encoded = self.tokenize(pairs)
         scores = [0.0] * len(pairs)
-        with torch.inference_mode(), self._autocast():
+        with torch.inference_mode():
             for batch in self.batches(encoded):
-                tensors = {k: v.to(self.device, non_blocking=True) for k, v in batch.tensors.items()}
-                logits = self.network(**tensors).logits.float()
+                logits = backend.forward(batch.tensors)
                 if self.activation is not None:
                     logits = self.activation(logits)
                 # One logit per pair; a two-class head's last column is "relevant".
@@ -144,7 +201,7 @@ class ScoringEngine:
 
 # --- one model copy per process ---------------------------------------------------------------
 
-_engines: dict[tuple[str, str, str, int | None], ScoringEngine] = {}
+_engines: dict[tuple[str, str, str, int | None, BackendChoice], ScoringEngine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -160,14 +217,17 @@ def configure_threads(threads: int | None) -> None:
         pass  # already set (or work already ran): harmless
 
 
-def shared_engine(model_name: str, *, device: str, settings: Settings) -> ScoringEngine:
-    """The process's engine for this model; chain members naming the same model share it."""
-    key = (model_name, device, settings.precision, settings.token_budget)
+def shared_engine(model_name: str, *, device: str, settings: Settings,
+                  backend: BackendChoice | None = None) -> ScoringEngine:
+    """The process's engine for this model and backend; chain members naming both share it."""
+    backend = backend or BackendChoice()
+    key = (model_name, device, settings.precision, settings.token_budget, backend)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
             if device == "cpu":
                 configure_threads(settings.torch_threads)
-            engine = ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings)
+            engine = ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings,
+                                   backend=backend, model_name=model_name)
             _engines[key] = engine
         return engine

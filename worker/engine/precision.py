@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from worker.engine.backend import BackendUnavailable
+
 # int8 (dynamic quantisation of the linear layers) was evaluated and is not offered:
 # on MiniLM-L6 it reached about 1.3-1.6x fp32 here but Spearman 0.4-0.99 per window
 # against fp32 (BERT's outlier activations do not survive per-tensor int8), short of
@@ -38,6 +42,26 @@ def resolve_precision(requested: str, device: str) -> str:
     if device.startswith("cpu") and cpu_has_native_bf16():
         return "bf16"
     return "fp32"
+
+
+def exported_precisions(choice: Any, requested: str, device: str) -> list[str]:
+    """The precisions to try, in order, for an exported backend; each is held to parity.
+
+    ONNX Runtime runs the export in fp32 (its CPU kernels have no fast bf16 path); OpenVINO
+    runs it in bf16 where the CPU has native bf16 (``auto`` falls back to fp32 below parity).
+    int8 is the quantised export, run as it is.
+    """
+    if choice.quantization == "int8":
+        return ["int8"]
+    resolved = resolve_precision(requested, device)
+    if choice.name == "onnx":
+        if requested not in ("auto", "fp32"):
+            raise BackendUnavailable(f"the onnx backend runs fp32 (or int8 by quantization), not {requested}; "
+                                     "set RERANKQ_PRECISION=auto or fp32")
+        return ["fp32"]
+    if requested == "auto":
+        return ["bf16", "fp32"] if resolved == "bf16" else ["fp32"]
+    return [resolved]
 
 
 # A fixed probe: one query over documents of varied length and relevance, scored at
