@@ -65,8 +65,10 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     send_tenant: bool = False
     # The local provider's inference backend (issue 13). torch runs the transformers model;
     # onnx (ONNX Runtime) and openvino run an export of it, made once beside the model and
-    # reused, adopted only if it ranks a parity probe as torch fp32 does.
-    backend: Literal["torch", "onnx", "openvino"] = "torch"
+    # reused, adopted only if it ranks a parity probe as torch fp32 does. auto: openvino on
+    # a CPU where it is installed (the fastest at parity in ops/bench/scoring.py), else torch;
+    # an export that fails or falls short of parity falls back to torch.
+    backend: Literal["auto", "torch", "onnx", "openvino"] = "auto"
     # ONNX Runtime graph optimisation, as optimum names the levels: O1 basic, O2 with the
     # transformer fusions, O3 with GELU approximated as well.
     onnx_optimization: Literal["O1", "O2", "O3"] = "O2"
@@ -332,7 +334,7 @@ def _member_variable(index: int, field: str) -> str:
 
 def _check_members(settings: Settings) -> None:
     for index, member in enumerate(settings.members):
-        if member.quantization == "int8" and member.backend == "torch":
+        if member.quantization == "int8" and member.backend not in ("onnx", "openvino"):
             raise ConfigError(_member_variable(index, "quantization"),
                               f"int8 needs {_member_variable(index, 'backend')}=onnx or openvino")
         if member.quantization == "int8" and not member.calibration:

@@ -54,6 +54,14 @@ class Backend(Protocol):
         ...
 
 
+def auto_backend(device_type: str) -> str:
+    """What ``auto`` runs: OpenVINO on a CPU where it is installed (the fastest backend at
+    parity in ops/bench/scoring.py on the development VM), torch otherwise."""
+    if device_type == "cpu" and importlib.util.find_spec("openvino") is not None:
+        return "openvino"
+    return "torch"
+
+
 def require_package(backend: str) -> None:
     """Raise BackendUnavailable naming the extra to install, before any work is done."""
     module, extra = _PACKAGES[backend]

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from producer.settings import Settings
-from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, require_package
+from worker.engine.backend import (
+    Backend,
+    BackendChoice,
+    BackendRefused,
+    TorchBackend,
+    auto_backend,
+    require_package,
+)
 from worker.engine.batching import Batch, default_token_budget, plan_batches
 from worker.engine.calibration import Calibration, read_calibration
 from worker.engine.loading import load_cross_encoder
@@ -59,15 +67,25 @@ class ScoringEngine:
         self.backend: Backend = self.reference
         choice = backend or BackendChoice()
         requested = precision or settings.precision
+        if choice.name == "auto":
+            choice = self._adopt_auto(choice, requested, verify=verify_parity)
         if choice.name == "torch":
             candidate = resolve_precision(requested, self.device.type)
             if candidate != "fp32":
                 # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
                 # kept with a warning when the probe disagrees.
                 self._adopt_precision(candidate, verify=verify_parity, enforce=requested == "auto")
-        else:
+        elif self.backend is self.reference:
             self._adopt_exported(choice, requested, verify=verify_parity)
         self.precision = self.backend.precision
+
+    def release_reference(self) -> None:
+        """Free the torch weights once an exported backend serves: they were needed to export
+        and to hold the export to parity, and are a second copy of the model after that."""
+        if self.backend.name == "torch" or self.reference is None:
+            return
+        self.network.to("meta")  # the module keeps its shape and config; its storage goes
+        self.reference = None  # type: ignore[assignment]
 
     # -- precision and backend --
 
@@ -86,6 +104,20 @@ class ScoringEngine:
             if rho < MIN_SPEARMAN:
                 log.warning("precision_below_parity", precision=candidate, spearman=round(rho, 4))
         log.info("precision_adopted", precision=candidate, verified=reference is not None)
+
+    def _adopt_auto(self, choice: BackendChoice, requested: str, *, verify: bool) -> BackendChoice:
+        """``auto``: the exported backend where one is installed, torch when it is not, or
+        when its export fails or falls short of parity. Returns what is left to adopt."""
+        name = auto_backend(self.device.type)
+        if name == "torch":
+            return replace(choice, name="torch")
+        try:
+            self._adopt_exported(replace(choice, name=name), requested, verify=verify)
+        except Exception as exc:  # auto means the fastest backend that works here
+            log.warning("backend_fallback", backend=name, kept="torch", reason=f"{type(exc).__name__}: {exc}")
+            self.backend = self.reference
+            return replace(choice, name="torch")
+        return replace(choice, name=name)
 
     def _adopt_exported(self, choice: BackendChoice, requested: str, *, verify: bool) -> None:
         """Run an export with ONNX Runtime or OpenVINO: the first candidate precision whose
@@ -229,5 +261,6 @@ def shared_engine(model_name: str, *, device: str, settings: Settings,
                 configure_threads(settings.torch_threads)
             engine = ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings,
                                    backend=backend, model_name=model_name)
+            engine.release_reference()
             _engines[key] = engine
         return engine
