@@ -162,6 +162,13 @@ def process_rss_mb(subject: Subject, *, model: str, device: str, threads: int, w
     return float(json.loads(done.stdout.strip().splitlines()[-1])["rss_mb"])
 
 
+def ort_cuda() -> bool:
+    """Whether ONNX Runtime here has its CUDA provider (the onnxruntime-gpu build)."""
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
 def write_calibration(windows: Sequence[Pairs]) -> str:
     """Windows in the calibration file format (RERANKQ_RERANKER_CALIBRATION)."""
     handle = tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="rerankq-calibration-", delete=False)
@@ -269,7 +276,7 @@ def main() -> None:
         torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
         candidates: list[tuple[str, str, BackendChoice | None]] = [
             (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions]
-        if importlib.util.find_spec("onnxruntime") is not None:
+        if importlib.util.find_spec("onnxruntime") is not None and (not on_cuda or ort_cuda()):
             levels = ["O2"] if args.quick else ["O1", "O2", "O3"]
             candidates += [(f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level))
                            for level in levels]

@@ -6,10 +6,11 @@ from typing import Any
 
 from worker.engine.backend import BackendUnavailable
 
-# int8 (dynamic quantisation of the linear layers) was evaluated and is not offered:
-# on MiniLM-L6 it reached about 1.3-1.6x fp32 here but Spearman 0.4-0.99 per window
-# against fp32 (BERT's outlier activations do not survive per-tensor int8), short of
-# the 0.99 bar. ops/bench/scoring.py still measures it.
+# torch's dynamic int8 (the linear layers) was evaluated and is not offered: on MiniLM-L6
+# it reached about 1.3-1.6x fp32 here but Spearman 0.4-0.99 per window against fp32 (BERT's
+# outlier activations do not survive per-tensor int8), short of the 0.99 bar.
+# ops/bench/scoring.py still measures it. Static int8 is offered on the exported backends,
+# held to the same bar at load (BackendChoice.quantization).
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
