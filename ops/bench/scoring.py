@@ -144,7 +144,6 @@ configure_threads(args["threads"])
 settings = load_settings({}, precision=args["precision"])
 engine = ScoringEngine(load_cross_encoder(args["model"], device=args["device"]), settings=settings,
                        backend=BackendChoice(**args["choice"]), verify_parity=False, model_name=args["model"])
-engine.release_reference()
 engine.score_pairs([tuple(p) for p in args["window"]])
 print(json.dumps({"rss_mb": psutil.Process().memory_info().rss / 2**20}))
 """
@@ -363,8 +362,8 @@ def main() -> None:
           f"{f['max_abs_diff']:.2g}"] for name, f in results.items()],
     )
     print_table(
-        f"backends: pairs/s, ratio to predict, parity (min Spearman per window against fp32), resident MB of a "
-        f"process loading only that backend",
+        "backends: pairs/s, ratio to predict, parity (min Spearman per window against fp32), resident MB of a "
+        "process loading only that backend",
         ["backend/precision", "pairs/s", "ratio", "spearman min", "at parity", "rss MB"],
         [[key, b["pairs_per_s"], b["ratio"], f"{b['spearman_min']:.4f}", "yes" if b["at_parity"] else "no",
           "-" if b["rss_mb"] is None else round(b["rss_mb"])] for key, b in backends.items()],

@@ -79,14 +79,6 @@ class ScoringEngine:
             self._adopt_exported(choice, requested, verify=verify_parity)
         self.precision = self.backend.precision
 
-    def release_reference(self) -> None:
-        """Free the torch weights once an exported backend serves: they were needed to export
-        and to hold the export to parity, and are a second copy of the model after that."""
-        if self.backend.name == "torch" or self.reference is None:
-            return
-        self.network.to("meta")  # the module keeps its shape and config; its storage goes
-        self.reference = None  # type: ignore[assignment]
-
     # -- precision and backend --
 
     def _adopt_precision(self, candidate: str, *, verify: bool, enforce: bool) -> None:
@@ -261,6 +253,5 @@ def shared_engine(model_name: str, *, device: str, settings: Settings,
                 configure_threads(settings.torch_threads)
             engine = ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings,
                                    backend=backend, model_name=model_name)
-            engine.release_reference()
             _engines[key] = engine
         return engine

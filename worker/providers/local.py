@@ -106,7 +106,8 @@ def backend_start_error(exc: Exception, model_name: str, choice: BackendChoice) 
         return ProviderStartError("backend_unavailable", f"{model_name}: {exc}",
                                   remedy=Remedy("backend", "install it or set {variable}=torch"))
     if isinstance(exc, CalibrationError):
-        return ProviderStartError("calibration", str(exc), remedy=Remedy("calibration", "fix the file {variable} names"))
+        return ProviderStartError("calibration", str(exc),
+                                  remedy=Remedy("calibration", "fix the file {variable} names"))
     return ProviderStartError("model_load", f"{model_name} ({choice.name}): {type(exc).__name__}: {exc}")
 
 
