@@ -199,3 +199,16 @@ def test_a_worker_on_the_onnx_backend_serves_a_stream(
     for i, expected in enumerate(reference):
         assert by_id[f"c{i}"] == pytest.approx(expected, abs=1e-4)
     assert "backend=onnx" in worker.log()
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ({"avx512f", "avx512_bf16"}, "fp32"),  # native bf16 without AMX ran slower than fp32 (README)
+    ({"avx512f", "avx512_bf16", "amx_bf16"}, "bf16"),
+    ({"avx2"}, "fp32"),
+])
+def test_auto_precision_picks_bf16_on_a_cpu_only_where_it_is_faster(monkeypatch, flags, expected):
+    from worker.engine import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    assert precision.resolve_precision("auto", "cpu") == expected
+    assert precision.exported_precisions(BackendChoice("openvino"), "auto", "cpu")[0] == expected

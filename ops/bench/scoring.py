@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument("--window-size", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--token-budget", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="a run under two minutes")
+    parser.add_argument("--quick", action="store_true", help="fewer windows and rounds: a few minutes with every backend row")
     parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no other rows")
     parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
     parser.add_argument("--json", dest="json_path")
