@@ -26,6 +26,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
+import atexit
 import dataclasses
 import importlib.util
 import json
@@ -174,6 +175,7 @@ def write_calibration(windows: Sequence[Pairs]) -> str:
     with handle:
         for window in windows:
             handle.write(json.dumps({"query": window[0][0], "documents": [d for _, d in window]}) + "\n")
+    atexit.register(os.unlink, handle.name)  # gone however the run ends
     return handle.name
 
 
@@ -389,7 +391,6 @@ def main() -> None:
         "pairs": len(pairs), "window_size": args.window_size, "rounds": rounds, "threads": threads,
         "device": args.device, "model": model_path, "layers": layers, "hidden": hidden,
     })
-    os.unlink(calibration_path)
 
 
 if __name__ == "__main__":
