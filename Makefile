@@ -1,4 +1,5 @@
 # The two commands: `make demo` runs the main job, `make test` installs everything and runs the tests.
+# `make eval` measures reranking on the shipped collection (nDCG, P@k, R@k, MRR, latency, depth).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ PIP := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test eval bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +24,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+eval: $(STAMP)
+	$(PY) -m worker.evaluation --plots eval-out --json eval-out/eval.json
 
 bench: $(STAMP)
 	$(PY) ops/bench/scoring.py --quick

@@ -1,134 +1,202 @@
-"""Chaos run: many streams while workers are killed and Redis restarts at random.
+"""Chaos run: streams opened and read while workers die, Redis restarts and messages are lost.
 
-    python ops/chaos.py            # about five minutes
-    python ops/chaos.py --quick    # under two minutes
+    python ops/chaos.py                  # about five minutes
+    python ops/chaos.py --quick          # about two minutes
+    python ops/chaos.py --break sweep    # purpose-made breakage: the run must fail
 
-A private redis-server (AOF on, as ops/redis.conf runs it), several real
-``python -m worker`` processes, and readers that open and pull streams. Meanwhile
-a chaos loop SIGKILLs a worker's pool process (mid-window, most likely), SIGKILLs a
-whole worker (its unacked messages are stranded until the sweep re-sends them) and
-starts a replacement, or restarts Redis. Then it drains and checks every stream:
+A private redis-server (AOF on, ``appendfsync everysec``), several real
+``python -m worker --device cpu --json-logs`` processes, and readers that open streams
+(retrying each open with its idempotency key through restarts) and pull them page by
+page. Readers only open and read: recovery must come from the workers' sweep. Meanwhile,
+at random, the fault loop
 
-- lost:  a window that was admitted but never committed;
-- twice: a window with more than one commit event in its stream's event log.
+- SIGKILLs a worker's pool process, most likely mid-window (Celery requeues its message);
+- SIGKILLs a whole worker with its pool and starts a replacement (its unacked messages
+  stay in kombu's unacked hash until the visibility timeout, so only the sweep recovers
+  them within the run);
+- restarts Redis with SIGTERM, or SIGKILLs it and starts it again on its AOF;
+- sends a duplicate for a window (an exact copy of a message still waiting, or a fresh
+  message for a committed window), as at-least-once delivery does;
+- deletes a waiting message whose window has no other one waiting (a lost message).
 
-The last line printed is ``streams=N windows=N kills=N restarts=N lost=N twice=N``;
-the exit status is non-zero when lost or twice is not 0. Redis restarts are clean
-(SIGTERM: the AOF is flushed); a power cut can lose the last second of writes, which
-README's "Guarantees" covers and this script does not simulate.
+Then it drains (pulls every stream whole, within less than the visibility timeout) and
+audits every attempted open and every admitted window (``ops/chaos_faults/audit.py``).
+A canary checks that Redis kept every write it acknowledged through each restart.
+
+The last line is ``streams=N windows=N kills=N restarts=N lost=N twice=N failed=N
+changed=N resent=N`` (resent: windows the sweep re-sent); the exit status is non-zero on
+any violation: lost, twice, failed (the provider is healthy), changed, an open that gave
+up, or an acknowledged Redis write that a restart lost.
+
+``--break sweep|provider|commit-check`` breaks the system on purpose, from here only:
+the workers' sweep effectively off, a provider that raises on every window with nothing
+to fail open to, or the store script without its "already committed?" checks. Each must
+make the run fail.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import logging  # noqa: E402
-
 import redis  # noqa: E402
-import structlog  # noqa: E402
 from kombu.exceptions import OperationalError  # noqa: E402
 
+from ops.chaos_faults.audit import Findings, audit, drain  # noqa: E402
+from ops.chaos_faults.canary import AcknowledgedWrites  # noqa: E402
+from ops.chaos_faults.commit_check import MARKER, without_commit_checks  # noqa: E402
+from ops.chaos_faults.processes import Worker, kill_pool_process, restart_redis  # noqa: E402
+from ops.chaos_faults.queue_faults import QueueFaults  # noqa: E402
+from ops.chaos_faults.readers import Ledger, read_streams  # noqa: E402
 from producer import RerankClient, load_settings  # noqa: E402
-from producer.errors import StreamNotFound  # noqa: E402
+from producer.dispatch import Dispatcher  # noqa: E402
+from producer.settings import Settings  # noqa: E402
 from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
 
 NAMESPACE = "chaos"
-TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OperationalError, OSError)
+BREAKAGES = ("sweep", "provider", "commit-check")
+OVERLAY = ROOT / "ops" / "chaos_faults" / "overlay"
+# Each fault's share of the draws. Drawn from a shuffled deck, so every kind happens
+# within every round of draws, even in a short run.
+FAULTS = {"pool_process": 4, "worker": 2, "redis_sigterm": 1, "redis_sigkill": 1, "duplicate": 3, "lost_message": 3}
+# What a Redis restart looks like to the fault loop's own calls: that fault is skipped.
+TRANSIENT = (redis.ConnectionError, redis.TimeoutError, OperationalError, OSError)
 
 
-def retrying(call, *, give_up_s: float = 30.0):  # type: ignore[no-untyped-def]
-    """Retry through a Redis restart: the client is at-least-once too (opens are idempotent)."""
-    deadline = time.monotonic() + give_up_s
-    while True:
-        try:
-            return call()
-        except TRANSIENT:
-            if time.monotonic() > deadline:
-                raise
+class Fleet:
+    """The workers of the run: every one started, so every log can be read at the end."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.started: list[Worker] = []
+        self.lock = threading.Lock()
+
+    def start(self) -> Worker:
+        with self.lock:
+            worker = Worker(self.env, self.log_dir / f"worker-{len(self.started)}.log", ROOT)
+            self.started.append(worker)
+            return worker
+
+    def serving(self) -> list[Worker]:
+        with self.lock:
+            return [w for w in self.started if w.alive and w.ready()]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                live = [w for w in self.started if w.alive]
+                dead = [w for w in self.started if not w.alive]
+            if dead and not live:
+                raise RuntimeError(f"workers exited; see {dead[0].log_path}")
+            if live and all(w.ready() for w in live):
+                return
             time.sleep(0.2)
+        raise RuntimeError(f"workers not ready after {timeout_s:.0f} s; see {self.log_dir}")
 
-
-class Worker:
-    def __init__(self, env: dict[str, str], log_dir: Path, index: int) -> None:
-        self.log_path = log_dir / f"worker-{index}.log"
-        with open(self.log_path, "wb") as log:
-            # Its own session, so a "whole worker" kill takes its pool processes with it.
-            self.proc = subprocess.Popen([sys.executable, "-m", "worker", "--device", "cpu", "--processes", "1"],
-                                         env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
-
-    def children(self) -> list[int]:
-        try:
-            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(p) for p in text.split()]
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+    def log_paths(self) -> list[Path]:
+        return [w.log_path for w in self.started]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        for worker in self.started:
+            worker.stop(timeout_s=5.0)
 
 
-class Chaos:
-    def __init__(self, args: argparse.Namespace, server: EmbeddedRedis, log_dir: Path) -> None:
-        self.args = args
+class FaultLoop(threading.Thread):
+    """Injects one fault every ``every_s`` (a random interval) until stopped, and counts them."""
+
+    def __init__(self, fleet: Fleet, server: EmbeddedRedis, queues: QueueFaults, ledger: Ledger,
+                 rng: random.Random, every_s: tuple[float, float]) -> None:
+        super().__init__(name="chaos-faults", daemon=True)
+        self.fleet = fleet
         self.server = server
-        self.log_dir = log_dir
-        self.rng = random.Random(args.seed)
-        self.env = worker_env(server.url, args)
-        self.workers: list[Worker] = []
-        self.kills = 0
-        self.restarts = 0
+        self.queues = queues
+        self.ledger = ledger
+        self.rng = rng
+        self.every_s = every_s
         self.stop = threading.Event()
+        self.done: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()
+        self._deck: list[str] = []
 
-    def start_worker(self) -> None:
-        self.workers.append(Worker(self.env, self.log_dir, len(self.workers)))
+    @property
+    def kills(self) -> int:
+        return self.done["pool_process"] + self.done["worker"]
 
-    def live_workers(self) -> list[Worker]:
-        return [w for w in self.workers if w.proc.poll() is None]
+    @property
+    def restarts(self) -> int:
+        return self.done["redis_sigterm"] + self.done["redis_sigkill"]
+
+    def _draw(self) -> str:
+        if not self._deck:
+            self._deck = [kind for kind, weight in FAULTS.items() for _ in range(weight)]
+            self.rng.shuffle(self._deck)
+        return self._deck.pop()
 
     def run(self) -> None:
-        while not self.stop.wait(self.rng.uniform(*self.args.chaos_every_s)):
-            action = self.rng.choices(["child", "worker", "redis"], weights=[5, 2, 2])[0]
-            live = self.live_workers()
-            if action == "child" and live:
-                children = self.rng.choice(live).children()
-                if children:
-                    os.kill(self.rng.choice(children), signal.SIGKILL)
-                    self.kills += 1
-            elif action == "worker" and len(live) > 1:
-                self.rng.choice(live).kill()
-                self.kills += 1
-                self.start_worker()
-            elif action == "redis":
-                self.server.restart()
-                self.restarts += 1
+        while not self.stop.wait(self.rng.uniform(*self.every_s)):
+            kind = self._draw()
+            try:
+                done = getattr(self, kind)()
+            except TRANSIENT:
+                done = None  # Redis was down for the fault loop's own calls
+            if done:
+                self.done[done] += 1
+            else:
+                self.skipped[kind] += 1
 
-    def shutdown(self) -> None:
-        for worker in self.workers:
-            worker.stop()
+    def pool_process(self) -> str | None:
+        serving = self.fleet.serving()
+        if serving and kill_pool_process(self.rng.choice(serving), self.rng.choice):
+            return "pool_process"
+        return None
+
+    def worker(self) -> str | None:
+        serving = self.fleet.serving()
+        if not serving:
+            return None
+        self.rng.choice(serving).kill()
+        self.fleet.start()
+        return "worker"
+
+    def redis_sigterm(self) -> str:
+        restart_redis(self.server, sigkill=False)
+        return "redis_sigterm"
+
+    def redis_sigkill(self) -> str:
+        restart_redis(self.server, sigkill=True)
+        return "redis_sigkill"
+
+    def duplicate(self) -> str | None:
+        if self.rng.random() < 0.5 and self.queues.copy_waiting(self.rng):
+            return "duplicate_waiting"
+        committed = self.ledger.committed()
+        if committed:
+            self.queues.resend_committed(self.rng.choice(committed))
+            return "duplicate_committed"
+        return "duplicate_waiting" if self.queues.copy_waiting(self.rng) else None
+
+    def lost_message(self) -> str | None:
+        # Wait a little for a message to be waiting: under a light load the queue drains fast.
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not self.stop.is_set():
+            if self.queues.lose_one(self.rng):
+                return "lost_message"
+            time.sleep(0.05)
+        return None
 
 
 def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -136,12 +204,18 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
     env.update({
         "RERANKQ_REDIS_URL": url,
         "RERANKQ_NAMESPACE": NAMESPACE,
+        "RERANKQ_CPU_QUEUE": f"{NAMESPACE}.cpu",
+        "RERANKQ_GPU_QUEUE": f"{NAMESPACE}.gpu",
+        "RERANKQ_ANY_QUEUE": f"{NAMESPACE}.any",
+        # Short leases and a fast sweep, so lost messages are recovered within the run; a
+        # visibility timeout well above the drain time, so kombu's own restore of a killed
+        # worker's unacked messages cannot stand in for the sweep at the end.
         "RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s),
         "RERANKQ_SWEEP_INTERVAL_S": "1",
         "RERANKQ_VISIBILITY_TIMEOUT_S": "60",
         # Chaos kills are not poison: leave room for several deaths per window.
         "RERANKQ_MAX_ATTEMPTS": "20",
-        "RERANKQ_LOG_LEVEL": "WARNING",
+        "RERANKQ_LOG_LEVEL": "INFO",
         "PYTHONPATH": str(ROOT),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
@@ -156,118 +230,143 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
     else:
         env.update({"RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
                     "RERANKQ_TEST_SLEEP_S": str(args.window_s)})
+    break_workers(env, args.breakage)
     return env
 
 
-def reader(client: RerankClient, rng: random.Random, index: int, streams: list[tuple[str, int]],
-           lock: threading.Lock, until: float) -> None:
-    """Open streams and pull each to the end, as a pipeline would, through every restart."""
-    n = 0
-    while time.monotonic() < until:
-        size = rng.randint(10, 60)
-        key = f"r{index}-{n}"
-        n += 1
-        candidates = [{"id": f"c{i}", "text": f"payment gateway error number {i} {key}"} for i in range(size)]
-        stream = retrying(lambda: client.open("payment gateway error", candidates, window_size=10,
-                                              first_windows=rng.randint(1, 3), idempotency_key=key,
-                                              allow_shallow=True))
-        with lock:
-            streams.append((stream, size))
-        # Pull a page at a time, deeper and deeper: later windows are admitted by the reader.
-        offset = 0
-        while offset < size and time.monotonic() < until:
-            page = retrying(lambda: client.pull(stream, offset, 10, timeout=2.0))
-            offset += len(page.rows)
-            if page.complete:
-                break
+def break_workers(env: dict[str, str], breakage: str | None) -> None:
+    """The workers' side of ``--break``: environment only, no production knob."""
+    if breakage == "sweep":
+        env["RERANKQ_SWEEP_INTERVAL_S"] = "1000000"  # the first sweep would come in 11 days
+    elif breakage == "provider":
+        # The only member: nothing to fail open to.
+        env["RERANKQ_RERANKER_PROVIDER"] = "ops.chaos_faults.providers:RaisingProvider"
+        env.pop("RERANKQ_RERANKER_MODEL", None)
+    elif breakage == "commit-check":
+        import producer.store
+
+        without_commit_checks(producer.store._SCRIPT)  # refuse to run if the patch would not apply
+        env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env["PYTHONPATH"]])
 
 
-def check(client: RerankClient, raw: redis.Redis, streams: list[tuple[str, int]],
-          drain_until: float) -> tuple[int, int, int, int]:
-    """Pull every stream whole (admitting its last windows), wait for all commits, then count."""
-    pending = list(streams)
-    while pending and time.monotonic() < drain_until:
-        stream, size = pending[0]
-        page = retrying(lambda: client.pull(stream, 0, size, timeout=1.0))
-        if page.complete:
-            pending.pop(0)
-    windows = lost = twice = retried = 0
-    for stream, size in streams:
-        keys = client.store.keys.stream(stream)
-        n_windows = -(-size // 10)
-        windows += n_windows
-        try:
-            committed = set(retrying(lambda: client.store.snapshot(stream)).results)
-        except StreamNotFound:
-            committed = set()
-        lost += n_windows - len(committed)
-        events: dict[int, int] = {}
-        for _, fields in raw.xrange(keys.events):
-            events[int(fields[b"window"])] = events.get(int(fields[b"window"]), 0) + 1
-        twice += sum(1 for count in events.values() if count > 1)
-        retried += sum(1 for n in retrying(lambda: client.store.attempts(stream)).values() if n > 1)
-    return windows, lost, twice, retried
+def stop_on_sigterm() -> None:
+    """A SIGTERM unwinds like Ctrl-C, so no worker or redis-server outlives the run."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def client_logging(log_dir: Path) -> None:
+    """The readers' library log lines (windows not sent during a restart...) go to a file."""
+    handler = logging.FileHandler(log_dir / "readers.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], canary: AcknowledgedWrites,
+           ledger: Ledger, incomplete: int, fleet: Fleet, args: argparse.Namespace) -> bool:
+    """Print what happened; True when anything was violated."""
+    acknowledged = sum(1 for a in ledger.opens.values() if a.acknowledged)
+    print(f"chaos: faults {' '.join(f'{k}={v}' for k, v in sorted(faults.done.items()))}"
+          f" (skipped: {' '.join(f'{k}={v}' for k, v in sorted(faults.skipped.items())) or 'none'})", flush=True)
+    print(f"chaos: opens attempted={findings.streams} acknowledged={acknowledged} gave_up={findings.gave_up}"
+          f" vanished={findings.vanished}; streams still incomplete after the drain={incomplete}", flush=True)
+    print(f"chaos: twice by commit events={len(findings.twice_events)} by worker log lines={len(findings.twice_logs)}"
+          f" (windows logged committed={findings.logged_windows}, first read by a reader={len(ledger.first_read)})",
+          flush=True)
+    print("chaos: counters " + " ".join(f"{k}={counters.get(k, 0)}" for k in
+                                        ("windows_committed", "windows_failed", "windows_poisoned",
+                                         "windows_redelivered")), flush=True)
+    print(f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
+          flush=True)
+    violated = bool(findings.lost or findings.twice or findings.failed or findings.changed or findings.gave_up
+                    or canary.lost)
+    if findings.windows and not findings.logged_windows:
+        print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
+        violated = True
+    if args.breakage == "commit-check":
+        applied = sum(1 for p in fleet.log_paths() if MARKER.encode() in p.read_bytes())
+        print(f"chaos: --break commit-check applied in {applied} of {len(fleet.started)} workers", flush=True)
+        violated = violated or applied == 0
+    return violated
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a run under two minutes")
+    parser.add_argument("--quick", action="store_true", help="a run of about two minutes")
     parser.add_argument("--duration-s", type=float, default=None, help="how long streams are opened under chaos")
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--readers", type=int, default=4)
+    parser.add_argument("--readers", type=int, default=6)
     parser.add_argument("--model", choices=["fast", "tiny"], default="fast",
                         help="fast: a deterministic provider with no torch; tiny: the tiny real cross-encoder")
     parser.add_argument("--window-s", type=float, default=0.2, help="how long the fast provider takes per window")
     parser.add_argument("--redeliver-after-s", type=int, default=3)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--break", dest="breakage", choices=BREAKAGES, default=None,
+                        help="break the system on purpose; the run must then fail")
     args = parser.parse_args(argv)
-    # The readers' own info lines would drown the result; warnings (re-sends) stay.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    duration = args.duration_s or (50.0 if args.quick else 240.0)
-    args.chaos_every_s = (1.0, 4.0)
-    args.seed = args.seed if args.seed is not None else random.randrange(2**32)
+    duration = args.duration_s if args.duration_s is not None else (100.0 if args.quick else 270.0)
+    # Well under the 60 s visibility timeout: a stranded message is the sweep's to recover.
+    drain_s = 30.0 if args.quick else 45.0
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    stop_on_sigterm()
 
     log_dir = Path(tempfile.mkdtemp(prefix="rerankq-chaos-"))
-    print(f"chaos: seed={args.seed} duration={duration:.0f}s workers={args.workers} logs={log_dir}", flush=True)
-    os.makedirs(log_dir / "redis")
+    client_logging(log_dir)
+    print(f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
+          f" model={args.model} break={args.breakage or 'none'} logs={log_dir}", flush=True)
+    (log_dir / "redis").mkdir()
     server = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
-    chaos = Chaos(args, server, log_dir)
-    client = RerankClient(load_settings(chaos.env, namespace=NAMESPACE))
-    raw = redis.Redis.from_url(server.url)
-    streams: list[tuple[str, int]] = []
-    lock = threading.Lock()
+    env = worker_env(server.url, args)
+    settings: Settings = load_settings(env)
+    fleet = Fleet(env, log_dir)
+    canary = AcknowledgedWrites(server.url)
+    client = RerankClient(settings)
+    dispatcher = Dispatcher(settings)
+    faults = FaultLoop(fleet, server, QueueFaults(client.store.client, settings.all_queues(), dispatcher),
+                       Ledger(), random.Random(seed), (1.0, 3.0))
+    ledger = faults.ledger
     try:
+        canary.start()
         for _ in range(args.workers):
-            chaos.start_worker()
-        time.sleep(3 if args.model == "fast" else 10)
-        chaos_thread = threading.Thread(target=chaos.run, daemon=True)
-        chaos_thread.start()
+            fleet.start()
+        fleet.wait_ready(120 if args.model == "fast" else 300)
         until = time.monotonic() + duration
-        reader_clients = [RerankClient(client.settings) for _ in range(args.readers)]
-        readers = [threading.Thread(target=reader, args=(reader_clients[i], random.Random(args.seed + i),
-                                                          i, streams, lock, until), daemon=True)
+        reader_clients = [RerankClient(settings) for _ in range(args.readers)]
+        readers = [threading.Thread(target=read_streams, name=f"chaos-reader-{i}", daemon=True,
+                                    args=(reader_clients[i], ledger, random.Random(seed + 1 + i), i, until),
+                                    kwargs={"give_up_s": 60.0})
                    for i in range(args.readers)]
+        faults.start()
         for thread in readers:
             thread.start()
         for thread in readers:
             thread.join()
+        faults.stop.set()
+        faults.join()
         for reader_client in reader_clients:
             reader_client.close()
-        chaos.stop.set()
-        chaos_thread.join()
-        if not chaos.live_workers():
-            chaos.start_worker()
-        windows, lost, twice, retried = check(client, raw, streams, time.monotonic() + (40 if args.quick else 120))
+        incomplete = drain(client, ledger, time.monotonic() + drain_s)
+        fleet.stop()
+        findings = audit(client, ledger, fleet.log_paths())
         counters = client.store.counters()
-        print(f"chaos: windows scored more than once={retried} re-sent by a sweep={counters.get('windows_redelivered', 0)}"
-              f" poisoned={counters.get('windows_poisoned', 0)}", flush=True)
+        canary.stop.set()
+        canary.join()
+        violated = report(findings, faults, counters, canary, ledger, incomplete, fleet, args)
     finally:
-        chaos.shutdown()
+        faults.stop.set()
+        canary.stop.set()
+        fleet.stop()
+        dispatcher.close()
         client.close()
         server.stop()
-    print(f"streams={len(streams)} windows={windows} kills={chaos.kills} restarts={chaos.restarts} "
-          f"lost={lost} twice={twice}", flush=True)
-    return 1 if lost or twice else 0
+    print(f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
+          f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
+          f"resent={counters.get('windows_redelivered', 0)}", flush=True)
+    return 1 if violated else 0
 
 
 if __name__ == "__main__":

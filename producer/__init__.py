@@ -5,7 +5,12 @@ from producer.errors import (
     ConfigError,
     IdempotencyConflict,
     RerankqError,
+    StoreError,
+    StoreFull,
+    StoreUnavailable,
+    StreamCorrupted,
     StreamNotFound,
+    UnsupportedRedis,
     ValidationError,
     WindowFailed,
 )
@@ -30,6 +35,6 @@ from producer.wire import (
 __all__ = [
     "Boosts", "Candidate", "ConfigError", "Decision", "Failed", "Filtered", "IdempotencyConflict",
     "Omitted", "Page", "Ranked", "RerankClient", "RerankqError", "Row", "Settings", "StreamNotFound",
-    "StreamSpec", "StreamStatus", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
+    "StoreError", "StoreFull", "StoreUnavailable", "StreamCorrupted", "StreamSpec", "StreamStatus", "UnsupportedRedis", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
     "WindowStatus", "load_settings",
 ]

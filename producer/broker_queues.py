@@ -24,6 +24,8 @@ import redis
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITY_STEPS = (3, 6, 9)
 SCAN_CHUNK = 1000
+#: A message header every rerankq message carries: when it was sent (epoch seconds).
+SENT_AT_HEADER = "rerankq_sent_at"
 
 _SCAN = """
 local items = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])

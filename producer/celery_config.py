@@ -128,6 +128,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "task_default_queue": settings.cpu_queue,
         "task_create_missing_queues": True,
-        "worker_send_task_events": False,
-        "task_send_sent_event": False,
+        # Task events cost a message per task state change; on only for a monitor (Flower).
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
     }

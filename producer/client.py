@@ -269,7 +269,9 @@ class RerankClient:
         """The top ``depth`` rows (default ``max(25, 4 * keep)``), post-processed down to ``keep``.
 
         Optional per-document cap, score-gap truncation and MMR (``producer.postprocess``);
-        embeddings and doc ids come from the stream's stored candidates. Nothing is written.
+        embeddings and doc ids come from the stream's stored candidates, or, when no candidate
+        carries an embedding, from those an ``embedding`` member kept with the windows it
+        served. Nothing is written.
         """
         options = PostProcess(per_doc=per_doc, gap_ratio=gap_ratio, mmr_lambda=mmr_lambda)
         check_postprocess(options, keep)
@@ -278,10 +280,14 @@ class RerankClient:
             raise ValidationError("depth", f"must be an integer of at least keep={keep}, got {depth!r}")
         page = self.pull(stream_id, 0, depth, timeout=timeout, raise_on_failed=raise_on_failed)
         candidates: dict[int, Candidate] = {}
+        kept: dict[int, list[float]] = {}
         if options.needs_candidates and page.rows:
             end = max(row.decision.index for row in page.rows) + 1
-            candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
-        rows = postprocess(page.rows, candidates, keep, options)
+            with store_errors(stream_id, written=True, retry_safe=True):
+                candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
+                if options.mmr_lambda is not None and not any(c.embedding for c in candidates.values()):
+                    kept = self.store.load_embeddings(stream_id, sorted({row.window for row in page.rows}))
+        rows = postprocess(page.rows, candidates, keep, options, kept_embeddings=kept)
         return Selection(stream_id=stream_id, keep=keep, considered=len(page.rows), rows=rows, complete=page.complete)
 
     def status(self, stream_id: str) -> StreamStatus:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from celery import Celery
 
-from producer.broker_queues import task_id
+from producer.broker_queues import SENT_AT_HEADER, task_id
 from producer.celery_config import TASK_NAME, celery_config
 from producer.settings import Settings
 
@@ -20,8 +22,10 @@ class Dispatcher:
     def send(self, stream_id: str, windows: list[int], device: str) -> None:
         queue = self.settings.queue_for(device)
         for window in windows:
-            # The task id names the window, so the sweep can tell a queued message from a lost one.
-            self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue, task_id=task_id(stream_id, window))
+            # The task id names the window, so the sweep can tell a queued message from a lost one;
+            # the send time lets the exporter age the oldest waiting message without a scan.
+            self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue, task_id=task_id(stream_id, window),
+                               headers={SENT_AT_HEADER: time.time()})
 
     def close(self) -> None:
         self.app.close()

@@ -31,6 +31,14 @@ class StreamNotFound(RerankqError, LookupError):
         super().__init__(f"stream {stream_id!r} does not exist or has expired")
 
 
+class StreamCorrupted(RerankqError):
+    """A stream's stored data cannot be decoded (a foreign write to its keys); other streams are unaffected."""
+
+    def __init__(self, stream_id: str, detail: str) -> None:
+        self.stream_id = stream_id
+        super().__init__(f"stream {stream_id!r} holds data that cannot be decoded: {detail}")
+
+
 class IdempotencyConflict(RerankqError):
     """An idempotency key was reused for a different job."""
 

@@ -17,6 +17,12 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
+from typing import get_args
+
+from producer.wire import Device
+
+#: Every device a stream may ask for; each has its own index of uncommitted windows per shard.
+DEVICES: tuple[str, ...] = get_args(Device)
 
 #: Changing this strands every live stream's index entry: it is part of the key layout.
 SHARDS = 1024
@@ -38,15 +44,20 @@ class StreamKeys:
     #: The shard's active-stream index and counters (shared with the shard's other streams).
     active: str
     counters: str
+    #: Windows' embeddings from an embedding member (``WindowEmbeddings``), beside ``results``.
+    embeddings: str
+    #: The shard's index of admitted, uncommitted windows, one per device (in ``DEVICES`` order).
+    uncommitted: tuple[str, ...] = ()
 
     def all(self) -> list[str]:
         """In the order ``store.lua`` expects them."""
         return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
-                self.active, self.counters]
+                self.active, self.counters, self.embeddings, *self.uncommitted]
 
     def own(self) -> list[str]:
         """The keys that belong to this stream alone."""
-        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events]
+        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
+                self.embeddings]
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,8 @@ class Keys:
             events=f"{base}:events",
             active=self.active(tag),
             counters=self.counters(tag),
+            embeddings=f"{base}:embeddings",
+            uncommitted=tuple(self.uncommitted(tag, device) for device in DEVICES),
         )
 
     @staticmethod
@@ -79,6 +92,11 @@ class Keys:
     def counters(self, tag: str) -> str:
         """HASH of one shard's counters; the totals are the sum over every shard."""
         return f"{self.namespace}:counters:{{{tag}}}"
+
+    def uncommitted(self, tag: str, device: str) -> str:
+        """ZSET of one shard's admitted, uncommitted windows of one device (``<stream>:<window>``
+        scored by the stream's expiry), so the backlog per device is counted without a scan."""
+        return f"{self.namespace}:uncommitted:{{{tag}}}:{device}"
 
     def counters_for(self, stream_id: str | None) -> str:
         """The counters a stream's events go to; any shard's for events of no stream (spread, not hot)."""

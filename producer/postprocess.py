@@ -6,7 +6,8 @@ Three optional steps, in this order:
    each their own document), so one long document cannot fill the answer;
 2. score-gap truncation: cut where a row's final score falls below ``gap_ratio`` times
    the row before it, so a question with one clear answer sends one row;
-3. maximal marginal relevance, when candidates carry embeddings: pick ``keep`` rows,
+3. maximal marginal relevance, when candidates carry embeddings (sent by the caller, or
+   kept by an ``embedding`` member that served their window): pick ``keep`` rows,
    each time the one that best trades relevance against similarity to those already
    picked (``mmr_lambda`` 1.0 is pure relevance).
 
@@ -127,16 +128,24 @@ def mmr(
 
 
 def postprocess(
-    rows: Sequence[Row], candidates: Mapping[int, Candidate], keep: int, options: PostProcess
+    rows: Sequence[Row], candidates: Mapping[int, Candidate], keep: int, options: PostProcess,
+    *, kept_embeddings: Mapping[int, Sequence[float]] | None = None,
 ) -> list[Row]:
-    """Per-document cap, then score-gap truncation, then MMR (or the first ``keep``)."""
+    """Per-document cap, then score-gap truncation, then MMR (or the first ``keep``).
+
+    MMR uses the embeddings the caller sent with the candidates; when none were sent, the
+    ones an embedding member kept with its windows (``kept_embeddings``). The two are never
+    mixed: vectors of two models are not comparable.
+    """
     check_postprocess(options, keep)
     out = list(rows)
     if options.per_doc is not None:
         out = cap_per_doc(out, {i: c.doc_id for i, c in candidates.items()}, options.per_doc)
     if options.gap_ratio is not None:
         out = truncate_at_gap(out, options.gap_ratio)
-    embeddings = {i: c.embedding for i, c in candidates.items() if c.embedding}
+    embeddings: Mapping[int, Sequence[float]] = {i: c.embedding for i, c in candidates.items() if c.embedding}
+    if not embeddings and kept_embeddings:
+        embeddings = kept_embeddings
     if options.mmr_lambda is not None and embeddings:
         return mmr(out, embeddings, keep, options.mmr_lambda)
     return out[:keep]

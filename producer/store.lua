@@ -1,8 +1,10 @@
 -- Every state change rerankq makes to a stream, one command per call, so each is atomic.
 --
 -- KEYS (always, in this order): spec, candidates, meta, results, attempts, pending, events,
--- then the stream's shard: its active-stream index and its counters. All nine carry the
--- shard's hash tag, so a call touches one Cluster slot.
+-- then the stream's shard: its active-stream index and its counters, then the stream's
+-- embeddings (written by a commit only), then the shard's indexes of uncommitted windows,
+-- one per device (each key ends in ':<device>'). All carry the shard's hash tag, so a call
+-- touches one Cluster slot.
 -- ARGV[1]: the command; ARGV[2]: now in milliseconds; the rest depend on the command.
 --
 -- Under maxmemory Redis refuses a script at its first write that could grow memory, before
@@ -14,6 +16,7 @@
 
 local spec_key, cands_key, meta_key, results_key, attempts_key, pending_key, events_key, active_key, counters_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local embeddings_key = KEYS[10]
 local command = ARGV[1]
 local now = tonumber(ARGV[2])
 
@@ -30,6 +33,26 @@ local function extend_expiry(key, expire_at)
   if ttl < 0 or now + ttl < expire_at then
     redis.call('PEXPIREAT', key, expire_at)
   end
+end
+
+-- The stream's id, as its keys spell it (ids never contain a colon).
+local stream_id = string.match(meta_key, ':([^:]+):meta$')
+
+-- The shard's indexes of uncommitted windows, one per device, found by name wherever they
+-- stand among the keys. Members are '<stream>:<window>', scored by the stream's expiry, so a
+-- count of live entries skips expired streams without a scan (the exporter's backlog).
+local uncommitted_keys = {}
+for i = 10, #KEYS do
+  if string.find(KEYS[i], ':uncommitted:{', 1, true) then table.insert(uncommitted_keys, KEYS[i]) end
+end
+
+-- The index for this stream's device; nil for a device no key was passed for.
+local function uncommitted_key(device)
+  local suffix = ':' .. tostring(device)
+  for _, key in ipairs(uncommitted_keys) do
+    if string.sub(key, -#suffix) == suffix then return key end
+  end
+  return nil
 end
 
 local function n_windows()
@@ -49,7 +72,8 @@ local function window_number(text, count)
 end
 
 -- Admit windows up to `target` (bounded by the window count); each new window is put in
--- the pending set with a deadline, which the sweep uses to find lost messages.
+-- the pending set with a deadline, which the sweep uses to find lost messages, gets its
+-- admit time (for its queue wait), and enters its device's uncommitted index.
 local function admit(target, deadline)
   local count = n_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
@@ -60,8 +84,23 @@ local function admit(target, deadline)
     table.insert(new, w)
   end
   if target > admitted then
+    local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
     redis.call('HSET', meta_key, 'admitted', target)
-    redis.call('PEXPIREAT', pending_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
+    redis.call('PEXPIREAT', pending_key, expire_at)
+    local index = uncommitted_key(redis.call('HGET', meta_key, 'device'))
+    if index then
+      -- Entries of streams that expired uncommitted are dropped here, a few at a time.
+      redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+      for _, w in ipairs(new) do
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+        redis.call('ZADD', index, expire_at, stream_id .. ':' .. w)
+      end
+      extend_expiry(index, expire_at)
+    else
+      for _, w in ipairs(new) do
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+      end
+    end
   end
   return new
 end
@@ -70,7 +109,7 @@ if command == 'open' then
   -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
   -- candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job and
   -- {-1} for another job under the same key, both without writing anything.
-  local stream_id, fingerprint, expire_at = ARGV[3], ARGV[4], tonumber(ARGV[5])
+  local fingerprint, expire_at = ARGV[4], tonumber(ARGV[5])
   if redis.call('EXISTS', meta_key) == 1 then
     if redis.call('HGET', meta_key, 'fingerprint') ~= fingerprint then
       return {-1}
@@ -101,7 +140,8 @@ elseif command == 'admit' then
 
 elseif command == 'begin' then
   -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
-  -- Returns {attempt, spec, candidate...} (the window's own candidates), or {code}:
+  -- Returns {attempt, admitted at (ms, 0 if unknown), spec, candidate...} (the window's own
+  -- candidates), or {code}:
   -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
   --
   -- The lease is what keeps the attempt count honest under at-least-once delivery:
@@ -123,14 +163,17 @@ elseif command == 'begin' then
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
   -- The sweep leaves the window be until the lease runs out.
   redis.call('ZADD', pending_key, 'XX', lease_until, window)
-  local reply = {attempt, redis.call('GET', spec_key)}
+  -- Streams opened before admit times were kept fall back to their open time.
+  local admitted_at = redis.call('HGET', meta_key, 'admitted_at:' .. window) or redis.call('HGET', meta_key, 'created_at')
+  local reply = {attempt, tonumber(admitted_at) or 0, redis.call('GET', spec_key)}
   for _, blob in ipairs(redis.call('LRANGE', cands_key, w * size, (w + 1) * size - 1)) do
     table.insert(reply, blob)
   end
   return reply
 
 elseif command == 'commit' then
-  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned).
+  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned),
+  -- and the window's encoded embeddings, empty when it has none.
   -- Writes only the first commit of an admitted window, and counts it in the shard's counters.
   -- Returns 1 written, 0 already committed, -2 never admitted.
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
@@ -146,12 +189,19 @@ elseif command == 'commit' then
   if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return -2 end
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
   redis.call('HSET', results_key, window, ARGV[4])
+  if ARGV[7] and #ARGV[7] > 0 then
+    redis.call('HSET', embeddings_key, window, ARGV[7])
+    redis.call('PEXPIREAT', embeddings_key, expire_at)
+  end
   redis.call('ZREM', pending_key, window)
   redis.call('HDEL', attempts_key, 'holder:' .. window, 'until:' .. window)
   redis.call('HINCRBY', meta_key, 'committed', 1)
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
   redis.call('PEXPIREAT', results_key, expire_at)
   redis.call('PEXPIREAT', events_key, expire_at)
+  for _, key in ipairs(uncommitted_keys) do
+    redis.call('ZREM', key, stream_id .. ':' .. window)
+  end
   redis.call('HINCRBY', counters_key, 'windows_committed', 1)
   if outcome ~= 'ranked' then
     redis.call('HINCRBY', counters_key, 'windows_' .. outcome, 1)

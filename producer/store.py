@@ -9,15 +9,17 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.errors import IdempotencyConflict, StreamNotFound, UnsupportedRedis
+from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound, UnsupportedRedis
 from producer.keys import Keys, StreamKeys
 from producer.wire import (
     Candidate,
     StreamSpec,
+    WindowEmbeddings,
     WindowResult,
     candidate_decoder,
     encode,
     spec_decoder,
+    window_embeddings_decoder,
     window_result_decoder,
 )
 
@@ -97,11 +99,13 @@ class Snapshot(msgspec.Struct):
 
 
 class Begun(msgspec.Struct):
-    """A delivery's start on a window: the attempt number and the window's raw data."""
+    """A delivery's start on a window: the attempt number, when the window was admitted
+    (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data."""
 
     attempt: int
     spec: bytes
     candidates: list[bytes]
+    admitted_at_ms: int = 0
 
 
 class Store:
@@ -157,23 +161,38 @@ class Store:
             self._run(self.keys.stream(stream_id), "hurry", *windows)
 
     def snapshot(self, stream_id: str) -> Snapshot:
-        k = self.keys.stream(stream_id)
         # No MULTI: at maxmemory Redis refuses every command queued in one, reads included,
-        # and a reader must still read a full Redis. The order keeps it consistent enough: the
-        # last event is read first, so any commit the results miss comes after it and wakes
-        # a wait on the log at once.
+        # and a reader must still read a full Redis.
         pipe = self.client.pipeline(transaction=False)
+        self.queue_snapshot(pipe, stream_id)
+        return self.parse_snapshot(stream_id, pipe.execute())
+
+    def queue_snapshot(self, pipe: Any, stream_id: str) -> None:
+        """Queue a snapshot's reads on a pipeline (redis-py's, or redis.asyncio's for the gateway).
+
+        The order keeps it consistent enough: the last event is read first, so any commit the
+        results miss comes after it and wakes a wait on the log at once.
+        """
+        k = self.keys.stream(stream_id)
         pipe.xrevrange(k.events, count=1)
         pipe.hmget(k.meta, "n", "window_size", "admitted", "device")
         pipe.hgetall(k.results)
-        last, meta, results = pipe.execute()
+
+    @staticmethod
+    def parse_snapshot(stream_id: str, replies: list[Any]) -> Snapshot:
+        """The Snapshot from the replies of ``queue_snapshot``'s commands."""
+        last, meta, results = replies
         if meta[0] is None:
             raise StreamNotFound(stream_id)
+        try:
+            decoded = {int(w): window_result_decoder.decode(v) for w, v in results.items()}
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise StreamCorrupted(stream_id, f"a committed window: {exc}") from None
         return Snapshot(
             n_candidates=int(meta[0]),
             window_size=int(meta[1]),
             admitted=int(meta[2]),
-            results={int(w): window_result_decoder.decode(v) for w, v in results.items()},
+            results=decoded,
             last_event_id=last[0][0] if last else b"0-0",
             device=meta[3].decode() if meta[3] else "cpu",
         )
@@ -214,15 +233,27 @@ class Store:
                           _now_ms() + int(work_deadline_s * 1000), delivery)
         if reply[0] < 0:
             return int(reply[0])
-        return Begun(attempt=int(reply[0]), spec=reply[1], candidates=list(reply[2:]))
+        return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
 
-    def commit(self, stream_id: str, result: WindowResult, *, outcome: str) -> int:
-        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned).
+    def commit(self, stream_id: str, result: WindowResult, *, outcome: str,
+               embeddings: WindowEmbeddings | None = None) -> int:
+        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
+        its ``embeddings``, when given, are written in the same script call, or not at all.
 
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
-                             self.event_log_maxlen, outcome))
+                             self.event_log_maxlen, outcome, encode(embeddings) if embeddings is not None else b""))
+
+    def load_embeddings(self, stream_id: str, windows: list[int]) -> dict[int, list[float]]:
+        """The kept embeddings of these windows' candidates, by candidate index (windows without any add none)."""
+        if not windows:
+            return {}
+        out: dict[int, list[float]] = {}
+        for blob in self.client.hmget(self.keys.stream(stream_id).embeddings, [str(w) for w in windows]):
+            if blob is not None:
+                out.update(window_embeddings_decoder.decode(blob).unpack())
+        return out
 
     def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
         """``due_windows_many`` for one stream: its overdue windows, claimed."""

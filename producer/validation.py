@@ -163,6 +163,12 @@ def _field_path(prefix: str, exc: msgspec.ValidationError) -> ValidationError:
     return ValidationError(path.lstrip("."), message)
 
 
+def msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> ValidationError:
+    """A msgspec decode or convert error as a ValidationError naming the field by its path
+    (``documents[2]``, ``boosts.recency_alpha``), for callers that decode input themselves."""
+    return _field_path(prefix, exc)
+
+
 def to_candidates(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[Candidate]:
     if isinstance(candidates, (str, bytes, Mapping)) or not isinstance(candidates, Iterable):
         raise ValidationError("candidates", f"must be a list of candidates, got {type(candidates).__name__}")

@@ -6,7 +6,9 @@ a silently ignored setting. Decisions are a tagged union on ``kind``.
 
 from __future__ import annotations
 
+import array
 import datetime as dt
+import sys
 from typing import Any, Literal, Union
 
 import msgspec
@@ -133,6 +135,46 @@ class WindowResult(Base):
     decisions: list[Decision]
     failovers: list[str] = []
     reason: str | None = None
+    #: When the attempt that committed began (``time.time()`` on the worker): the time from
+    #: it to ``committed_at`` is the window's scoring, the time before it the queue's.
+    began_at: float | None = None
+
+
+class WindowEmbeddings(Base):
+    """The embeddings a window's scored documents got from the member that served it (an
+    ``embedding`` member), kept beside the window's decisions so ``select(mmr_lambda=...)``
+    works for callers who sent none. Written in the same commit as the decisions."""
+
+    window: int
+    served_by: str
+    dims: int
+    #: Stream-wide candidate indexes, in the order of ``vectors``.
+    indexes: list[int]
+    #: float32, little-endian: ``len(indexes) * dims`` values, 4 bytes each.
+    vectors: bytes
+
+    def unpack(self) -> dict[int, list[float]]:
+        """Each candidate index's embedding; a blob of the wrong size is an error, not a guess."""
+        if self.dims <= 0 or len(self.vectors) != 4 * self.dims * len(self.indexes):
+            raise ValueError(f"window {self.window}: {len(self.vectors)} bytes for {len(self.indexes)} "
+                             f"embeddings of {self.dims} dimensions")
+        values = array.array("f")
+        values.frombytes(self.vectors)
+        if sys.byteorder == "big":
+            values.byteswap()
+        return {index: values[k * self.dims:(k + 1) * self.dims].tolist() for k, index in enumerate(self.indexes)}
+
+
+def pack_embeddings(window: int, served_by: str, indexes: list[int], vectors: list[list[float]]) -> WindowEmbeddings:
+    """Embeddings as ``WindowEmbeddings``: float32, so MiniLM's 384 dimensions take 1.5 KiB each."""
+    dims = len(vectors[0]) if vectors else 0
+    if len(indexes) != len(vectors) or any(len(v) != dims for v in vectors):
+        raise ValueError("one embedding per index, all of one dimension")
+    values = array.array("f", (x for v in vectors for x in v))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return WindowEmbeddings(window=window, served_by=served_by, dims=dims, indexes=list(indexes),
+                            vectors=values.tobytes())
 
 
 # -- what readers get --------------------------------------------------------
@@ -210,6 +252,7 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 candidate_decoder = msgspec.msgpack.Decoder(Candidate)
 spec_decoder = msgspec.msgpack.Decoder(StreamSpec)
 window_result_decoder = msgspec.msgpack.Decoder(WindowResult)
+window_embeddings_decoder = msgspec.msgpack.Decoder(WindowEmbeddings)
 
 
 def encode(value: Any) -> bytes:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from producer import ConfigError, RerankClient, load_settings
 from delivery_helpers import pull_until_complete
 from tiny_model import WORDS, build_tiny_cross_encoder
-from worker.engine import BackendChoice, BackendRefused, ScoringEngine, load_cross_encoder
+
+from producer import ConfigError, RerankClient, load_settings
+from worker.engine import BackendChoice, BackendRefused, ScoringEngine, load_cross_encoder, shared_engine
 from worker.engine.parity import spearman
 from worker.providers.base import ProviderStartError, ScoreRequest
 from worker.providers.local import LocalProvider
@@ -81,6 +81,31 @@ def test_an_exported_backend_ranks_every_window_as_torch_fp32(model_dir, torch_f
     identity = json.loads(provider.cache_identity)
     assert identity["backend"] == expected_backend and identity["artifact"]
     assert identity != json.loads(local_provider(model_dir, RERANKQ_RERANKER_BACKEND="torch").cache_identity)
+
+
+def test_every_batch_an_exported_backend_runs_reaches_the_metrics_hook(model_dir):
+    # The worker's padding metrics hang on on_batch: a window served by ONNX Runtime counts as torch's does.
+    engine = ScoringEngine(load_cross_encoder(str(model_dir), device="cpu"), settings=load_settings({}, precision="fp32"),
+                           backend=BackendChoice("onnx"), token_budget=256)
+    seen: list[tuple[int, int]] = []
+    engine.on_batch = lambda real, padded: seen.append((real, padded))
+    window = windows(1, 25, seed=3)[0]
+    engine.score_pairs(window)
+
+    batches = engine.batches(engine.tokenize(window))
+    assert len(batches) > 1
+    assert seen == [(int(b.tensors["attention_mask"].sum()), b.padded_tokens) for b in batches]
+
+
+def test_members_share_an_engine_only_when_they_ask_for_the_same_backend(model_dir):
+    settings = load_settings({}, precision="fp32")
+
+    def engine(name: str) -> ScoringEngine:
+        return shared_engine(str(model_dir), device="cpu", settings=settings, backend=BackendChoice(name))
+
+    on_torch, on_onnx = engine("torch"), engine("onnx")
+    assert (on_torch.backend.name, on_onnx.backend.name) == ("torch", "onnx")
+    assert engine("onnx") is on_onnx and engine("torch") is on_torch
 
 
 def test_an_export_is_made_once_reused_by_the_next_start_and_redone_when_the_model_changes(tiny_model_dir, tmp_path):

@@ -48,6 +48,7 @@ def test_timeout_fails_over_to_hosted_member(server, start_worker, make_client):
 
     assert [w.served_by for w in status.windows] == ["1:cohere", "1:cohere"]
     assert [w.ranked for w in status.windows] == [5, 5]
+    assert [w.failovers for w in status.windows] == [["0:tei: timeout"]] * 2  # where a pipeline looks
     results = client.store.snapshot(stream).results
     assert [results[w].failovers for w in (0, 1)] == [["0:tei: timeout"]] * 2
     for decision in results[0].decisions + results[1].decisions:
@@ -110,6 +111,7 @@ def test_chain_without_a_fail_open_member_commits_failed_once(server, start_work
     assert window.attempts == 1 and tei.count == 2  # one call, one retry of the 500
     page = client.pull(stream, 0, 4, timeout=2)
     assert [row.kind for row in page.rows] == ["failed"] * 4
+    assert all("0:tei: http_500" in row.reason for row in page.rows)
     time.sleep(1.0)  # nothing comes back for it: committed means done
     assert tei.count == 2 and client.status(stream).windows[0].attempts == 1
 

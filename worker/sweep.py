@@ -28,6 +28,7 @@ from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
 from producer.settings import Settings
 from producer.store import Store, connect
+from worker.metrics.recorder import NO_METRICS, Recorder
 
 log = structlog.get_logger("rerankq.sweep")
 
@@ -36,7 +37,8 @@ SWEEP_BATCH = 500
 SEND_ERRORS = (redis.RedisError, OperationalError, OSError)
 
 
-def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, settings: Settings) -> int:
+def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, settings: Settings,
+               recorder: Recorder = NO_METRICS) -> int:
     """Re-send every overdue window of every live stream that has no message queued.
 
     Returns how many were sent. One stream that cannot be sent to is logged and skipped;
@@ -66,6 +68,7 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, s
             continue
         sent += len(lost)
         store.incr_counter("windows_redelivered", len(lost), stream_id=stream_id)
+        recorder.windows_redelivered(len(lost))
         log.warning("windows_redelivered", stream=stream_id, windows=lost)
     if waiting:
         log.info("sweep_left_queued", windows=waiting)
@@ -82,8 +85,9 @@ def broker_probe(settings: Settings) -> QueueProbe | None:
 class SweepTimer:
     """A daemon thread that sweeps every ``sweep_interval_s`` while it holds the fleet's lock."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, recorder: Recorder = NO_METRICS) -> None:
         self.settings = settings
+        self.recorder = recorder
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -110,7 +114,7 @@ class SweepTimer:
             while not self._stop.wait(interval):
                 try:
                     if store.try_sweep_lock(interval):
-                        sent = sweep_once(store, dispatcher, probe, self.settings)
+                        sent = sweep_once(store, dispatcher, probe, self.settings, self.recorder)
                         if sent:
                             log.warning("sweep_resent", windows=sent)
                 except SEND_ERRORS as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -13,8 +13,19 @@ import structlog
 from producer import store as codes
 from producer.settings import Settings
 from producer.store import Begun, Store
-from producer.wire import Candidate, Failed, StreamSpec, WindowResult, candidate_decoder, spec_decoder
-from worker.chain import Chain
+from producer.validation import MAX_EMBEDDING_DIMS
+from producer.wire import (
+    Candidate,
+    Failed,
+    StreamSpec,
+    WindowEmbeddings,
+    WindowResult,
+    candidate_decoder,
+    pack_embeddings,
+    spec_decoder,
+)
+from worker.chain import Chain, ChainOutcome
+from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.decide import decide
 from worker.scoring.documents import assemble, has_text
@@ -57,11 +68,32 @@ def _stored_id(blob: bytes, fallback: str) -> str:
     return candidate_id if isinstance(candidate_id, str) else fallback
 
 
+def kept_embeddings(outcome: ChainOutcome, window: int, indexes: list[int], documents: Sequence[str],
+                    bound: Any) -> WindowEmbeddings | None:
+    """The serving member's embeddings of the scored documents, to keep beside the decisions.
+
+    Only a member that embeds (``embedding``) has them. They are a convenience for readers
+    (MMR): a failure to get them is logged and the window commits without them.
+    """
+    if outcome.embed is None or outcome.served_by is None or not indexes:
+        return None
+    try:
+        vectors = outcome.embed(list(documents))
+        if vectors and len(vectors[0]) > MAX_EMBEDDING_DIMS:
+            bound.warning("embeddings_not_kept", reason=f"more than {MAX_EMBEDDING_DIMS} dimensions")
+            return None
+        return pack_embeddings(window, outcome.served_by, indexes, vectors)
+    except Exception as exc:
+        bound.warning("embeddings_not_kept", reason=f"{type(exc).__name__}: {exc}")
+        return None
+
+
 class WindowScorer:
-    def __init__(self, settings: Settings, store: Store, chain: Chain) -> None:
+    def __init__(self, settings: Settings, store: Store, chain: Chain, recorder: Recorder = NO_METRICS) -> None:
         self.settings = settings
         self.store = store
         self.chain = chain
+        self.recorder = recorder
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, until the monotonic instant ``until``."""
@@ -86,6 +118,7 @@ class WindowScorer:
         ``delivery`` names this message (the Celery task id): the same message coming
         back after its process died takes the window over; another one is a duplicate.
         """
+        began_at = time.time()  # the queue's part of a window's latency ends here
         bound = log.bind(stream=stream_id, window=window)
         # The lease is this attempt's whole budget, waits for a full Redis included.
         until = time.monotonic() + self.settings.redeliver_after_s * 0.9
@@ -95,6 +128,8 @@ class WindowScorer:
             until=until, bound=bound)
         if isinstance(begun, int):
             return self._not_begun(begun, bound)
+        scoring_started = time.perf_counter()
+        self.recorder.window_begun(attempt=begun.attempt, admitted_at_ms=begun.admitted_at_ms)
         if begun.attempt > 1:
             # A redelivery: an earlier attempt died (killed process, lost message, time limit).
             bound.warning("window_attempt_again", attempt=begun.attempt, max_attempts=self.settings.max_attempts)
@@ -125,14 +160,15 @@ class WindowScorer:
                 full[i] = outcome.scores[pos]
             outcome.scores = full
         decisions = decide(spec, candidates, documents, outcome, first_index=start)
+        embeddings = kept_embeddings(outcome, window, [start + i for i in scorable], request.documents, bound)
         result = WindowResult(
             window=window, start=start, end=end, served_by=outcome.served_by, passthrough=outcome.passthrough,
             attempts=begun.attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,
-            reason=outcome.reason,
+            reason=outcome.reason, began_at=began_at,
         )
-        written = self._through_full_redis(
-            lambda: self.store.commit(stream_id, result, outcome="failed" if outcome.failed else "ranked"),
-            until=until, bound=bound)
+        self.recorder.window_scored(time.perf_counter() - scoring_started)
+        written = self._commit(stream_id, result, outcome="failed" if outcome.failed else "ranked", begun=begun,
+                               until=until, bound=bound, embeddings=embeddings)
         if written == 1:
             bound.info("window_committed", served_by=outcome.served_by, candidates=len(candidates),
                        failovers=len(outcome.failovers))
@@ -181,6 +217,16 @@ class WindowScorer:
         result = WindowResult(window=window, start=start, end=start + len(decisions), served_by=None,
                               passthrough=False, attempts=attempts, committed_at=time.time(),
                               decisions=decisions, reason=reason)
-        self._through_full_redis(lambda: self.store.commit(stream_id, result, outcome=outcome), until=until,
-                                 bound=bound)
+        self._commit(stream_id, result, outcome=outcome, begun=begun, until=until, bound=bound)
         return "failed"
+
+    def _commit(self, stream_id: str, result: WindowResult, *, outcome: str, begun: Begun, until: float,
+                bound: Any, embeddings: WindowEmbeddings | None = None) -> int:
+        """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts."""
+        start = time.perf_counter()
+        written = self._through_full_redis(
+            lambda: self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings),
+            until=until, bound=bound)
+        self.recorder.window_committed(member=result.served_by, outcome=outcome, commit_s=time.perf_counter() - start,
+                                       admitted_at_ms=begun.admitted_at_ms, written=written == 1)
+        return written

@@ -1,4 +1,6 @@
-"""Scoring throughput: CrossEncoder.predict(batch_size=32) against our engine, same pairs.
+"""Scoring throughput: CrossEncoder.predict(batch_size=32) against our engine, same pairs;
+and the embedding member's bi-encoder engine (the packaged all-MiniLM-L6-v2) on the same
+windows, so the cost of the cross-encoder over the bi-encoder is measured, not guessed.
 
 Both score the pairs a window at a time, as the worker does; all subjects are alternated
 round by round in one process, so machine noise hits each, and the ratio is taken
@@ -6,6 +8,9 @@ per round. Also reported: executed and useful GFLOP/s (FLOPs per pair for a BERT
 encoder: layers * (24 L h^2 + 4 L^2 h), L the pair's tokens, padded for "executed"),
 the fraction of a matrix-multiply peak measured in this run at the same precision,
 and ranking parity against fp32 (Spearman per window, max absolute score difference).
+The embedding row's parity is against sentence-transformers' own ``encode`` (cosines of
+its fp32 embeddings), its FLOPs those of embedding the query once and each document
+(truncated at the bi-encoder's 256 tokens) per window; its ratio is against the engine.
 
 Each backend and precision the engine offers (torch fp32/bf16; ONNX Runtime fp32 and
 static int8; OpenVINO fp32, bf16 and static int8, where installed) is a row, forced on
@@ -102,13 +107,19 @@ class Subject:
     """One way of scoring a window, with what it took and what it gave."""
 
     def __init__(self, name: str, precision: str, score_window: Callable[[Pairs], list[float]],
-                 executed_tokens: Callable[[Pairs], list[int]], *, choice: BackendChoice | None = None) -> None:
+                 executed_tokens: Callable[[Pairs], list[int]], *, choice: BackendChoice | None = None,
+                 useful_tokens: Callable[[Pairs], list[int]] | None = None,
+                 reference: Callable[[Pairs], list[float]] | None = None) -> None:
         self.name = name
         self.precision = precision
         self.score_window = score_window
         self.executed_tokens = executed_tokens  # per forward batch: padded widths, one per row
         #: The backend as a worker would be configured to run it; None for predict and evaluations.
         self.choice = choice
+        # Rows the model really runs (pairs for a cross-encoder, texts for a bi-encoder) and
+        # the scores parity is judged against; None: the cross-encoder's pairs and predict.
+        self.useful_tokens = useful_tokens
+        self.reference = reference
         self.rates: list[float] = []
         self.scores: list[list[float]] = []
 
@@ -177,6 +188,34 @@ def write_calibration(windows: Sequence[Pairs]) -> str:
             handle.write(json.dumps({"query": window[0][0], "documents": [d for _, d in window]}) + "\n")
     atexit.register(os.unlink, handle.name)  # gone however the run ends
     return handle.name
+
+
+def embedding_subject(settings: Any, device: str) -> Subject:
+    """The embedding member's engine over the packaged all-MiniLM-L6-v2."""
+    from worker.engine.embedding import EmbeddingEngine
+    from worker.engine.loading import load_sentence_transformer
+    from worker.providers.embedding import packaged_model
+
+    model = load_sentence_transformer(packaged_model()[0], device=device)
+    engine = EmbeddingEngine(model, settings=settings)
+
+    def texts(window: Pairs) -> list[str]:
+        return [window[0][0], *(d for _, d in window)]
+
+    def useful(window: Pairs) -> list[int]:
+        return [len(ids) for ids in engine.tokenize(texts(window))["input_ids"]]
+
+    def executed(window: Pairs) -> list[int]:
+        return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(texts(window)))
+                for _ in b.indices]
+
+    def library(window: Pairs) -> list[float]:
+        vectors = model.encode(texts(window), convert_to_tensor=True, normalize_embeddings=True,
+                               show_progress_bar=False).float()
+        return (vectors[1:] @ vectors[0]).tolist()
+
+    return Subject(f"embedding engine ({settings.precision} -> {engine.precision})", engine.precision,
+                   engine.score_pairs, executed, useful_tokens=useful, reference=library)
 
 
 def main() -> None:
@@ -294,6 +333,9 @@ def main() -> None:
             start = time.perf_counter()
             variants.append(engine_subject(f"{name} (forced)", precision, verify=False, choice=choice))
             print(f"loaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
+    # The embedding member's engine, as a worker runs it: the same precision setting and probe.
+    embedding = embedding_subject(settings, args.device)
+    subjects.append(embedding)
     # bf16 without native CPU support is emulated and slow: one window says enough.
     slow = {v.name for v in variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
 
@@ -319,13 +361,16 @@ def main() -> None:
 
     def figures(subject: Subject) -> dict[str, Any]:
         scored = windows[:len(subject.scores)]
-        lengths = [n for w in scored for n in token_lengths(w)]
+        lengths = [n for w in scored for n in (subject.useful_tokens or token_lengths)(w)]
         executed = [n for w in scored for n in subject.executed_tokens(w)]
-        n_pairs = len(lengths)
+        n_pairs = sum(len(w) for w in scored)
         rate = p50(subject.rates)
         useful = sum(pair_flops(n, layers=layers, hidden=hidden) for n in lengths) / n_pairs * rate / 1e9
         executed_gflops = sum(pair_flops(n, layers=layers, hidden=hidden) for n in executed) / n_pairs * rate / 1e9
-        reference = baseline.scores[:len(subject.scores)]
+        if subject.reference is not None:
+            reference = [subject.reference(w) for w in scored]
+        else:
+            reference = baseline.scores[:len(subject.scores)]
         rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
         per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
         return {
@@ -370,11 +415,16 @@ def main() -> None:
         [[key, b["pairs_per_s"], b["ratio"], f"{b['spearman_min']:.4f}", "yes" if b["at_parity"] else "no",
           "-" if b["rss_mb"] is None else round(b["rss_mb"])] for key, b in backends.items()],
     )
-    at_parity = [(n, f) for n, f in results.items() if n != baseline.name and f["spearman_min"] >= MIN_SPEARMAN]
+    at_parity = [(n, f) for n, f in results.items()
+                 if n not in (baseline.name, embedding.name) and f["spearman_min"] >= MIN_SPEARMAN]
     best_name, best = max(at_parity, key=lambda item: item[1]["ratio"]) if at_parity else (None, None)
     if best_name:
         print(f"\nfastest at parity (Spearman >= {MIN_SPEARMAN}): {best_name}, {best['ratio']:.2f}x predict")
     main_figures = results[engine.name]
+    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
+    print(f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
+          f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
+          "on the same windows")
     write_json(args.json_path, {
         "baseline_pairs_per_s": results[baseline.name]["pairs_per_s"],
         "engine_pairs_per_s": main_figures["pairs_per_s"],
@@ -387,6 +437,9 @@ def main() -> None:
         "best_at_parity": best_name,
         "engine_backend": args.backend,
         "backends": backends,
+        "embedding_pairs_per_s": results[embedding.name]["pairs_per_s"],
+        "embedding_vs_engine": embedding_vs_engine,
+        "embedding_spearman_min": results[embedding.name]["spearman_min"],
         "subjects": results,
         "pairs": len(pairs), "window_size": args.window_size, "rounds": rounds, "threads": threads,
         "device": args.device, "model": model_path, "layers": layers, "hidden": hidden,

@@ -107,7 +107,10 @@ class CachedProvider:
     """Serves answers given before from Redis; sends only what it has not seen to the provider."""
 
     def __init__(self, inner: Provider, *, member: MemberSettings, client: redis.Redis, keys: Keys, ttl_s: int,
-                 count: Callable[[str, int], None] | None = None) -> None:
+                 count: Callable[[str, int], None] | None = None,
+                 on_counted: Callable[[int, int], None] | None = None) -> None:
+        """``count`` adds to the store's counters; ``on_counted(hits, misses)`` hears of every
+        count the store has taken (the metrics count at the same points)."""
         self.inner = inner
         self.kind = inner.kind
         self.identity = provider_identity(member, inner)
@@ -118,6 +121,7 @@ class CachedProvider:
         self.keys = keys
         self.ttl_s = ttl_s
         self._count = count or (lambda name, n: None)
+        self._on_counted = on_counted or (lambda hits, misses: None)
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
         self._set_script = client.register_script(_SET_WITH_EXPIRY)
 
@@ -144,6 +148,7 @@ class CachedProvider:
         hits = len(documents) - len(misses)
         if not misses:
             self._count("pair_cache_hits", hits)
+            self._on_counted(hits, 0)
             return scores
         sub = dataclasses.replace(request, documents=[documents[i] for i in misses])
         fresh = self.inner.score(sub, deadline=deadline)
@@ -167,6 +172,7 @@ class CachedProvider:
                 kept = None
             if kept is not None and len(kept) == n:
                 self._count("pair_cache_hits", n)
+                self._on_counted(n, 0)
                 return kept
         fresh = self.inner.score(request, deadline=deadline)
         # The checks beneath have passed it; a subset's None marks are part of the answer.
@@ -196,11 +202,12 @@ class CachedProvider:
                 self._count("pair_cache_misses", misses)
                 if hits:
                     self._count("pair_cache_hits", hits)
-                return
-            self._set_script(keys=[self.keys.counters_for(None), *values],
-                             args=[self.ttl_s, hits, misses, *values.values()])
+            else:
+                self._set_script(keys=[self.keys.counters_for(None), *values],
+                                 args=[self.ttl_s, hits, misses, *values.values()])
         except redis.RedisError:
-            pass  # a score not cached is paid for again later, nothing worse
+            return  # a score not cached is paid for again later, nothing worse (and not counted)
+        self._on_counted(hits, misses)
 
     def close(self) -> None:
         self.inner.close()

@@ -42,6 +42,8 @@ class ChainOutcome:
     scores: list[float | None] | None
     failovers: list[str] = field(default_factory=list)
     reason: str | None = None
+    #: The serving member's ``embed(documents)`` when it embeds documents (``embedding``).
+    embed: Callable[[list[str]], list[list[float]]] | None = None
 
     @property
     def passthrough(self) -> bool:
@@ -94,6 +96,10 @@ class Member:
         self._failed_at: float | None = None
         self._last_error: ProviderStartError | None = None
         self.start_attempts = 0
+
+    @property
+    def started(self) -> bool:
+        return self._provider is not None
 
     def provider(self) -> Provider:
         if self._provider is not None:
@@ -275,7 +281,10 @@ class Chain:
                 fail_over(member, exc.reason, detail, **named)
                 continue
             self._record(member, ok=True, reason=None, request=request)
-            return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers)
+            # The raw provider's, beneath the cache and the meter (the checks forward it).
+            embed = getattr(member.checked if member.checked is not None else provider, "embed", None)
+            return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers,
+                                embed=embed if callable(embed) else None)
         return ChainOutcome(
             served_by=None, scale=None, scores=None, failovers=failovers,
             reason="all members failed: " + "; ".join(failovers),

@@ -32,6 +32,8 @@ def check_scores(
     if scale == "probability" and any(not -PROBABILITY_SLACK <= s <= 1 + PROBABILITY_SLACK for s in present):
         # A member declared calibrated that emits logits would rank on the wrong scale.
         raise UnusableResponse("out_of_scale", "a score outside [0, 1] from a member declared 'probability'")
+    if scale == "cosine" and any(not -1 - PROBABILITY_SLACK <= s <= 1 + PROBABILITY_SLACK for s in present):
+        raise UnusableResponse("out_of_scale", "a score outside [-1, 1] from a member declared 'cosine'")
     if len(present) >= flat_min_window and max(present) - min(present) < flat_range:
         raise UnusableResponse("flat_scores", f"range under {flat_range} across {len(present)} documents")
 

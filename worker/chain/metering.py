@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from functools import partial
 
-from worker.providers.base import Provider, Scale, ScoreRequest
+from worker.metrics.recorder import NO_METRICS, Recorder
+from worker.providers.base import Provider, ProviderError, Scale, ScoreRequest, retry_listener
 
 
 class MeteredProvider:
-    """Counts ``provider_calls:<member>`` only when the provider itself is called."""
+    """Counts ``provider_calls:<member>`` only when the provider itself is called, and tells
+    the metrics of the call: its pairs, its time, its error and its retries."""
 
-    def __init__(self, inner: Provider, *, label: str, count: Callable[[str], None]) -> None:
+    def __init__(self, inner: Provider, *, label: str, count: Callable[[str], None],
+                 recorder: Recorder = NO_METRICS) -> None:
         self.inner = inner
         self.kind = inner.kind
         self.label = label
         self._count = count
+        self._recorder = recorder
+        self._on_retry = partial(recorder.provider_retried, label)
 
     @property
     def scale(self) -> Scale | None:
@@ -22,7 +29,18 @@ class MeteredProvider:
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         self._count(f"provider_calls:{self.label}")
-        return self.inner.score(request, deadline=deadline)
+        self._recorder.provider_called(self.label, len(request.documents))
+        token = retry_listener.set(self._on_retry)
+        start = time.perf_counter()
+        error: str | None = None
+        try:
+            return self.inner.score(request, deadline=deadline)
+        except ProviderError as exc:
+            error = exc.reason
+            raise
+        finally:
+            retry_listener.reset(token)
+            self._recorder.provider_answered(self.label, time.perf_counter() - start, error)
 
     def close(self) -> None:
         self.inner.close()

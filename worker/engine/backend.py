@@ -41,10 +41,11 @@ class BackendChoice:
 
 
 class Backend(Protocol):
+    """What runs a batch's forward pass. An exported backend also has the ``precision`` it was
+    adopted at (fp32, bf16 or int8); torch runs at the engine's (``ForwardEngine``'s policy)."""
+
     #: torch, onnx or openvino.
     name: str
-    #: What the forward pass computes in: fp32, bf16, fp16 or int8.
-    precision: str
     #: A digest of the exported model this backend runs (None for torch): its scores' identity.
     artifact: str | None
 
@@ -70,30 +71,16 @@ def require_package(backend: str) -> None:
 
 
 class TorchBackend:
-    """The transformers model in process, under autocast for bf16/fp16."""
+    """The transformers model in process. The engine opens its precision's autocast around
+    the call (``ForwardEngine._autocast``): the precision is the engine's, not this object's."""
 
     name = "torch"
     artifact = None
 
-    def __init__(self, network: Any, device: Any, precision: str) -> None:
+    def __init__(self, network: Any, device: Any) -> None:
         self.network = network
         self.device = device
-        self.precision = precision
-
-    def _autocast(self) -> Any:
-        import contextlib
-
-        import torch
-
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        if self.precision == "fp16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.float16)
-        return contextlib.nullcontext()
 
     def forward(self, tensors: Mapping[str, Any]) -> Any:
-        import torch
-
-        with torch.inference_mode(), self._autocast():
-            moved = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
-            return self.network(**moved).logits.float()
+        moved = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+        return self.network(**moved).logits.float()

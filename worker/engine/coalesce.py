@@ -16,12 +16,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import structlog
 
+from producer.settings import Settings
+
 log = structlog.get_logger("rerankq.coalesce")
 
-ScorePairs = Callable[[Sequence[tuple[str, str]]], list[float]]
+#: What an engine gives back per pair: a score (cross-encoder), or a score and an embedding (bi-encoder).
+R = TypeVar("R")
+ScorePairs = Callable[[Sequence[tuple[str, str]]], list[R]]
 
 
 class CoalesceTimeout(Exception):
@@ -29,17 +34,17 @@ class CoalesceTimeout(Exception):
 
 
 @dataclass
-class _Pending:
+class _Pending(Generic[R]):
     pairs: list[tuple[str, str]]
-    future: Future[list[float]] = field(default_factory=Future)
+    future: Future[list[R]] = field(default_factory=Future)
 
 
-class Coalescer:
-    def __init__(self, score_pairs: ScorePairs, *, max_pairs: int, max_delay_s: float) -> None:
+class Coalescer(Generic[R]):
+    def __init__(self, score_pairs: ScorePairs[R], *, max_pairs: int, max_delay_s: float) -> None:
         self._score_pairs = score_pairs
         self.max_pairs = max_pairs
         self.max_delay_s = max_delay_s
-        self._pending: list[_Pending] = []
+        self._pending: list[_Pending[R]] = []
         self._cond = threading.Condition()
         self._closed = False
         self.flushes = 0  # forward calls made; with windows_scored, the coalescing gain
@@ -47,11 +52,11 @@ class Coalescer:
         self._thread = threading.Thread(target=self._run, name="rerankq-coalescer", daemon=True)
         self._thread.start()
 
-    def score(self, query: str, documents: Sequence[str], *, deadline: float | None = None) -> list[float]:
+    def score(self, query: str, documents: Sequence[str], *, deadline: float | None = None) -> list[R]:
         """Blocks until this window's scores are back; raises what the engine raised."""
         if not documents:
             return []
-        pending = _Pending(pairs=[(query, d) for d in documents])
+        pending: _Pending[R] = _Pending(pairs=[(query, d) for d in documents])
         with self._cond:
             if self._closed:
                 raise RuntimeError("coalescer is closed")
@@ -64,7 +69,7 @@ class Coalescer:
             # The flush may still run; its result for this window is simply dropped.
             raise CoalesceTimeout(f"no scores within {timeout:.1f}s") from None
 
-    def _take(self) -> list[_Pending]:
+    def _take(self) -> list[_Pending[R]]:
         """Wait for a first window, then up to max_delay_s for more, or until max_pairs."""
         with self._cond:
             while not self._pending and not self._closed:
@@ -78,7 +83,7 @@ class Coalescer:
                     break
                 self._cond.wait(left)
             # Take whole windows up to the cap (always at least one): a window is never split.
-            taken: list[_Pending] = []
+            taken: list[_Pending[R]] = []
             size = 0
             while self._pending and (not taken or size + len(self._pending[0].pairs) <= self.max_pairs):
                 item = self._pending.pop(0)
@@ -113,3 +118,22 @@ class Coalescer:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=5)
+
+
+_coalescers: dict[int, Coalescer[Any]] = {}
+_coalescers_lock = threading.Lock()
+
+
+def shared_coalescer(engine: object, score_pairs: ScorePairs[R], settings: Settings) -> Coalescer[R]:
+    """One coalescer per engine, so every member and thread using the model meets in it.
+
+    An engine is coalesced through one function only (``score_pairs`` for a cross-encoder,
+    ``score_and_embed`` for a bi-encoder), so the engine alone keys it.
+    """
+    with _coalescers_lock:
+        coalescer = _coalescers.get(id(engine))
+        if coalescer is None:
+            coalescer = Coalescer(score_pairs, max_pairs=settings.coalesce_max_pairs,
+                                  max_delay_s=settings.coalesce_delay_ms / 1000.0)
+            _coalescers[id(engine)] = coalescer
+        return coalescer

@@ -1,4 +1,4 @@
-"""Loading a cross-encoder: a local path, the local hub cache, or the hub when it is reachable."""
+"""Loading a model (cross-encoder or bi-encoder): a local path, the local hub cache, or the hub when it is reachable."""
 
 from __future__ import annotations
 
@@ -20,16 +20,14 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def load_cross_encoder(name_or_path: str, *, device: str) -> Any:
-    """Load a CrossEncoder by local path, from the local hub cache, or from the hub."""
+def _load(cls: Any, name_or_path: str, *, device: str) -> Any:
+    """``cls`` (a sentence-transformers model class) by local path, from the local hub cache, or from the hub."""
     import os
 
-    from sentence_transformers import CrossEncoder
-
     if os.path.isdir(name_or_path):
-        return CrossEncoder(name_or_path, device=device)
+        return cls(name_or_path, device=device)
     try:
-        return CrossEncoder(name_or_path, device=device, local_files_only=True)
+        return cls(name_or_path, device=device, local_files_only=True)
     except Exception:
         pass
     if os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_reachable():
@@ -37,4 +35,18 @@ def load_cross_encoder(name_or_path: str, *, device: str) -> Any:
             f"model {name_or_path!r} is not a local directory, not in the local cache, and the hub is "
             "unreachable; set RERANKQ_RERANKER_MODEL to a local path"
         )
-    return CrossEncoder(name_or_path, device=device)
+    return cls(name_or_path, device=device)
+
+
+def load_cross_encoder(name_or_path: str, *, device: str) -> Any:
+    """Load a CrossEncoder by local path, from the local hub cache, or from the hub."""
+    from sentence_transformers import CrossEncoder
+
+    return _load(CrossEncoder, name_or_path, device=device)
+
+
+def load_sentence_transformer(name_or_path: str, *, device: str) -> Any:
+    """Load a SentenceTransformer (a bi-encoder) the same way."""
+    from sentence_transformers import SentenceTransformer
+
+    return _load(SentenceTransformer, name_or_path, device=device)

@@ -1,16 +1,18 @@
-"""The scoring engine behind the local provider.
+"""The cross-encoder engine behind the local provider.
 
 Loads one model copy per process and scores (query, document) pairs close to the
 machine's limit: one tokeniser call per request, pairs ordered by token length and
 cut into batches by a padded-token budget (so a batch of short documents is wide
 and a batch of long ones is narrow, and little of either is padding), inference
 mode, and a reduced precision where the hardware runs it natively and a parity
-probe at load shows it keeps the ranking fp32 gives.
+probe at load shows it keeps the ranking fp32 gives (``worker.engine.forward``).
+The forward pass itself runs on a backend (``worker.engine.backend``): torch, or an
+export of the model run by ONNX Runtime or OpenVINO, held to the same parity.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -18,29 +20,25 @@ from typing import Any
 import structlog
 
 from producer.settings import Settings
-from worker.engine.backend import (
-    Backend,
-    BackendChoice,
-    BackendRefused,
-    TorchBackend,
-    auto_backend,
-    require_package,
-)
-from worker.engine.batching import Batch, default_token_budget, plan_batches
+from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, auto_backend, require_package
 from worker.engine.calibration import Calibration, read_calibration
+from worker.engine.forward import ForwardEngine, configure_threads, shared
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, spearman
-from worker.engine.precision import exported_precisions, probe_pairs, resolve_precision
+from worker.engine.precision import exported_precisions, probe_pairs
+
+__all__ = ["ScoringEngine", "configure_threads", "shared_engine"]
 
 log = structlog.get_logger("rerankq.engine")
 
 
-class ScoringEngine:
+class ScoringEngine(ForwardEngine):
     """Scores pairs with the model's configured activation applied (so the declared scale holds).
 
     The engine tokenises and batches; its backend (``worker/engine/backend.py``) runs each
-    batch's forward pass: torch (the model itself, at a precision), or an export of it run
-    by ONNX Runtime or OpenVINO, adopted only if it ranks the parity probe as torch fp32 does.
+    batch's forward pass: torch (the model itself, at the engine's precision), or an export
+    of it run by ONNX Runtime or OpenVINO, adopted only if it ranks the parity probe as torch
+    fp32 does.
     """
 
     def __init__(self, model: Any, *, settings: Settings, precision: str | None = None,
@@ -49,67 +47,36 @@ class ScoringEngine:
         import torch
 
         self.cross_encoder = model
-        self.settings = settings
         module = model[0]
         self.network = module.model  # the transformers model under the CrossEncoder
         self.tokenizer = module.processor
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
         self.activation = getattr(model, "activation_fn", None)
-        self.device = torch.device(model.device)
         self.model_name = model_name or str(getattr(self.network, "name_or_path", "") or "")
-        self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
-        self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
-        self.real_tokens = 0
-        self.probe_spearman: float | None = None
         self.network.eval()
-        #: torch fp32: what every other backend and precision is held to.
-        self.reference = TorchBackend(self.network, self.device, "fp32")
-        self.backend: Backend = self.reference
-        choice = backend or BackendChoice()
+        #: The model itself: the torch backend, and at fp32 what every other backend is held to.
+        self.torch = TorchBackend(self.network, torch.device(model.device))
+        self.backend: Backend = self.torch
+        asked = backend or BackendChoice()
+        choice = replace(asked, name=auto_backend(self.torch.device.type)) if asked.name == "auto" else asked
         requested = precision or settings.precision
-        if choice.name == "auto":
-            choice = self._adopt_auto(choice, requested, verify=verify_parity)
-        if choice.name == "torch":
-            candidate = resolve_precision(requested, self.device.type)
-            if candidate != "fp32":
-                # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
-                # kept with a warning when the probe disagrees.
-                self._adopt_precision(candidate, verify=verify_parity, enforce=requested == "auto")
-        elif self.backend is self.reference:
-            self._adopt_exported(choice, requested, verify=verify_parity)
-        self.precision = self.backend.precision
-
-    # -- precision and backend --
-
-    def _adopt_precision(self, candidate: str, *, verify: bool, enforce: bool) -> None:
-        """Run torch at ``candidate``; with ``enforce``, only if the probe keeps fp32's ranking."""
-        pairs = probe_pairs()
-        reference = self.score_pairs(pairs) if verify else None
-        self.backend = TorchBackend(self.network, self.device, candidate)
-        if reference is not None:
-            rho = spearman(reference, self.score_pairs(pairs))
-            self.probe_spearman = rho
-            if rho < MIN_SPEARMAN and enforce:
-                log.warning("precision_rejected", precision=candidate, spearman=round(rho, 4), kept="fp32")
-                self.backend = self.reference
-                return
-            if rho < MIN_SPEARMAN:
-                log.warning("precision_below_parity", precision=candidate, spearman=round(rho, 4))
-        log.info("precision_adopted", precision=candidate, verified=reference is not None)
-
-    def _adopt_auto(self, choice: BackendChoice, requested: str, *, verify: bool) -> BackendChoice:
-        """``auto``: the exported backend where one is installed, torch when it is not, or
-        when its export fails or falls short of parity. Returns what is left to adopt."""
-        name = auto_backend(self.device.type)
-        if name == "torch":
-            return replace(choice, name="torch")
+        exported = choice.name != "torch"
+        # An exported backend is adopted against torch fp32, so torch's own precision is not tried first.
+        super().__init__(device=model.device, settings=settings, precision="fp32" if exported else precision,
+                         token_budget=token_budget, verify_parity=verify_parity)
+        if not exported:
+            return
         try:
-            self._adopt_exported(replace(choice, name=name), requested, verify=verify)
-        except Exception as exc:  # auto means the fastest backend that works here
-            log.warning("backend_fallback", backend=name, kept="torch", reason=f"{type(exc).__name__}: {exc}")
-            self.backend = self.reference
-            return replace(choice, name="torch")
-        return replace(choice, name=name)
+            self._adopt_exported(choice, requested, verify=verify_parity)
+        except Exception as exc:
+            if asked.name != "auto":
+                raise
+            # auto means the fastest backend that works here: torch, at auto's precision for it.
+            log.warning("backend_fallback", backend=choice.name, kept="torch", reason=f"{type(exc).__name__}: {exc}")
+            self.backend = self.torch
+            self._choose_precision(requested, verify=verify_parity)
+
+    # -- backend --
 
     def _adopt_exported(self, choice: BackendChoice, requested: str, *, verify: bool) -> None:
         """Run an export with ONNX Runtime or OpenVINO: the first candidate precision whose
@@ -117,16 +84,16 @@ class ScoringEngine:
         require_package(choice.name)
         calibration = read_calibration(choice.calibration) if choice.calibration else None
         windows = [probe_pairs(), *(calibration.held_out if calibration else [])]
-        reference = [self.score_pairs(w) for w in windows] if verify else None
+        reference = [self._score(self.torch, w) for w in windows] if verify else None
         rejected = []
         for precision in exported_precisions(choice, requested, self.device.type):
             candidate = self._load_exported(choice, precision, calibration)
             if reference is None:
-                self.backend = candidate
+                self.backend, self.precision = candidate, precision
                 return
             rho = min(spearman(r, self._score(candidate, w)) for r, w in zip(reference, windows))
             if rho >= MIN_SPEARMAN:
-                self.backend, self.probe_spearman = candidate, rho
+                self.backend, self.precision, self.probe_spearman = candidate, precision, rho
                 log.info("backend_adopted", backend=choice.name, precision=precision, spearman=round(rho, 4),
                          exported=candidate.exported, windows=len(windows))
                 return
@@ -172,30 +139,6 @@ class ScoringEngine:
         )
         return dict(encoded)
 
-    def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
-        import torch
-
-        ids = encoded["input_ids"]
-        types = encoded.get("token_type_ids")
-        pad_id = self.tokenizer.pad_token_id or 0
-        out: list[Batch] = []
-        for indices in plan_batches([len(x) for x in ids], self.token_budget):
-            width = len(ids[indices[0]])
-            input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(indices), width), dtype=torch.long)
-            token_types = torch.zeros((len(indices), width), dtype=torch.long) if types is not None else None
-            for row, i in enumerate(indices):
-                n = len(ids[i])
-                input_ids[row, :n] = torch.tensor(ids[i], dtype=torch.long)
-                mask[row, :n] = 1
-                if token_types is not None:
-                    token_types[row, :n] = torch.tensor(types[i], dtype=torch.long)
-            tensors = {"input_ids": input_ids, "attention_mask": mask}
-            if token_types is not None:
-                tensors["token_type_ids"] = token_types
-            out.append(Batch(indices=indices, tensors=tensors))
-        return out
-
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         return self._score(self.backend, pairs)
 
@@ -206,7 +149,9 @@ class ScoringEngine:
             return []
         encoded = self.tokenize(pairs)
         scores = [0.0] * len(pairs)
-        with torch.inference_mode():
+        # torch runs at the engine's precision; an exported backend at the one it was adopted at.
+        autocast = self._autocast() if backend is self.torch else contextlib.nullcontext()
+        with torch.inference_mode(), autocast:
             for batch in self.batches(encoded):
                 logits = backend.forward(batch.tensors)
                 if self.activation is not None:
@@ -215,43 +160,14 @@ class ScoringEngine:
                 values = logits[:, -1].cpu().tolist()
                 for i, value in zip(batch.indices, values):
                     scores[i] = float(value)
-                self.padded_tokens += batch.padded_tokens
-                self.real_tokens += int(batch.tensors["attention_mask"].sum())
+                self._count(batch)
         return scores
-
-    def score(self, query: str, documents: Sequence[str]) -> list[float]:
-        return self.score_pairs([(query, d) for d in documents])
-
-
-# --- one model copy per process ---------------------------------------------------------------
-
-_engines: dict[tuple[str, str, str, int | None, BackendChoice], ScoringEngine] = {}
-_engines_lock = threading.Lock()
-
-
-def configure_threads(threads: int | None) -> None:
-    """Size torch's intra-op pool to the CPU quota this process has, not the host's cores."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)  # one forward at a time per process; no oversubscription
-    except RuntimeError:
-        pass  # already set (or work already ran): harmless
 
 
 def shared_engine(model_name: str, *, device: str, settings: Settings,
                   backend: BackendChoice | None = None) -> ScoringEngine:
-    """The process's engine for this model and backend; chain members naming both share it."""
-    backend = backend or BackendChoice()
-    key = (model_name, device, settings.precision, settings.token_budget, backend)
-    with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
-            if device == "cpu":
-                configure_threads(settings.torch_threads)
-            engine = ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings,
-                                   backend=backend, model_name=model_name)
-            _engines[key] = engine
-        return engine
+    """The process's cross-encoder engine for this model and backend; chain members naming both share it."""
+    choice = backend or BackendChoice()
+    return shared("cross-encoder", model_name, device=device, settings=settings, variant=choice,
+                  build=lambda: ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings,
+                                              backend=choice, model_name=model_name))

@@ -13,6 +13,7 @@ from worker.providers.base import Provider, ProviderStartError
 
 _REGISTRY: dict[str, str] = {
     "local": "worker.providers.local:LocalProvider",
+    "embedding": "worker.providers.embedding:EmbeddingProvider",
     "tei": "worker.providers.tei:TeiProvider",
     "cohere": "worker.providers.cohere:CohereProvider",
     "http": "worker.providers.generic:HttpProvider",
@@ -24,14 +25,18 @@ def provider_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_provider(member: MemberSettings, settings: Settings) -> Provider:
+def provider_class(name: str) -> type:
+    """The class behind a provider name; ProviderStartError when there is none."""
     # A name with a colon is an import path ("package.module:Class") to a custom provider.
-    target = member.provider if ":" in member.provider else _REGISTRY.get(member.provider)
+    target = name if ":" in name else _REGISTRY.get(name)
     if target is None:
-        raise ProviderStartError("unknown_provider", f"{member.provider!r}; known: {', '.join(provider_names())}")
+        raise ProviderStartError("unknown_provider", f"{name!r}; known: {', '.join(provider_names())}")
     module_name, _, class_name = target.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
+        return getattr(importlib.import_module(module_name), class_name)  # type: ignore[no-any-return]
     except (ImportError, AttributeError) as exc:
         raise ProviderStartError("unknown_provider", f"cannot import {target!r}: {exc}") from None
-    return cls(member, settings)
+
+
+def build_provider(member: MemberSettings, settings: Settings) -> Provider:
+    return provider_class(member.provider)(member, settings)  # type: ignore[no-any-return]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 # How a provider's numbers are to be read. Declared per provider, never guessed
-# from a batch: "probability" is used as it is, "logit" goes through a sigmoid.
-Scale = Literal["logit", "probability"]
+# from a batch: "probability" is used as it is, "logit" goes through a sigmoid, and
+# "cosine" (a similarity in [-1, 1], neither of the two) is clipped at 0
+# (worker.scoring.decide.normalise says why).
+Scale = Literal["logit", "probability", "cosine"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class Provider(Protocol):
       that could matter.
     - ``answers_subsets: bool``: True when an answer may leave documents out (``top_n``); its
       answer then depends on the whole window, and the cache keeps it per window.
+
+    A provider that embeds documents (``embedding``) also has ``embed(documents) ->
+    list[list[float]]``: the normalised embedding of each document, kept beside the
+    decisions of a window it served so a reader can run MMR without sending embeddings.
     """
 
     kind: str
@@ -95,3 +102,16 @@ class Provider(Protocol):
 def cache_identity(kind: str, **parts: object) -> str:
     """A provider's ``cache_identity``: its kind and every setting that changes its answer."""
     return json.dumps({"provider": kind, **parts}, sort_keys=True, separators=(",", ":"))
+
+
+#: Told of each retry a provider makes within one call: (reason, seconds it will wait, whether
+#: the wait came from the server's ``Retry-After``). The metering layer sets it around a call,
+#: so a provider reports retries without knowing its place in the chain or whether metrics are on.
+retry_listener: ContextVar[Callable[[str, float, bool], None] | None] = ContextVar("rerankq_retry_listener",
+                                                                                  default=None)
+
+
+def announce_retry(reason: str, wait_s: float, *, from_retry_after: bool) -> None:
+    listener = retry_listener.get()
+    if listener is not None:
+        listener(reason, wait_s, from_retry_after)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
-from worker.engine.coalesce import Coalescer, CoalesceTimeout
+from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.providers.base import ProviderStartError, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
 
 if TYPE_CHECKING:
-    from worker.engine import BackendChoice, ScoringEngine
+    from worker.engine import BackendChoice
 
 log = structlog.get_logger("rerankq.provider.local")
 
@@ -75,7 +74,7 @@ class LocalProvider:
         self.cache_identity = cache_identity(self.kind, model=self.model_name, backend=backend.name,
                                              precision=self.engine.precision, artifact=backend.artifact,
                                              device=device.split(":")[0], scale=self.scale)
-        self.coalescer = shared_coalescer(self.engine, settings) if settings.coalesce else None
+        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.coalesce else None
         log.info("model_loaded", model=self.model_name, device=device, scale=self.scale, backend=backend.name,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)
 
@@ -109,18 +108,3 @@ def backend_start_error(exc: Exception, model_name: str, choice: BackendChoice) 
         return ProviderStartError("calibration", str(exc),
                                   remedy=Remedy("calibration", "fix the file {variable} names"))
     return ProviderStartError("model_load", f"{model_name} ({choice.name}): {type(exc).__name__}: {exc}")
-
-
-_coalescers: dict[int, Coalescer] = {}
-_coalescers_lock = threading.Lock()
-
-
-def shared_coalescer(engine: ScoringEngine, settings: Settings) -> Coalescer:
-    """One coalescer per engine, so every member and thread using the model meets in it."""
-    with _coalescers_lock:
-        coalescer = _coalescers.get(id(engine))
-        if coalescer is None:
-            coalescer = Coalescer(engine.score_pairs, max_pairs=settings.coalesce_max_pairs,
-                                  max_delay_s=settings.coalesce_delay_ms / 1000.0)
-            _coalescers[id(engine)] = coalescer
-        return coalescer

@@ -27,7 +27,14 @@ import httpx
 import structlog
 
 from producer.settings import MemberSettings
-from worker.providers.base import ProviderStartError, ProviderUnavailable, Remedy, ScoreRequest, UnusableResponse
+from worker.providers.base import (
+    ProviderStartError,
+    ProviderUnavailable,
+    Remedy,
+    ScoreRequest,
+    UnusableResponse,
+    announce_retry,
+)
 
 log = structlog.get_logger("rerankq.provider.remote")
 
@@ -224,6 +231,7 @@ class RemoteClient:
                 wait = max(wait, hinted)
             if time.monotonic() + wait + MIN_ATTEMPT_S > deadline:
                 raise ProviderUnavailable(reason, detail + f"; retry in {wait:.2f}s would pass the deadline")
+            announce_retry(reason, wait, from_retry_after=hinted is not None)
             time.sleep(wait)
             attempt += 1
 

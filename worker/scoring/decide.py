@@ -22,10 +22,17 @@ def sigmoid(x: float) -> float:
 
 
 def normalise(score: float, scale: str) -> float:
-    """Declared per provider: probabilities as they are, logits through a sigmoid. Never by rank.
+    """Declared per provider: probabilities as they are, logits through a sigmoid, cosine
+    similarities clipped at 0. Never by rank.
 
     A declared probability slightly outside [0, 1] (float noise from a hosted API) is
     clamped, so min_score keeps meaning "fraction of certainty"; it is never rescaled.
+
+    A cosine similarity is neither: it is kept as it is above 0, so ``min_score`` is a
+    cosine threshold and a weak best hit stays weak, and a negative one (texts that point
+    apart: unrelated) reads as 0, not as some relevance. ``(1 + cos) / 2`` would keep the
+    order below 0 too, but would score unrelated text 0.5; among documents the model finds
+    unrelated, fusion order (the tie-break) is as good an order as any.
     """
     if scale == "logit":
         return sigmoid(score)

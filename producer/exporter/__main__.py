@@ -1,0 +1,3 @@
+from producer.exporter.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+from producer.gateway.main import main
+
+raise SystemExit(main())

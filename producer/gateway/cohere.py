@@ -1,0 +1,185 @@
+"""Cohere's rerank API, v1 and v2, answered from the queue.
+
+Shapes as Cohere publishes them (docs.cohere.com/reference/rerank and /v2/reference/rerank,
+and the Fern-generated ``cohere`` Python SDK: ``V2RerankResponse``, ``RerankResponse``,
+``ApiMeta``):
+
+- ``POST /v2/rerank`` ``{"model", "query", "documents": [str], "top_n"?, "max_tokens_per_doc"?,
+  "priority"?}``; ``POST /v1/rerank`` ``{"query", "documents": [str | {"text", ...}], "model"?,
+  "top_n"?, "rank_fields"?, "return_documents"?, "max_chunks_per_doc"?}``.
+- ``{"id", "results": [{"index", "relevance_score", "document"? (v1, with return_documents)}],
+  "meta": {"api_version": {"version"}, "billed_units": {"search_units"}}}``, best first.
+  ``relevance_score`` is the queue's normalised score in [0, 1], as Cohere's are.
+- Errors are ``{"message": str}`` with Cohere's codes: 400 invalid request, 401 no or bad key,
+  403, 404, 413 (a body over the byte limit), 429 with ``Retry-After``, 503 (every reranker
+  failed, or Redis cannot be used), 504 (timed out; the stream id is in
+  ``X-Rerankq-Stream-Id``).
+
+Where rerankq differs, it says so: ``model`` is accepted and does not route (the API key's
+chain profile decides who scores); ``max_tokens_per_doc`` becomes a document budget in code
+points (``service.CHARS_PER_TOKEN``); long documents are cut to the budget, not chunked, so
+``max_chunks_per_doc`` changes nothing; one search unit is billed per 100 documents (Cohere's
+rule for documents under 500 tokens). Unknown fields are refused, naming the field, so a
+misspelt ``top_n`` is not silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from producer.gateway.jobs import Scored
+from producer.gateway.limits import read_body
+from producer.gateway.problems import STREAM_HEADER, Problem, decode
+from producer.gateway.service import Gateway, endpoint
+
+DOCUMENTS_PER_SEARCH_UNIT = 100
+
+
+class CohereV2Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    max_tokens_per_doc: int | None = None
+    priority: int | None = None
+
+
+class CohereV1Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    query: str
+    documents: list[str | dict[str, Any]]
+    model: str | None = None
+    top_n: int | None = None
+    rank_fields: list[str] | None = None
+    return_documents: bool | None = None
+    max_chunks_per_doc: int | None = None
+
+
+class CohereResult(msgspec.Struct, omit_defaults=True):
+    index: int
+    relevance_score: float
+    document: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ApiVersion(msgspec.Struct):
+    version: str
+
+
+class BilledUnits(msgspec.Struct):
+    search_units: int
+
+
+class CohereMeta(msgspec.Struct):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+
+
+class CohereResponse(msgspec.Struct):
+    id: str
+    results: list[CohereResult]
+    meta: CohereMeta
+
+
+class CohereError(msgspec.Struct):
+    message: str
+
+
+STATUS = {"invalid": 400, "empty": 400, "too_many": 400, "malformed": 400, "too_large": 413, "unauthenticated": 401,
+          "forbidden": 403, "not_found": 404, "conflict": 409, "overloaded": 429, "failed": 503, "timeout": 504,
+          "unavailable": 503}
+_INVALID = ("invalid", "empty", "too_many", "malformed")
+
+
+def render(problem: Problem) -> Response:
+    message = f"invalid request: {problem.message}" if problem.kind in _INVALID else problem.message
+    return Response(msgspec.json.encode(CohereError(message=message)), status_code=STATUS[problem.kind],
+                    media_type="application/json")
+
+
+def positive(field: str, value: int | None, *, minimum: int = 1) -> int | None:
+    if value is not None and value < minimum:
+        raise Problem("invalid", f"{field}: must be at least {minimum}, got {value}", field=field)
+    return value
+
+
+def answer(gateway_id: str, stream_id: str, version: str, scores: list[Scored], n_documents: int,
+           top_n: int | None, documents: list[dict[str, Any]] | None = None) -> Response:
+    chosen = scores[:top_n] if top_n is not None else scores
+    results = [CohereResult(index=s.index, relevance_score=s.score,
+                            document=documents[s.index] if documents is not None else msgspec.UNSET)
+               for s in chosen]
+    body = CohereResponse(id=gateway_id, results=results, meta=CohereMeta(
+        api_version=ApiVersion(version=version),
+        billed_units=BilledUnits(search_units=math.ceil(n_documents / DOCUMENTS_PER_SEARCH_UNIT))))
+    return Response(msgspec.json.encode(body), media_type="application/json", headers={STREAM_HEADER: stream_id})
+
+
+@endpoint(render)
+async def rerank_v2(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    device = gateway.device(request, principal)
+    timeout_s = gateway.timeout_s(request)
+    payload = decode(await read_body(request, gateway.config.max_body_bytes), CohereV2Request)
+    assert isinstance(payload, CohereV2Request)
+    gateway.check_query(payload.query)
+    gateway.check_documents(payload.documents, "documents")
+    positive("top_n", payload.top_n)
+    positive("max_tokens_per_doc", payload.max_tokens_per_doc)
+    positive("priority", payload.priority, minimum=0)
+    job = gateway.job(payload.query, payload.documents, device, principal,
+                      max_tokens_per_doc=payload.max_tokens_per_doc)
+    stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
+    return answer(str(uuid.uuid4()), stream_id, "2", scores, len(payload.documents), payload.top_n)
+
+
+def v1_texts(documents: list[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:
+    """What is scored for each v1 document: the string, an object's ``text``, or with
+    ``rank_fields`` those fields of the object as ``field: value`` lines, in that order."""
+    texts = []
+    for i, document in enumerate(documents):
+        if isinstance(document, str):
+            texts.append(document)
+            continue
+        fields = rank_fields or ["text"]
+        lines = []
+        for name in fields:
+            value = document.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise Problem("invalid", f"documents[{i}].{name}: must be a string", field=f"documents[{i}].{name}")
+            lines.append(value if rank_fields is None else f"{name}: {value}")
+        if not lines:
+            missing = "text" if rank_fields is None else f"any of the rank_fields {rank_fields}"
+            raise Problem("invalid", f"documents[{i}]: has no {missing}", field=f"documents[{i}]")
+        texts.append("\n".join(lines))
+    return texts
+
+
+@endpoint(render)
+async def rerank_v1(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    device = gateway.device(request, principal)
+    timeout_s = gateway.timeout_s(request)
+    payload = decode(await read_body(request, gateway.config.max_body_bytes), CohereV1Request)
+    assert isinstance(payload, CohereV1Request)
+    gateway.check_query(payload.query)
+    if payload.rank_fields is not None and not payload.rank_fields:
+        raise Problem("invalid", "rank_fields: must name at least one field", field="rank_fields")
+    texts = v1_texts(payload.documents, payload.rank_fields)
+    gateway.check_documents(texts, "documents")
+    positive("top_n", payload.top_n)
+    positive("max_chunks_per_doc", payload.max_chunks_per_doc)
+    job = gateway.job(payload.query, texts, device, principal)
+    stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
+    documents = None
+    if payload.return_documents:
+        documents = [{"text": d} if isinstance(d, str) else d for d in payload.documents]
+    return answer(str(uuid.uuid4()), stream_id, "1", scores, len(payload.documents), payload.top_n, documents)

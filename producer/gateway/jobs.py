@@ -1,0 +1,84 @@
+"""A synchronous rerank call as a stream: its candidates, its windows, its idempotency key.
+
+The key derives from everything that decides the scores (tenant, chain profile, device,
+window size, document budget, filters, query, documents) and nothing that only shapes the
+answer (``top_n``, ``return_documents``, ``raw_scores``), so the same request again (from
+any of the three APIs) finds the stream the first one opened and is answered from its
+retained decisions without a provider call. ``generation`` moves a request past a retained
+stream that cannot answer it (one whose windows failed, or a key left by a differently
+configured gateway), so an outage is not remembered for the stream's whole TTL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import msgspec
+
+from producer.gateway.problems import Problem
+from producer.store import Snapshot
+from producer.wire import Failed, Filtered, Ranked
+
+#: Bump when the derivation changes, so old streams are never read as new answers.
+KEY_VERSION = 1
+_encoder = msgspec.msgpack.Encoder()
+
+
+@dataclass(frozen=True)
+class RerankJob:
+    query: str
+    texts: list[str]
+    device: str
+    chain: str | None
+    tenant: str | None
+    window_size: int
+    document_budget: int
+    ttl_s: int
+    min_score: float | None
+    min_final_score: float | None
+
+    @property
+    def n_windows(self) -> int:
+        return math.ceil(len(self.texts) / self.window_size)
+
+    def candidates(self) -> list[dict[str, str]]:
+        return [{"id": str(i), "text": text} for i, text in enumerate(self.texts)]
+
+    def idempotency_key(self, generation: int) -> str:
+        digest = hashlib.blake2b(_encoder.encode([
+            KEY_VERSION, self.tenant, self.chain, self.device, self.window_size, self.document_budget, self.ttl_s,
+            self.min_score, self.min_final_score, self.query, self.texts,
+        ]), digest_size=20).hexdigest()
+        return f"gw-{digest}-{generation}"
+
+
+@dataclass(frozen=True)
+class Scored:
+    index: int
+    score: float
+
+
+def failure(snapshot: Snapshot) -> str | None:
+    """The reason of the first failed window, or None when every window was scored."""
+    for window in sorted(snapshot.results):
+        result = snapshot.results[window]
+        if any(isinstance(d, Failed) for d in result.decisions):
+            return result.reason or "every chain member failed"
+    return None
+
+
+def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
+    """Every scored document, best first (ties in input order).
+
+    A filtered decision (under a configured min score) still has its score and is answered,
+    as the rerank APIs answer every document; one a provider's subset left out is not.
+    """
+    reason = failure(snapshot)
+    if reason is not None:
+        raise Problem("failed", f"reranking failed: {reason}", stream_id=stream_id)
+    out = [Scored(d.index, d.score) for window in sorted(snapshot.results)
+           for d in snapshot.results[window].decisions if isinstance(d, (Ranked, Filtered))]
+    out.sort(key=lambda s: (-s.score, s.index))
+    return out

@@ -1,0 +1,131 @@
+"""What every route shares: the settings, the keys, the bridge to the queue, and the steps
+common to the three rerank APIs (who is asking, which device, how long to wait, the job)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import wraps
+
+import redis
+from starlette.requests import Request
+from starlette.responses import Response
+
+from producer.errors import StoreError, StreamNotFound, ValidationError
+from producer.gateway.auth import KeyRing, Principal
+from producer.gateway.bridge import QueueBridge, store_problem
+from producer.gateway.config import GatewaySettings
+from producer.gateway.jobs import RerankJob
+from producer.gateway.problems import Problem
+from producer.logs import get_logger
+from producer.settings import Settings
+
+log = get_logger("rerankq.gateway")
+
+DEVICE_HEADER = "x-rerankq-device"
+TIMEOUT_HEADER = "x-rerankq-timeout"
+#: Cohere's max_tokens_per_doc is in tokens, the stream's document budget in code points; an
+#: English subword token is about four characters, so a budget of 4 per token keeps at least
+#: as much text as the caller allowed (the operator's RERANKQ_DOCUMENT_BUDGET stays the ceiling).
+CHARS_PER_TOKEN = 4
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    config: GatewaySettings
+    keyring: KeyRing
+    bridge: QueueBridge
+
+    def principal(self, request: Request) -> Principal:
+        return self.keyring.authenticate(request.headers.get("authorization"))
+
+    def device(self, request: Request, principal: Principal, asked: str | None = None) -> str:
+        """The device asked for (a body field), else the route's (``/gpu/v2/rerank``), else the
+        ``X-Rerankq-Device`` header, else the key's default; one the key may not use is refused."""
+        asked = asked or request.path_params.get("device") or request.headers.get(DEVICE_HEADER)
+        return principal.device(asked.lower() if asked else None, self.config.device)
+
+    def timeout_s(self, request: Request) -> float:
+        asked = request.headers.get(TIMEOUT_HEADER)
+        if asked is None:
+            return self.config.timeout_s
+        try:
+            value = float(asked)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= self.config.max_timeout_s:
+            raise Problem("invalid", f"{TIMEOUT_HEADER}: must be seconds in (0, {self.config.max_timeout_s}]",
+                          field=TIMEOUT_HEADER)
+        return value
+
+    def check_query(self, query: str) -> None:
+        if not query.strip():
+            raise Problem("invalid", "query must not be empty or be only whitespace", field="query")
+        if len(query) > self.settings.max_query_chars:
+            raise Problem("invalid", f"query: {len(query)} characters, over the limit of "
+                                     f"{self.settings.max_query_chars}", field="query")
+
+    def check_documents(self, texts: list[str], field: str) -> None:
+        """Count and size of the documents: each API names ``field`` its own way (documents, texts)."""
+        if not texts:
+            raise Problem("empty", f"list of {field} must not be empty", field=field)
+        limit = self.config.documents(self.settings)
+        if len(texts) > limit:
+            raise Problem("too_many", f"{field}: {len(texts)} given, over the limit of {limit} per request",
+                          field=field)
+        chars = self.config.document_chars(self.settings)
+        for i, text in enumerate(texts):
+            if not text:
+                raise Problem("invalid", f"{field}[{i}]: must not be empty", field=f"{field}[{i}]")
+            if len(text) > chars:
+                raise Problem("invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}",
+                              field=f"{field}[{i}]")
+
+    def job(self, query: str, texts: list[str], device: str, principal: Principal, *,
+            max_tokens_per_doc: int | None = None) -> RerankJob:
+        budget = self.settings.document_budget
+        if max_tokens_per_doc is not None:
+            budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
+        return RerankJob(
+            query=query, texts=texts, device=device, chain=principal.chain, tenant=principal.tenant,
+            window_size=min(len(texts), self.settings.max_window_size), document_budget=budget,
+            ttl_s=self.config.stream_ttl_s or self.settings.stream_ttl_s,
+            min_score=self.settings.min_score, min_final_score=self.settings.min_final_score,
+        )
+
+
+def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handler]:
+    """Answer every problem a route meets in its API's own error shape; log it without its text
+    (a message may quote the caller's documents)."""
+
+    def wrap(handler: Handler) -> Handler:
+        @wraps(handler)
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Problem as problem:
+                return _answer(render, problem, request)
+            except ValidationError as error:
+                return _answer(render, Problem.from_validation(error), request)
+            except StreamNotFound as error:
+                return _answer(render, Problem("not_found", str(error), stream_id=error.stream_id), request)
+            except (StoreError, redis.RedisError, OSError) as exc:
+                return _answer(render, store_problem(exc), request)
+
+        return run
+
+    return wrap
+
+
+def _answer(render: Callable[[Problem], Response], problem: Problem, request: Request) -> Response:
+    log.debug("gateway_request_refused", path=request.url.path, kind=problem.kind, field=problem.field,
+             stream=problem.stream_id)
+    response = render(problem)
+    response.headers.update(problem.headers())
+    if problem.kind == "unauthenticated":
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response

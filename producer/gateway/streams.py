@@ -1,0 +1,187 @@
+"""The stream API: the asynchronous path the queue is for, over HTTP.
+
+- ``POST /v1/streams`` takes the arguments of ``RerankClient.open`` (the tenant comes from
+  the API key) and answers 201 ``{"stream_id"}``. An ``idempotency_key`` is scoped to the
+  key's tenant, so two tenants using the same key never meet.
+- ``GET /v1/streams/{id}/page?offset=&limit=&wait=`` is ``pull``: the same page (rows of the
+  committed prefix, ``total``, ``complete``, ``pending_windows``), admitting deeper windows
+  when the committed ones cannot fill it, and waiting up to ``wait`` seconds for them.
+- ``GET /v1/streams/{id}`` is ``status``.
+- ``GET /v1/streams/{id}/events`` is a Server-Sent Events stream: ``commit`` (a window's
+  status, with the event-log id as the SSE id, so ``Last-Event-ID`` resumes), then
+  ``complete`` once every window has committed (or ``gone`` if the stream expired).
+
+Errors are ``{"error": {"type", "message", "field"?, "stream_id"?}}``: 400 for a body that is
+not JSON, 422 for a bad field (named by its path, as ``open`` names it), 401, 403, 404 (no
+such stream, or another tenant's), 409 (an idempotency key reused for another job), 413, 429
+with ``Retry-After``, 503.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import redis
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from producer.errors import IdempotencyConflict, StoreError, ValidationError
+from producer.gateway.limits import read_body
+from producer.gateway.problems import STREAM_HEADER, Problem, decode
+from producer.gateway.service import Gateway, endpoint
+from producer.validation import check_idempotency_key
+
+_EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
+
+
+class OpenStreamRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    query: str
+    candidates: list[dict[str, Any]]
+    window_size: int | None = None
+    first_windows: int = 1
+    device: str | None = None
+    min_score: float | None = None
+    min_final_score: float | None = None
+    chain: str | None = None
+    boosts: dict[str, Any] | None = None
+    reference_time: dt.datetime | None = None
+    query_range: dict[str, Any] | None = None
+    ttl_s: int | None = None
+    idempotency_key: str | None = None
+    budget: str | None = None
+    keep: int | None = None
+    allow_shallow: bool = False
+    max_rerank_candidates: int | None = None
+    max_candidates_per_source: int | None = None
+    strategy_boosts: str | dict[str, str] | None = None
+    document_budget: int | None = None
+
+
+class Opened(msgspec.Struct):
+    stream_id: str
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=True):
+    type: str
+    message: str
+    field: str | None = None
+    stream_id: str | None = None
+
+
+class StreamError(msgspec.Struct):
+    error: ErrorBody
+
+
+STATUS = {"invalid": 422, "empty": 422, "too_many": 422, "malformed": 400, "too_large": 413, "unauthenticated": 401,
+          "forbidden": 403, "not_found": 404, "conflict": 409, "overloaded": 429, "failed": 502, "timeout": 504,
+          "unavailable": 503}
+
+
+def render(problem: Problem) -> Response:
+    body = StreamError(error=ErrorBody(type=problem.kind, message=problem.message, field=problem.field,
+                                       stream_id=problem.stream_id))
+    return Response(msgspec.json.encode(body), status_code=STATUS[problem.kind], media_type="application/json")
+
+
+def _json(value: Any, status: int = 200, stream_id: str | None = None) -> Response:
+    headers = {STREAM_HEADER: stream_id} if stream_id else None
+    return Response(msgspec.json.encode(value), status_code=status, media_type="application/json", headers=headers)
+
+
+def tenant_key(tenant: str | None, key: str) -> str:
+    """The caller's idempotency key, made the tenant's own (a hash fits the 64-character key limit)."""
+    check_idempotency_key(key)
+    if tenant is None:
+        return key
+    return "t" + hashlib.blake2b(f"{tenant}\x00{key}".encode(), digest_size=16).hexdigest()
+
+
+@endpoint(render)
+async def open_stream(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    payload = decode(await read_body(request, gateway.config.max_body_bytes), OpenStreamRequest)
+    assert isinstance(payload, OpenStreamRequest)
+    arguments = {name: getattr(payload, name) for name in payload.__struct_fields__}
+    arguments["device"] = gateway.device(request, principal, payload.device)
+    arguments["chain"] = principal.check_chain(payload.chain)
+    arguments["tenant"] = principal.tenant
+    try:
+        if payload.idempotency_key is not None:
+            arguments["idempotency_key"] = tenant_key(principal.tenant, payload.idempotency_key)
+        stream_id = await gateway.bridge.open_stream(principal, arguments)
+    except ValidationError as error:
+        raise Problem.from_validation(error) from None
+    except IdempotencyConflict:
+        raise Problem("conflict", "idempotency_key already opened a stream with a different query or candidates",
+                      field="idempotency_key") from None
+    return _json(Opened(stream_id=stream_id), 201, stream_id)
+
+
+def _number(request: Request, name: str, default: float, *, integer: bool, minimum: float) -> Any:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value: float = int(raw) if integer else float(raw)
+    except ValueError:
+        value = minimum - 1
+    if not value >= minimum:  # also refuses NaN
+        kind = "an integer" if integer else "a number"
+        raise Problem("invalid", f"{name}: must be {kind} of at least {minimum:g}", field=name)
+    return value
+
+
+@endpoint(render)
+async def read_page(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    stream_id = request.path_params["stream_id"]
+    offset = _number(request, "offset", 0, integer=True, minimum=0)
+    limit = _number(request, "limit", 10, integer=True, minimum=1)
+    wait = min(_number(request, "wait", 0.0, integer=False, minimum=0), gateway.config.max_wait_s)
+    await gateway.bridge.check_owner(principal, stream_id)
+    page = await gateway.bridge.page(stream_id, offset, limit, wait)
+    return _json(page, stream_id=stream_id)
+
+
+@endpoint(render)
+async def read_status(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    stream_id = request.path_params["stream_id"]
+    await gateway.bridge.check_owner(principal, stream_id)
+    return _json(await gateway.bridge.status(stream_id), stream_id=stream_id)
+
+
+@endpoint(render)
+async def read_events(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    stream_id = request.path_params["stream_id"]
+    after = request.headers.get("last-event-id", "0-0")
+    if not _EVENT_ID.fullmatch(after):
+        raise Problem("invalid", "Last-Event-ID: must be an event id this stream sent (digits-digits)",
+                      field="Last-Event-ID")
+    await gateway.bridge.check_owner(principal, stream_id)
+    return StreamingResponse(_sse(gateway, stream_id, after.encode()), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      STREAM_HEADER: stream_id})
+
+
+async def _sse(gateway: Gateway, stream_id: str, after: bytes) -> AsyncIterator[bytes]:
+    try:
+        async for event, event_id, data in gateway.bridge.commits(stream_id, after):
+            if event == "heartbeat":
+                yield b": keep-alive\n\n"
+                continue
+            head = f"id: {event_id}\n" if event_id else ""
+            yield f"{head}event: {event}\ndata: ".encode() + data + b"\n\n"
+    except (StoreError, redis.RedisError, OSError) as exc:
+        body = msgspec.json.encode({"stream_id": stream_id, "message": f"Redis unreachable ({type(exc).__name__})"})
+        yield b"event: error\ndata: " + body + b"\n\n"

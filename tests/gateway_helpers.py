@@ -1,0 +1,87 @@
+"""A real gateway process on loopback (``python -m producer.gateway``), and API keys for it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from producer.gateway.auth import digest, new_key
+from worker.embedded.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_keys(path: Path, entries: list[dict]) -> dict[str, str]:
+    """Make a key per entry (``name`` is the test's handle for it); write their hashes only."""
+    keys, stored = {}, []
+    for entry in entries:
+        entry = dict(entry)
+        key = new_key()
+        keys[entry.pop("name")] = key
+        stored.append({"key_sha256": digest(key), **entry})
+    path.write_text(json.dumps(stored))
+    return keys
+
+
+class GatewayProcess:
+    def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.port = free_port()
+        self.args = ["--port", str(self.port), *args]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> GatewayProcess:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "producer.gateway", *self.args], env=self.env,
+                                         cwd=ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"gateway not ready after {timeout_s:.0f} s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+def sse_events(text: str) -> list[dict[str, str]]:
+    """Server-sent events as dicts of their fields (comments dropped)."""
+    events = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if line.startswith(":") or ":" not in line:
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+        if fields:
+            events.append(fields)
+    return events

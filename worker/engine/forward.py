@@ -1,0 +1,144 @@
+"""What every in-process engine shares: the device, the padded-token budget, the precision
+policy with its parity probe, and one model copy per process.
+
+An engine scores (query, document) pairs; how its model turns a batch into scores is
+its own (a cross-encoder reads a logit per pair, a bi-encoder compares embeddings). The
+rest is here once: batches are cut by ``plan_batches`` and padded by ``pad_batches``, the
+forward pass runs under ``torch.inference_mode`` and, where the hardware runs it natively,
+a reduced precision that a probe at load shows keeps the ranking fp32 gives.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+import structlog
+
+from producer.settings import Settings
+from worker.engine.batching import Batch, default_token_budget, pad_batches
+from worker.engine.parity import MIN_SPEARMAN, spearman
+from worker.engine.precision import probe_pairs, resolve_precision
+
+log = structlog.get_logger("rerankq.engine")
+
+
+class ForwardEngine:
+    """The base of ``ScoringEngine`` (cross-encoder) and ``EmbeddingEngine`` (bi-encoder).
+
+    A subclass sets ``tokenizer`` and implements ``score_pairs`` before calling
+    ``__init__`` here, which may score the probe to choose the precision.
+    """
+
+    tokenizer: Any
+
+    def __init__(self, *, device: Any, settings: Settings, precision: str | None, token_budget: int | None,
+                 verify_parity: bool) -> None:
+        import torch
+
+        self.settings = settings
+        self.device = torch.device(device)
+        self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
+        self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
+        self.real_tokens = 0
+        #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
+        self.on_batch: Callable[[int, int], None] | None = None
+        self.probe_spearman: float | None = None
+        self.precision = "fp32"
+        self._choose_precision(precision or settings.precision, verify=verify_parity)
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        raise NotImplementedError
+
+    def score(self, query: str, documents: Sequence[str]) -> list[float]:
+        return self.score_pairs([(query, d) for d in documents])
+
+    # -- precision --
+
+    def _choose_precision(self, requested: str, *, verify: bool) -> None:
+        candidate = resolve_precision(requested, self.device.type)
+        if candidate != "fp32":
+            # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
+            # kept with a warning when the probe disagrees.
+            self.precision = self._adopt(candidate, verify=verify, enforce=requested == "auto")
+
+    def _adopt(self, candidate: str, *, verify: bool, enforce: bool) -> str:
+        """Switch to ``candidate``; with ``enforce``, only if the probe keeps fp32's ranking."""
+        pairs = probe_pairs()
+        reference = self.score_pairs(pairs) if verify else None
+        self.precision = candidate
+        if reference is not None:
+            rho = spearman(reference, self.score_pairs(pairs))
+            self.probe_spearman = rho
+            if rho < MIN_SPEARMAN and enforce:
+                log.warning("precision_rejected", precision=candidate, spearman=round(rho, 4), kept="fp32",
+                            engine=type(self).__name__)
+                self.precision = "fp32"
+                return "fp32"
+            if rho < MIN_SPEARMAN:
+                log.warning("precision_below_parity", precision=candidate, spearman=round(rho, 4),
+                            engine=type(self).__name__)
+        log.info("precision_adopted", precision=candidate, verified=reference is not None, engine=type(self).__name__)
+        return candidate
+
+    def _autocast(self) -> Any:
+        import contextlib
+
+        import torch
+
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        if self.precision == "fp16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.float16)
+        return contextlib.nullcontext()
+
+    # -- batching --
+
+    def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
+        return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0)
+
+    def _count(self, batch: Batch) -> None:
+        real = int(batch.tensors["attention_mask"].sum())
+        self.padded_tokens += batch.padded_tokens
+        self.real_tokens += real
+        if self.on_batch is not None:
+            self.on_batch(real, batch.padded_tokens)
+
+
+# --- one model copy per process ---------------------------------------------------------------
+
+E = TypeVar("E", bound=ForwardEngine)
+
+_engines: dict[tuple[str, str, str, str, int | None, Hashable], ForwardEngine] = {}
+_engines_lock = threading.Lock()
+
+
+def configure_threads(threads: int | None) -> None:
+    """Size torch's intra-op pool to the CPU quota this process has, not the host's cores."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)  # one forward at a time per process; no oversubscription
+    except RuntimeError:
+        pass  # already set (or work already ran): harmless
+
+
+def shared(kind: str, model_name: str, *, device: str, settings: Settings, build: Callable[[], E],
+           variant: Hashable = None) -> E:
+    """The process's engine of this kind for this model; chain members naming the same model share it.
+
+    ``variant`` is whatever else makes two engines of one model differ (the cross-encoder's
+    backend choice): members asking for different ones get an engine each.
+    """
+    key = (kind, model_name, device, settings.precision, settings.token_budget, variant)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            if device == "cpu":
+                configure_threads(settings.torch_threads)
+            engine = build()
+            _engines[key] = engine
+        return engine  # type: ignore[return-value]

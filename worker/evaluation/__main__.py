@@ -1,0 +1,5 @@
+"""``python -m worker.evaluation``: see ``worker.evaluation.command``."""
+
+from worker.evaluation.command import main
+
+raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""A container health check: ``python -m worker.metrics.probe /readyz`` exits 0 when the
+worker on this host answers 200 on ``RERANKQ_METRICS_PORT``, 1 otherwise (the reason on stderr)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+import urllib.request
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = args[0] if args else "/healthz"
+    port = os.environ.get("RERANKQ_METRICS_PORT")
+    if not port:
+        print("RERANKQ_METRICS_PORT is not set: the worker serves no health endpoint", file=sys.stderr)
+        return 1
+    url = f"http://127.0.0.1:{port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as reply:
+            return 0 if reply.status == 200 else 1
+    except urllib.error.HTTPError as exc:
+        print(f"{url} answered {exc.code}: {exc.read()[:500].decode(errors='replace')}", file=sys.stderr)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"{url}: {exc}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
