@@ -73,6 +73,19 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     device: str | None = None
     allow_mps: bool = False
     send_tenant: bool = False
+    # The local provider's inference backend (issue 13). torch runs the transformers model;
+    # onnx (ONNX Runtime) and openvino run an export of it, made once beside the model and
+    # reused, adopted only if it ranks a parity probe as torch fp32 does. auto: openvino on
+    # a CPU where it is installed (the fastest at parity in ops/bench/scoring.py), else torch;
+    # an export that fails or falls short of parity falls back to torch.
+    backend: Literal["auto", "torch", "onnx", "openvino"] = "auto"
+    # ONNX Runtime graph optimisation, as optimum names the levels: O1 basic, O2 with the
+    # transformer fusions, O3 with GELU approximated as well.
+    onnx_optimization: Literal["O1", "O2", "O3"] = "O2"
+    # Static int8 (onnx, openvino): calibrated on ``calibration``, a JSON-lines file of real
+    # windows ({"query": ..., "documents": [...]}) and kept only at ranking parity.
+    quantization: Literal["none", "int8"] = "none"
+    calibration: str | None = None
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -320,6 +333,7 @@ def _check(settings: Settings) -> None:
     if settings.flat_range < 0:
         raise ConfigError(_env_name("flat_range"), f"must not be negative, got {settings.flat_range}")
     _check_budget(settings)
+    _check_members(settings)
     if not _NAME_RE.fullmatch(settings.namespace):
         raise ConfigError(_env_name("namespace"), "must be 1-64 of A-Z a-z 0-9 _ . -")
     for field in ("cpu_queue", "gpu_queue", "any_queue"):
@@ -338,6 +352,23 @@ def _check(settings: Settings) -> None:
         # Sentinel is not wired into the store's client yet, so its URLs are refused rather than half-supported.
         if url and not re.match(r"^(redis|rediss|unix)://", url):
             raise ConfigError(_env_name(field), "must be a redis://, rediss:// or unix:// URL")
+
+
+def _member_variable(index: int, field: str) -> str:
+    """The environment variable behind one member setting: RERANKQ_RERANKER_1_URL."""
+    prefix = MEMBER_PREFIX if index == 0 else f"{MEMBER_PREFIX}{index}_"
+    return prefix + field.upper()
+
+
+def _check_members(settings: Settings) -> None:
+    for index, member in enumerate(settings.members):
+        if member.quantization == "int8" and member.backend not in ("onnx", "openvino"):
+            raise ConfigError(_member_variable(index, "quantization"),
+                              f"int8 needs {_member_variable(index, 'backend')}=onnx or openvino")
+        if member.quantization == "int8" and not member.calibration:
+            raise ConfigError(_member_variable(index, "calibration"),
+                              f"is required with {_member_variable(index, 'quantization')}=int8: "
+                              "a JSON-lines file of real windows to calibrate on")
 
 
 def _check_budget(settings: Settings) -> None:

@@ -57,6 +57,9 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path) 
         # auto picks bf16 on CPUs with native bf16, whose coarser scores tie and reorder with
         # batch shape; the queue's tests compare orders, so they pin fp32 (test_engine covers auto).
         "RERANKQ_PRECISION": "fp32",
+        # auto runs OpenVINO where it is installed; the queue's tests are about the queue, so
+        # they run torch (test_backends covers the exported backends, auto included).
+        "RERANKQ_RERANKER_BACKEND": "torch",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": str(ROOT),

@@ -142,9 +142,9 @@ def test_the_embedding_member_serves_through_a_worker_and_keeps_embeddings_for_m
 def test_with_no_chain_configured_an_offline_worker_reranks_with_the_packaged_model(
     start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
 ) -> None:
-    # No RERANKQ_RERANKER_* at all: the default chain. HF_HUB_OFFLINE (base_env) keeps the
-    # cross-encoder from loading, as on a machine with no network.
-    start_worker(drop=("RERANKQ_RERANKER_PROVIDER", "RERANKQ_RERANKER_MODEL"))
+    # No RERANKQ_RERANKER_* at all (any one of them configures a chain): the default chain.
+    # HF_HUB_OFFLINE (base_env) keeps the cross-encoder from loading, as on a machine with no network.
+    start_worker(drop=("RERANKQ_RERANKER_PROVIDER", "RERANKQ_RERANKER_MODEL", "RERANKQ_RERANKER_BACKEND"))
     client = make_client()
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
     stream = client.open(sample["query"], sample["candidates"][:10], window_size=10)

@@ -40,6 +40,13 @@ step scoring-minilm 120 "$PY" ops/bench/scoring.py --device cuda --quick --json 
 step scoring-base   100 "$PY" ops/bench/scoring.py --device cuda --quick --size base --json "$OUT/scoring-base.json"
 step scoring-large  100 "$PY" ops/bench/scoring.py --device cuda --quick --size large --no-variants \
   --json "$OUT/scoring-large.json"
+# The onnx backend on ONNX Runtime's CUDA provider, where the onnxruntime-gpu build is installed.
+if "$PY" -c 'import sys, onnxruntime as o; sys.exit(0 if "CUDAExecutionProvider" in o.get_available_providers() else 1)' 2>/dev/null; then
+  step scoring-onnx 150 "$PY" ops/bench/scoring.py --device cuda --quick --backend onnx --no-rss \
+    --json "$OUT/scoring-onnx.json"
+else
+  echo; echo "== scoring-onnx skipped: onnxruntime here has no CUDAExecutionProvider (install onnxruntime-gpu)"
+fi
 # Coalescing gain: many windows through one Coalescer against one window at a time.
 step coalesce 60 "$PY" ops/bench/coalesce.py --device cuda --quick --threads 8 --json "$OUT/coalesce.json"
 # The coalescing path through real GPU workers (threads pool), against a plain one.
@@ -52,7 +59,7 @@ out = pathlib.Path(sys.argv[1])
 def load(name):
     path = out / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
-for size in ("minilm", "base", "large"):
+for size in ("minilm", "base", "large", "onnx"):
     s = load(f"scoring-{size}")
     if s:
         print(f"scoring {size:6}: engine {s['engine_pairs_per_s']:.0f} pairs/s ({s['engine_precision']}), "

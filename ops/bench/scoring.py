@@ -2,8 +2,8 @@
 and the embedding member's bi-encoder engine (the packaged all-MiniLM-L6-v2) on the same
 windows, so the cost of the cross-encoder over the bi-encoder is measured, not guessed.
 
-Both score the pairs a window at a time, as the worker does; the two are alternated
-round by round in one process, so machine noise hits both, and the ratio is taken
+Both score the pairs a window at a time, as the worker does; all subjects are alternated
+round by round in one process, so machine noise hits each, and the ratio is taken
 per round. Also reported: executed and useful GFLOP/s (FLOPs per pair for a BERT
 encoder: layers * (24 L h^2 + 4 L^2 h), L the pair's tokens, padded for "executed"),
 the fraction of a matrix-multiply peak measured in this run at the same precision,
@@ -11,6 +11,12 @@ and ranking parity against fp32 (Spearman per window, max absolute score differe
 The embedding row's parity is against sentence-transformers' own ``encode`` (cosines of
 its fp32 embeddings), its FLOPs those of embedding the query once and each document
 (truncated at the bi-encoder's 256 tokens) per window; its ratio is against the engine.
+
+Each backend and precision the engine offers (torch fp32/bf16; ONNX Runtime fp32 and
+static int8; OpenVINO fp32, bf16 and static int8, where installed) is a row, forced on
+so its speed and parity are both seen, with the resident memory of a process that
+loads only it (measured in a subprocess each). int8 is calibrated on windows drawn
+like the timed ones but not among them.
 
     python ops/bench/scoring.py --quick --json /tmp/scoring.json
 """
@@ -25,16 +31,23 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
+import atexit
+import dataclasses
+import importlib.util
+import json
 import statistics
+import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
+from common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 
-from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
+from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
+from worker.engine.precision import cpu_has_native_bf16
 
 Pairs = list[tuple[str, str]]
 
@@ -94,19 +107,30 @@ class Subject:
     """One way of scoring a window, with what it took and what it gave."""
 
     def __init__(self, name: str, precision: str, score_window: Callable[[Pairs], list[float]],
-                 executed_tokens: Callable[[Pairs], list[int]], *,
+                 executed_tokens: Callable[[Pairs], list[int]], *, choice: BackendChoice | None = None,
                  useful_tokens: Callable[[Pairs], list[int]] | None = None,
                  reference: Callable[[Pairs], list[float]] | None = None) -> None:
         self.name = name
         self.precision = precision
         self.score_window = score_window
         self.executed_tokens = executed_tokens  # per forward batch: padded widths, one per row
+        #: The backend as a worker would be configured to run it; None for predict and evaluations.
+        self.choice = choice
         # Rows the model really runs (pairs for a cross-encoder, texts for a bi-encoder) and
         # the scores parity is judged against; None: the cross-encoder's pairs and predict.
         self.useful_tokens = useful_tokens
         self.reference = reference
         self.rates: list[float] = []
         self.scores: list[list[float]] = []
+
+    @property
+    def backend_key(self) -> str | None:
+        if self.choice is None:
+            return None
+        key = f"{self.choice.name}/{self.precision}"
+        if self.choice.name == "onnx" and self.precision != "int8" and self.choice.onnx_optimization != "O2":
+            key += f"/{self.choice.onnx_optimization}"
+        return key
 
     def run(self, windows: Sequence[Pairs], *, sync: Callable[[], None], keep: bool) -> float:
         start = time.perf_counter()
@@ -118,6 +142,52 @@ class Subject:
         rate = sum(len(w) for w in windows) / elapsed
         self.rates.append(rate)
         return rate
+
+
+# A process that loads one backend as a worker does and scores a window: its resident memory.
+_RSS_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+import psutil
+from producer.settings import load_settings
+from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
+args = json.loads(sys.argv[1])
+configure_threads(args["threads"])
+settings = load_settings({}, precision=args["precision"])
+engine = ScoringEngine(load_cross_encoder(args["model"], device=args["device"]), settings=settings,
+                       backend=BackendChoice(**args["choice"]), verify_parity=False, model_name=args["model"])
+engine.score_pairs([tuple(p) for p in args["window"]])
+print(json.dumps({"rss_mb": psutil.Process().memory_info().rss / 2**20}))
+"""
+
+
+def process_rss_mb(subject: Subject, *, model: str, device: str, threads: int, window: Pairs) -> float | None:
+    assert subject.choice is not None
+    args = {"model": model, "device": device, "threads": threads, "window": window,
+            "precision": "bf16" if subject.precision == "bf16" else "fp32", "choice": vars(subject.choice)}
+    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, json.dumps(args), str(ROOT)],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        print(f"rss of {subject.name}: the probe process failed: {done.stderr.strip()[-400:]}", flush=True)
+        return None
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rss_mb"])
+
+
+def ort_cuda() -> bool:
+    """Whether ONNX Runtime here has its CUDA provider (the onnxruntime-gpu build)."""
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def write_calibration(windows: Sequence[Pairs]) -> str:
+    """Windows in the calibration file format (RERANKQ_RERANKER_CALIBRATION)."""
+    handle = tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="rerankq-calibration-", delete=False)
+    with handle:
+        for window in windows:
+            handle.write(json.dumps({"query": window[0][0], "documents": [d for _, d in window]}) + "\n")
+    atexit.register(os.unlink, handle.name)  # gone however the run ends
+    return handle.name
 
 
 def embedding_subject(settings: Any, device: str) -> Subject:
@@ -154,12 +224,16 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm", help="bench model size when no --model")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", default="auto", help="the engine's precision setting (as RERANKQ_PRECISION)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "onnx", "openvino"],
+                        help="the engine's backend (as RERANKQ_RERANKER_BACKEND)")
+    parser.add_argument("--onnx-optimization", default="O2", choices=["O1", "O2", "O3"])
     parser.add_argument("--windows", type=int, default=None)
     parser.add_argument("--window-size", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--token-budget", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="a run under two minutes")
-    parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no int8/bf16 rows")
+    parser.add_argument("--quick", action="store_true", help="fewer windows and rounds: a few minutes with every backend row")
+    parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no other rows")
+    parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
@@ -202,40 +276,68 @@ def main() -> None:
         lengths = sorted(token_lengths(window), reverse=True)
         return [max(chunk) for chunk in windows_of(lengths, 32) for _ in chunk]
 
-    def engine_subject(name: str, precision: str, *, verify: bool) -> Subject:
-        if precision == "int8":
-            # Evaluated here only: the engine does not offer int8 (no parity on this model).
+    # int8 calibrates on windows drawn like the timed ones, none of them among them.
+    calibration_path = write_calibration(windows_of(
+        realistic_pairs(n_windows=8, window_size=args.window_size, tokenizer=tokenizer, max_tokens=max_tokens,
+                        seed=7), args.window_size))
+
+    def engine_subject(name: str, precision: str, *, verify: bool, choice: BackendChoice | None = None) -> Subject:
+        if precision == "int8" and choice is None:
+            # Evaluated here only: torch's dynamic int8 is not offered (no parity on this model).
             model = load_cross_encoder(model_path, device=args.device)
             model[0].model = quantize_dynamic_int8(model[0].model)
             engine = ScoringEngine(model, settings=settings, precision="fp32")
             engine.precision = "int8"
         else:
-            engine = ScoringEngine(baseline_model, settings=settings, precision=precision, verify_parity=verify)
+            choice = choice or BackendChoice()
+            if choice.quantization == "int8":
+                choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
+            engine = ScoringEngine(baseline_model, settings=settings, precision=precision, verify_parity=verify,
+                                   backend=choice, model_name=model_path)
+            choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
 
         def executed(window: Pairs) -> list[int]:
             return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window))
                     for _ in b.indices]
-        return Subject(name, engine.precision, engine.score_pairs, executed)
+        return Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
 
     baseline = Subject("CrossEncoder.predict", "fp32",
                        lambda w: [float(x) for x in baseline_model.predict(w, batch_size=32, show_progress_bar=False)],
                        baseline_executed)
-    # The engine as a worker runs it: the precision setting, with its parity probe.
-    engine = engine_subject("engine", settings.precision, verify=True)
-    engine.name = f"engine ({args.precision} -> {engine.precision})"
+    # The engine as a worker runs it: the precision and backend settings, with the parity probe.
+    configured = BackendChoice(args.backend, onnx_optimization=args.onnx_optimization)
+    engine = engine_subject("engine", settings.precision, verify=True, choice=configured)
+    configured = engine.choice or configured
+    engine.name = f"engine ({args.backend} -> {configured.name}, {args.precision} -> {engine.precision})"
     subjects = [baseline, engine]
     variants: list[Subject] = []
     if not args.no_variants:
-        # Each other precision, forced on (no probe) so its speed and parity are both seen.
-        candidates = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
-        for precision in candidates:
-            if precision != engine.precision:
-                variants.append(engine_subject(f"engine {precision} (forced)", precision, verify=False))
+        # Each other backend and precision, forced on (no probe) so its speed and parity are both seen.
+        torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
+        candidates: list[tuple[str, str, BackendChoice | None]] = [
+            (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions]
+        if importlib.util.find_spec("onnxruntime") is not None and (not on_cuda or ort_cuda()):
+            levels = ["O2"] if args.quick else ["O1", "O2", "O3"]
+            candidates += [(f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level))
+                           for level in levels]
+            if not on_cuda:
+                candidates.append(("onnx int8 static", "fp32", BackendChoice("onnx", quantization="int8")))
+        if importlib.util.find_spec("openvino") is not None and not on_cuda:
+            candidates.append(("openvino fp32", "fp32", BackendChoice("openvino")))
+            if cpu_has_native_bf16():
+                candidates.append(("openvino bf16", "bf16", BackendChoice("openvino")))
+            candidates.append(("openvino int8 static", "fp32", BackendChoice("openvino", quantization="int8")))
+        for name, precision, choice in candidates:
+            if choice == configured and precision == engine.precision:
+                continue  # the engine row is this one
+            start = time.perf_counter()
+            variants.append(engine_subject(f"{name} (forced)", precision, verify=False, choice=choice))
+            print(f"loaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
     # The embedding member's engine, as a worker runs it: the same precision setting and probe.
     embedding = embedding_subject(settings, args.device)
     subjects.append(embedding)
     # bf16 without native CPU support is emulated and slow: one window says enough.
-    slow = {v.name for v in variants if v.precision == "bf16" and not on_cuda}
+    slow = {v.name for v in variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
 
     for subject in subjects + variants:  # warm-up: first-call allocations, lazy inits
         subject.score_window(windows[0][:4])
@@ -285,6 +387,18 @@ def main() -> None:
         }
 
     results = {s.name: figures(s) for s in subjects + variants}
+    backends: dict[str, dict[str, Any]] = {}
+    for subject in subjects + variants:
+        key = subject.backend_key
+        if key is None or key in backends:
+            continue
+        f = results[subject.name]
+        backends[key] = {
+            "subject": subject.name, "pairs_per_s": f["pairs_per_s"], "ratio": f["ratio"],
+            "spearman_min": f["spearman_min"], "at_parity": f["spearman_min"] >= MIN_SPEARMAN,
+            "rss_mb": None if args.no_rss else process_rss_mb(subject, model=model_path, device=args.device,
+                                                               threads=threads, window=windows[0]),
+        }
     print_table(
         f"scoring: {len(pairs)} pairs in {len(windows)} windows of {args.window_size}, "
         f"{rounds} alternated rounds, {threads} threads, device {args.device}, model {model_path}",
@@ -293,6 +407,13 @@ def main() -> None:
         [[name, f["precision"], f["pairs_per_s"], f["ratio"], f["executed_gflops"], f["useful_gflops"],
           f["peak_gflops"], f"{f['mfu']:.0%}", f"{f['padding_fraction']:.0%}", f"{f['spearman_min']:.4f}",
           f"{f['max_abs_diff']:.2g}"] for name, f in results.items()],
+    )
+    print_table(
+        "backends: pairs/s, ratio to predict, parity (min Spearman per window against fp32), resident MB of a "
+        "process loading only that backend",
+        ["backend/precision", "pairs/s", "ratio", "spearman min", "at parity", "rss MB"],
+        [[key, b["pairs_per_s"], b["ratio"], f"{b['spearman_min']:.4f}", "yes" if b["at_parity"] else "no",
+          "-" if b["rss_mb"] is None else round(b["rss_mb"])] for key, b in backends.items()],
     )
     at_parity = [(n, f) for n, f in results.items()
                  if n not in (baseline.name, embedding.name) and f["spearman_min"] >= MIN_SPEARMAN]
@@ -314,6 +435,8 @@ def main() -> None:
         "engine_precision": main_figures["precision"],
         "baseline_mfu": results[baseline.name]["mfu"],
         "best_at_parity": best_name,
+        "engine_backend": args.backend,
+        "backends": backends,
         "embedding_pairs_per_s": results[embedding.name]["pairs_per_s"],
         "embedding_vs_engine": embedding_vs_engine,
         "embedding_spearman_min": results[embedding.name]["spearman_min"],

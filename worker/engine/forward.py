@@ -11,7 +11,7 @@ a reduced precision that a probe at load shows keeps the ranking fp32 gives.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -45,13 +45,8 @@ class ForwardEngine:
         #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
         self.on_batch: Callable[[int, int], None] | None = None
         self.probe_spearman: float | None = None
-        requested = precision or settings.precision
-        candidate = resolve_precision(requested, self.device.type)
         self.precision = "fp32"
-        if candidate != "fp32":
-            # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
-            # kept with a warning when the probe disagrees.
-            self.precision = self._adopt(candidate, verify=verify_parity, enforce=requested == "auto")
+        self._choose_precision(precision or settings.precision, verify=verify_parity)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         raise NotImplementedError
@@ -60,6 +55,13 @@ class ForwardEngine:
         return self.score_pairs([(query, d) for d in documents])
 
     # -- precision --
+
+    def _choose_precision(self, requested: str, *, verify: bool) -> None:
+        candidate = resolve_precision(requested, self.device.type)
+        if candidate != "fp32":
+            # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
+            # kept with a warning when the probe disagrees.
+            self.precision = self._adopt(candidate, verify=verify, enforce=requested == "auto")
 
     def _adopt(self, candidate: str, *, verify: bool, enforce: bool) -> str:
         """Switch to ``candidate``; with ``enforce``, only if the probe keeps fp32's ranking."""
@@ -108,7 +110,7 @@ class ForwardEngine:
 
 E = TypeVar("E", bound=ForwardEngine)
 
-_engines: dict[tuple[str, str, str, str, int | None], ForwardEngine] = {}
+_engines: dict[tuple[str, str, str, str, int | None, Hashable], ForwardEngine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -124,9 +126,14 @@ def configure_threads(threads: int | None) -> None:
         pass  # already set (or work already ran): harmless
 
 
-def shared(kind: str, model_name: str, *, device: str, settings: Settings, build: Callable[[], E]) -> E:
-    """The process's engine of this kind for this model; chain members naming the same model share it."""
-    key = (kind, model_name, device, settings.precision, settings.token_budget)
+def shared(kind: str, model_name: str, *, device: str, settings: Settings, build: Callable[[], E],
+           variant: Hashable = None) -> E:
+    """The process's engine of this kind for this model; chain members naming the same model share it.
+
+    ``variant`` is whatever else makes two engines of one model differ (the cross-encoder's
+    backend choice): members asking for different ones get an engine each.
+    """
+    key = (kind, model_name, device, settings.precision, settings.token_budget, variant)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-# int8 (dynamic quantisation of the linear layers) was evaluated and is not offered:
-# on MiniLM-L6 it reached about 1.3-1.6x fp32 here but Spearman 0.4-0.99 per window
-# against fp32 (BERT's outlier activations do not survive per-tensor int8), short of
-# the 0.99 bar. ops/bench/scoring.py still measures it.
+from typing import Any
+
+from worker.engine.backend import BackendUnavailable
+
+# torch's dynamic int8 (the linear layers) was evaluated and is not offered: on MiniLM-L6
+# it reached about 1.3-1.6x fp32 here but Spearman 0.4-0.99 per window against fp32 (BERT's
+# outlier activations do not survive per-tensor int8), short of the 0.99 bar.
+# ops/bench/scoring.py still measures it. Static int8 is offered on the exported backends,
+# held to the same bar at load (BackendChoice.quantization).
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -25,6 +30,13 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX: the bf16 matrix units. AVX512-BF16 alone is native but not faster: on the
+    2-core development VM (avx512_bf16, no AMX) a 2048-square bf16 matmul ran at 0.6x the
+    fp32 one, and the engine in bf16 at 0.6x fp32 (torch and OpenVINO alike)."""
+    return "amx_bf16" in cpu_flags()
+
+
 def resolve_precision(requested: str, device: str) -> str:
     """The precision to try: ``auto`` means the fastest native one for this device."""
     if requested != "auto":
@@ -35,9 +47,29 @@ def resolve_precision(requested: str, device: str) -> str:
         return requested
     if device.startswith("cuda"):
         return "fp16"
-    if device.startswith("cpu") and cpu_has_native_bf16():
+    if device.startswith("cpu") and cpu_has_fast_bf16():
         return "bf16"
     return "fp32"
+
+
+def exported_precisions(choice: Any, requested: str, device: str) -> list[str]:
+    """The precisions to try, in order, for an exported backend; each is held to parity.
+
+    ONNX Runtime runs the export in fp32 (its CPU kernels have no fast bf16 path); OpenVINO
+    runs it in bf16 where the CPU has AMX (``auto`` falls back to fp32 below parity).
+    int8 is the quantised export, run as it is.
+    """
+    if choice.quantization == "int8":
+        return ["int8"]
+    resolved = resolve_precision(requested, device)
+    if choice.name == "onnx":
+        if requested not in ("auto", "fp32"):
+            raise BackendUnavailable(f"the onnx backend runs fp32 (or int8 by quantization), not {requested}; "
+                                     "set RERANKQ_PRECISION=auto or fp32")
+        return ["fp32"]
+    if requested == "auto":
+        return ["bf16", "fp32"] if resolved == "bf16" else ["fp32"]
+    return [resolved]
 
 
 # A fixed probe: one query over documents of varied length and relevance, scored at

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
-from worker.providers.base import ProviderStartError, ProviderUnavailable, Scale, ScoreRequest, cache_identity
+from worker.providers.base import ProviderStartError, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
+
+if TYPE_CHECKING:
+    from worker.engine import BackendChoice
 
 log = structlog.get_logger("rerankq.provider.local")
 
@@ -49,22 +54,28 @@ class LocalProvider:
     kind = "local"
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
-        from worker.engine import shared_engine
+        from worker.engine import BackendChoice, shared_engine
 
         self.model_name = member.model or DEFAULT_MODEL
         device = resolve_device(member.device or settings.device, allow_mps=member.allow_mps)
+        choice = BackendChoice.from_member(member)
         try:
-            self.engine = shared_engine(self.model_name, device=device, settings=settings)
+            self.engine = shared_engine(self.model_name, device=device, settings=settings, backend=choice)
+        except ProviderStartError:
+            raise
         except Exception as exc:  # a missing model is an OSError, a bad one anything
-            raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
+            raise backend_start_error(exc, self.model_name, choice) from None
         self.scale: Scale | None = member.scale or activation_scale(self.engine.cross_encoder)
-        # Scores differ in their last digits between precisions and devices: a cached score
-        # is only reused by the same model at the same precision on the same kind of device.
-        # The scale changes how the number is read, so it is named too.
-        self.cache_identity = cache_identity(self.kind, model=self.model_name, precision=self.engine.precision,
+        # Scores differ in their last digits between backends, precisions and devices: a
+        # cached score is only reused by the same model run the same way on the same kind of
+        # device (an export by its digest, which names its options and calibration). The
+        # scale changes how the number is read, so it is named too.
+        backend = self.engine.backend
+        self.cache_identity = cache_identity(self.kind, model=self.model_name, backend=backend.name,
+                                             precision=self.engine.precision, artifact=backend.artifact,
                                              device=device.split(":")[0], scale=self.scale)
         self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.coalesce else None
-        log.info("model_loaded", model=self.model_name, device=device, scale=self.scale,
+        log.info("model_loaded", model=self.model_name, device=device, scale=self.scale, backend=backend.name,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
@@ -82,3 +93,18 @@ class LocalProvider:
     def close(self) -> None:
         pass  # the engine and coalescer live as long as the process; other members may share them
 
+
+def backend_start_error(exc: Exception, model_name: str, choice: BackendChoice) -> ProviderStartError:
+    """Why the engine did not start, with the member setting that would change it."""
+    from worker.engine import BackendRefused, BackendUnavailable, CalibrationError
+
+    if isinstance(exc, BackendRefused):
+        return ProviderStartError("backend_refused", f"{model_name}: {exc}",
+                                  remedy=Remedy("backend", "set {variable}=torch, or drop the quantization"))
+    if isinstance(exc, BackendUnavailable):
+        return ProviderStartError("backend_unavailable", f"{model_name}: {exc}",
+                                  remedy=Remedy("backend", "install it or set {variable}=torch"))
+    if isinstance(exc, CalibrationError):
+        return ProviderStartError("calibration", str(exc),
+                                  remedy=Remedy("calibration", "fix the file {variable} names"))
+    return ProviderStartError("model_load", f"{model_name} ({choice.name}): {type(exc).__name__}: {exc}")

@@ -1,0 +1,300 @@
+"""Exports of the torch model for the onnx and openvino backends, cached beside the model.
+
+sentence-transformers' own ``backend="onnx"/"openvino"`` loads through optimum-onnx and
+optimum-intel, and neither installs beside sentence-transformers 6 (optimum-onnx pins
+transformers < 4.58, optimum-intel < 5.6 and an older huggingface-hub). So each export is
+made with the backend's own maintained tooling, the same tools optimum wraps: torch's ONNX
+exporter and ONNX Runtime's transformer optimiser and static quantiser; OpenVINO's model
+converter and NNCF. The files keep sentence-transformers' layout and names
+(``onnx/model.onnx``, ``onnx/model_O2.onnx``, ``openvino/openvino_model.xml``, ...), so an
+export made with its tools, or shipped with the model, is used as it is.
+
+Each export we make has a manifest beside it (``<file>.rerankq.json``): the source weights'
+fingerprint, the tool versions and the options. A start whose manifest matches reuses the
+file; any difference exports again. One process exports at a time (a file lock), writing
+to a temporary name first, so prefork children starting together export once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("rerankq.export")
+
+Feed = dict[str, Any]  # one calibration batch: input name -> int64 numpy array
+
+#: The files an export is made of, by backend and variant, in sentence-transformers' names.
+ONNX_FILES = {"plain": "model.onnx", "O2": "model_O2.onnx", "O3": "model_O3.onnx", "int8": "model_qint8_static.onnx"}
+OPENVINO_FILES = {"plain": "openvino_model.xml", "int8": "openvino_model_qint8_quantized.xml"}
+_WEIGHT_FILES = re.compile(r".*\.(safetensors|bin|pt|pth)$")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    #: A digest of its manifest (or, for a file we did not make, of its size and mtime).
+    digest: str
+    #: Whether this call made it (False: reused from an earlier start).
+    exported: bool
+
+
+def export_root(model_name: str) -> Path:
+    """Beside the model when it is a writable local directory, else under the user's cache."""
+    local = Path(model_name)
+    if local.is_dir() and os.access(local, os.W_OK):
+        return local
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "--", model_name).strip("-") or "model"
+    return Path.home() / ".cache" / "rerankq" / "exports" / safe
+
+
+def source_fingerprint(model_name: str, network: Any) -> dict[str, Any]:
+    """What the export was made from: the weight files' names, sizes and times and the
+    config for a local directory; the hub revision for a model from the hub cache."""
+    local = Path(model_name)
+    config = network.config.to_json_string(use_diff=False)
+    if local.is_dir():
+        weights = sorted(
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in local.iterdir() if p.is_file() and _WEIGHT_FILES.match(p.name)
+        )
+        return {"model": str(local.resolve()), "weights": weights, "config": _digest(config)}
+    return {"model": model_name, "revision": getattr(network.config, "_commit_hash", None), "config": _digest(config)}
+
+
+def _digest(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _versions(*modules: str) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in modules:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "absent"
+    return found
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".rerankq-export.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _manifest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".rerankq.json")
+
+
+def cached(path: Path, manifest: dict[str, Any], make: Callable[[Path], Sequence[Path]]) -> Artifact:
+    """The file at ``path``, made by ``make(tmp_dir)`` unless one matching ``manifest`` is there.
+
+    A file with no manifest of ours was put there by someone else (the model's authors,
+    sentence-transformers' export functions) and is used as it is; the parity probe at load
+    still judges it. ``make`` writes its files into a temporary directory under their final
+    names; they are moved into place together, the manifest last.
+    """
+    manifest = json.loads(json.dumps(manifest, sort_keys=True))  # as it reads back: tuples become lists
+    digest = _digest(manifest)
+    with _locked(path.parent):
+        mine = _manifest_path(path)
+        if path.exists():
+            if not mine.exists():
+                stat = path.stat()
+                return Artifact(path, _digest(["foreign", path.name, stat.st_size, stat.st_mtime_ns]), exported=False)
+            try:
+                if json.loads(mine.read_text()) == manifest:
+                    return Artifact(path, digest, exported=False)
+            except (OSError, ValueError):
+                pass  # unreadable: make it again
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
+            made = make(Path(tmp))
+            for file in made:
+                os.replace(file, path.parent / file.name)
+            partial = mine.with_name(mine.name + ".tmp")
+            partial.write_text(json.dumps(manifest, sort_keys=True, indent=1))
+            os.replace(partial, mine)
+        log.info("model_exported", path=str(path))
+        return Artifact(path, digest, exported=True)
+
+
+# --- the network as it is exported ------------------------------------------------------------
+
+
+def export_copy(network: Any, *, eager_attention: bool) -> Any:
+    """An fp32 CPU copy of the network to export, leaving the one that serves untouched.
+
+    ONNX Runtime's transformer optimiser fuses attention only as the eager implementation
+    writes it (scaled_dot_product_attention exports as separate ops it does not match); the
+    two compute the same numbers.
+    """
+    import torch
+
+    clone = copy.deepcopy(network).to("cpu", dtype=torch.float32).eval()
+    if eager_attention and hasattr(clone, "set_attn_implementation"):
+        clone.set_attn_implementation("eager")
+    return clone
+
+
+def example_inputs(tokenizer: Any, network: Any) -> dict[str, Any]:
+    """Two pairs of different lengths, in the order the network's forward takes them.
+
+    The trace must see padding, or a masking step that skips an all-ones mask would be
+    frozen into the graph. The order matters: the TorchScript exporter names the graph's
+    inputs positionally, so names in the tokenizer's order (token_type_ids before
+    attention_mask) would swap the two.
+    """
+    import inspect
+
+    encoded = tokenizer(["an example query", "an example query"],
+                        ["a short document", "a somewhat longer document with more words in it"],
+                        padding=True, return_tensors="pt")
+    order = list(inspect.signature(network.forward).parameters)
+    names = sorted((k for k in encoded if k in ("input_ids", "attention_mask", "token_type_ids")), key=order.index)
+    return {k: encoded[k] for k in names}
+
+
+# --- ONNX --------------------------------------------------------------------------------------
+
+
+def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
+    """torch's TorchScript-based ONNX exporter: the graph ONNX Runtime's fusions recognise."""
+    import warnings
+
+    import torch
+
+    clone = export_copy(network, eager_attention=True)
+    inputs = example_inputs(tokenizer, clone)
+    names = list(inputs)
+    target = directory / ONNX_FILES["plain"]
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes
+        torch.onnx.export(
+            clone, (), str(target), kwargs=inputs,
+            input_names=names, output_names=["logits"],
+            dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, "logits": {0: "batch"}},
+            opset_version=17, dynamo=False,
+        )
+    return [target]
+
+
+def onnx_optimize(source: Path, directory: Path, *, level: str, config: Any) -> list[Path]:
+    """ONNX Runtime's transformer optimiser, the one optimum's O2/O3 run: attention,
+    embedding, skip-layer-norm and bias-GELU fusions (O3 also approximates GELU)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    options.enable_gelu_approximation = level == "O3"
+    optimized = optimize_model(
+        str(source), model_type="bert", num_heads=int(config.num_attention_heads),
+        hidden_size=int(config.hidden_size), optimization_options=options, opt_level=0,
+    )
+    target = directory / ONNX_FILES[level]
+    optimized.save_model_to_file(str(target))
+    return [target]
+
+
+def onnx_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed]) -> list[Path]:
+    """ONNX Runtime's static int8 quantisation (QDQ, per-channel weights), its activation
+    ranges calibrated on the given batches."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self) -> Feed | None:
+            return next(self._feeds, None)
+
+    prepared = directory / "prepared.onnx"
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+    target = directory / ONNX_FILES["int8"]
+    quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    prepared.unlink()
+    return [target]
+
+
+def onnx_artifact(model_name: str, network: Any, tokenizer: Any, *, level: str, quantization: str,
+                  calibration: Callable[[], Sequence[Feed]], calibration_digest: str | None) -> Artifact:
+    directory = export_root(model_name) / "onnx"
+    base = {"source": source_fingerprint(model_name, network), "tools": _versions("torch", "onnx", "onnxruntime")}
+    plain = cached(directory / ONNX_FILES["plain"], {**base, "variant": "plain"},
+                   lambda tmp: onnx_export(network, tokenizer, tmp))
+    if quantization == "int8":
+        manifest = {**base, "variant": "int8", "from": plain.digest, "calibration": calibration_digest}
+        return cached(directory / ONNX_FILES["int8"], manifest,
+                      lambda tmp: onnx_quantize_static(plain.path, tmp, calibration()))
+    if level == "O1":
+        return plain
+    manifest = {**base, "variant": level, "from": plain.digest}
+    return cached(directory / ONNX_FILES[level], manifest,
+                  lambda tmp: onnx_optimize(plain.path, tmp, level=level, config=network.config))
+
+
+# --- OpenVINO ----------------------------------------------------------------------------------
+
+
+def openvino_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
+    """OpenVINO's PyTorch converter (what optimum-intel runs), weights kept in fp32."""
+    import warnings
+
+    import openvino as ov
+    import torch
+
+    target = directory / OPENVINO_FILES["plain"]
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer notes
+        clone = export_copy(network, eager_attention=False)
+        model = ov.convert_model(clone, example_input=example_inputs(tokenizer, clone))
+    ov.save_model(model, str(target), compress_to_fp16=False)
+    return [target.with_suffix(".bin"), target]
+
+
+def openvino_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed]) -> list[Path]:
+    """NNCF post-training int8 quantisation (the transformer preset optimum-intel uses),
+    calibrated on the given batches."""
+    import nncf
+    import openvino as ov
+
+    model = ov.Core().read_model(str(source))
+    quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
+                              subset_size=len(feeds))
+    target = directory / OPENVINO_FILES["int8"]
+    ov.save_model(quantized, str(target), compress_to_fp16=False)
+    return [target.with_suffix(".bin"), target]
+
+
+def openvino_artifact(model_name: str, network: Any, tokenizer: Any, *, quantization: str,
+                      calibration: Callable[[], Sequence[Feed]], calibration_digest: str | None) -> Artifact:
+    directory = export_root(model_name) / "openvino"
+    base = {"source": source_fingerprint(model_name, network), "tools": _versions("torch", "openvino", "nncf")}
+    plain = cached(directory / OPENVINO_FILES["plain"], {**base, "variant": "plain"},
+                   lambda tmp: openvino_export(network, tokenizer, tmp))
+    if quantization != "int8":
+        return plain
+    manifest = {**base, "variant": "int8", "from": plain.digest, "calibration": calibration_digest}
+    return cached(directory / OPENVINO_FILES["int8"], manifest,
+                  lambda tmp: openvino_quantize_static(plain.path, tmp, calibration()))
