@@ -20,7 +20,9 @@ from kombu import Connection
 from producer.amqp_broker import AmqpQueueProbe, dead_letter_queue, lane_queue
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ConfigError
+from producer.exporter.backlog import BacklogReader
 from producer.settings import load_settings
+from worker.cli.inspect import queue_view
 from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ
 from worker.sweep import sweep_once
 
@@ -144,8 +146,13 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
         assert counts[(settings.cpu_queue, "interactive")] == 2 and counts[(settings.cpu_queue, "batch")] == 3
         assert counts[(settings.gpu_queue, "interactive")] == 0  # never declared: nothing waits
         assert probe.depth([settings.cpu_queue]) == 5
+        # What the exporter and `rerankq inspect` report from it.
+        backlog = {q.queue: q for q in BacklogReader(settings, client.store.client, None, probe).read_queues()}
+        assert backlog[settings.cpu_queue].messages == 5 and backlog[settings.gpu_queue].messages == 0
     finally:
         probe.close()
+    view = {(row["queue"], row["lane"]): row for row in queue_view(settings)}
+    assert view[(settings.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.cpu_queue, "batch")]["device"] == "cpu"
     assert lane_queue(settings.cpu_queue, "batch") == settings.cpu_queue + ".batch"
 
 

@@ -77,8 +77,13 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQue
             # The lane the stream was opened in: a batch window re-sent never jumps the interactive ones.
             dispatcher.send(stream_id, lost, claimed.device, claimed.lane)  # type: ignore[arg-type]
         except SEND_ERRORS as exc:
-            # Claimed already: the next period after this one tries again.
+            # Claimed already: the next period after this one tries again. Not sent, so not
+            # queued: clear the marks the claim set, or a RabbitMQ sweep would trust them.
             log.warning("sweep_send_failed", stream=stream_id, windows=lost, error=type(exc).__name__)
+            try:
+                store.hurry(stream_id, lost)
+            except redis.RedisError:
+                pass  # the store is down too: the claim's deadline brings the windows back
             continue
         except Exception:  # noqa: BLE001 - one bad stream must not starve the others
             log.exception("sweep_send_crashed", stream=stream_id, windows=lost)
