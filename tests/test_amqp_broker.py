@@ -8,6 +8,7 @@ queue scan, dead-lettering, a worker killed whole, and the node restarted under 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -17,7 +18,7 @@ from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
 from kombu import Connection
 
-from producer.amqp_broker import AmqpQueueProbe, dead_letter_queue, lane_queue
+from producer.amqp_broker import AmqpQueueProbe, AsyncAmqpBroker, dead_letter_queue, lane_queue
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ConfigError
 from producer.exporter.backlog import BacklogReader
@@ -156,6 +157,14 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
         assert backlog[settings.cpu_queue].messages == 5 and backlog[settings.gpu_queue].messages == 0
     finally:
         probe.close()
+    # The gateway's backpressure samples the same counts, off its event loop.
+    gateway_broker = AsyncAmqpBroker(settings.broker)
+    try:
+        assert asyncio.run(gateway_broker.depths([settings.cpu_queue, settings.any_queue])) == {
+            settings.cpu_queue: 5, settings.any_queue: 0}
+        asyncio.run(gateway_broker.ping())
+    finally:
+        asyncio.run(gateway_broker.aclose())
     view = {(row["queue"], row["lane"]): row for row in queue_view(settings)}
     assert view[(settings.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.cpu_queue, "batch")]["device"] == "cpu"
     assert lane_queue(settings.cpu_queue, "batch") == settings.cpu_queue + ".batch"
