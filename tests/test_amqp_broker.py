@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+import msgspec
 import pytest
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
@@ -55,6 +56,20 @@ def test_a_consumer_timeout_under_the_window_time_limit_is_refused(base_env):
     with pytest.raises(ConfigError) as err:
         load_settings({k: v for k, v in base_env.items() if k != "RERANKQ_REDIS_URL"})
     assert err.value.variable == "RERANKQ_REDIS_URL"
+
+
+def test_the_worker_start_check_names_what_is_wrong(base_env, settings):
+    """At start a worker refuses a broker it cannot reach, and a timeout its server would hold
+    a running window to (the settings check catches that first; this is the start's own)."""
+    from worker.amqp_check import prepare_amqp_broker
+    from worker.embedded.redis_server import free_port
+
+    nowhere = msgspec.structs.replace(settings, broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}//")
+    assert "cannot reach the RabbitMQ broker" in prepare_amqp_broker(nowhere, timeout_s=2)
+    too_short = msgspec.structs.replace(settings, amqp_consumer_timeout_s=settings.redeliver_after_s)
+    problem = prepare_amqp_broker(too_short)
+    assert "RERANKQ_AMQP_CONSUMER_TIMEOUT_S" in problem and "server's consumer_timeout" in problem  # 3.10
+    assert prepare_amqp_broker(settings) is None
 
 
 def test_queues_are_durable_quorum_queues_and_the_worker_says_which_broker(start_worker, make_client,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import structlog
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection
+from kombu.exceptions import OperationalError
 
 from producer.amqp_broker import check_broker, kombu_queues
 from producer.settings import Settings
@@ -24,7 +25,7 @@ def prepare_amqp_broker(settings: Settings, timeout_s: float = 60.0) -> str | No
         try:
             connection.ensure_connection(max_retries=max(1, int(timeout_s // 2)), interval_start=1,
                                          interval_step=1, interval_max=2)
-        except connection.connection_errors as exc:
+        except (OperationalError, *connection.connection_errors) as exc:
             return f"cannot reach the RabbitMQ broker: {type(exc).__name__}: {exc}"
         check = check_broker(settings, connection)
         log.info("amqp_broker_checked", server_version=check.server_version,
