@@ -3,6 +3,7 @@
     python ops/chaos.py                  # about five minutes
     python ops/chaos.py --quick          # about two minutes
     python ops/chaos.py --break sweep    # purpose-made breakage: the run must fail
+    python ops/chaos.py --broker amqp    # RabbitMQ as the broker (ops/chaos_faults/amqp_broker.py)
 
 A private redis-server (AOF on, ``appendfsync everysec``), several real
 ``python -m worker --device cpu --json-logs`` processes, and readers that open streams
@@ -46,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +121,8 @@ class FaultLoop(threading.Thread):
     """Injects one fault every ``every_s`` (a random interval) until stopped, and counts them."""
 
     def __init__(self, fleet: Fleet, server: EmbeddedRedis, queues: QueueFaults, ledger: Ledger,
-                 rng: random.Random, every_s: tuple[float, float]) -> None:
+                 rng: random.Random, every_s: tuple[float, float],
+                 extra: dict[str, tuple[int, Callable[[], str | None]]] | None = None) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.fleet = fleet
         self.server = server
@@ -131,6 +134,8 @@ class FaultLoop(threading.Thread):
         self.done: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
         self._deck: list[str] = []
+        #: A broker's own faults (weight, action), drawn beside the rest; each is a restart.
+        self.extra = extra or {}
 
     @property
     def kills(self) -> int:
@@ -138,11 +143,12 @@ class FaultLoop(threading.Thread):
 
     @property
     def restarts(self) -> int:
-        return self.done["redis_sigterm"] + self.done["redis_sigkill"]
+        return self.done["redis_sigterm"] + self.done["redis_sigkill"] + sum(self.done[k] for k in self.extra)
 
     def _draw(self) -> str:
         if not self._deck:
-            self._deck = [kind for kind, weight in FAULTS.items() for _ in range(weight)]
+            weights = {**FAULTS, **{kind: weight for kind, (weight, _) in self.extra.items()}}
+            self._deck = [kind for kind, weight in weights.items() for _ in range(weight)]
             self.rng.shuffle(self._deck)
         return self._deck.pop()
 
@@ -150,7 +156,7 @@ class FaultLoop(threading.Thread):
         while not self.stop.wait(self.rng.uniform(*self.every_s)):
             kind = self._draw()
             try:
-                done = getattr(self, kind)()
+                done = self.extra[kind][1]() if kind in self.extra else getattr(self, kind)()
             except TRANSIENT:
                 done = None  # Redis was down for the fault loop's own calls
             if done:
@@ -307,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--break", dest="breakage", choices=BREAKAGES, default=None,
                         help="break the system on purpose; the run must then fail")
+    parser.add_argument("--broker", choices=["redis", "amqp"], default="redis",
+                        help="redis: the store's Redis is the broker too; amqp: a private RabbitMQ node")
     args = parser.parse_args(argv)
     duration = args.duration_s if args.duration_s is not None else (100.0 if args.quick else 270.0)
     # Well under the 60 s visibility timeout: a stranded message is the sweep's to recover.
@@ -317,17 +325,25 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="rerankq-chaos-"))
     client_logging(log_dir)
     print(f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
-          f" model={args.model} break={args.breakage or 'none'} logs={log_dir}", flush=True)
+          f" model={args.model} break={args.breakage or 'none'} broker={args.broker} logs={log_dir}", flush=True)
     (log_dir / "redis").mkdir()
     server = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
     env = worker_env(server.url, args)
+    broker = None
+    if args.broker == "amqp":
+        from ops.chaos_faults.amqp_broker import AmqpBroker
+
+        broker = AmqpBroker(log_dir).start()
+        broker.configure(env)
     settings: Settings = load_settings(env)
     fleet = Fleet(env, log_dir)
     canary = AcknowledgedWrites(server.url)
     client = RerankClient(settings)
     dispatcher = Dispatcher(settings)
-    faults = FaultLoop(fleet, server, QueueFaults(client.store.client, settings.all_queues(), dispatcher),
-                       Ledger(), random.Random(seed), (1.0, 3.0))
+    queue_faults = (broker.queue_faults(settings.all_queues(), dispatcher) if broker is not None
+                    else QueueFaults(client.store.client, settings.all_queues(), dispatcher))
+    faults = FaultLoop(fleet, server, queue_faults, Ledger(), random.Random(seed), (1.0, 3.0),  # type: ignore[arg-type]
+                       extra=broker.faults() if broker is not None else None)
     ledger = faults.ledger
     try:
         canary.start()
@@ -363,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         dispatcher.close()
         client.close()
         server.stop()
+        if broker is not None:
+            broker.stop()
     print(f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
           f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
           f"resent={counters.get('windows_redelivered', 0)}", flush=True)

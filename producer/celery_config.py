@@ -1,6 +1,8 @@
 """The Celery configuration both sides share, so producer and worker agree on it.
 
-Each delivery setting is here for a reason; README's "Guarantees" explains them.
+Each delivery setting is here for a reason; README's "Guarantees" explains them. The broker
+is Redis unless ``RERANKQ_BROKER_URL`` is an ``amqp://`` URL; what RabbitMQ changes is in
+``producer.amqp_broker`` (``celery_options``), and ``delivery_summary`` says which applies.
 Checked against Celery 5.7 / kombu 5.7 (the Redis transport's ack emulation):
 an unacknowledged message sits in the ``unacked`` hash until it is acked,
 rejected with requeue (put back at once), restored when its channel closes
@@ -13,6 +15,7 @@ import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from producer import amqp_broker
 from producer.broker_queues import PRIORITY_STEPS
 from producer.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from producer.settings import Settings
@@ -72,6 +75,37 @@ def broker_transport(url: str) -> str | None:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
+    config = _common_config(settings)
+    if settings.broker_kind == "amqp":
+        # Nothing Redis-only survives: no visibility timeout (RabbitMQ takes an unacked message
+        # back when its consumer's channel closes, or at its consumer timeout), no priority steps
+        # (lanes are queues), no disable_prefetch (Redis-only; quorum queues give per-consumer prefetch).
+        for key in ("result_backend_transport_options", "worker_disable_prefetch", "broker_use_ssl"):
+            config.pop(key)
+        config.update(amqp_broker.celery_options(settings))
+    return config
+
+
+def delivery_summary(settings: Settings) -> dict[str, Any]:
+    """What this configuration sets for delivery, naming the broker it configures (logged at worker start)."""
+    conf = celery_config(settings)
+    summary: dict[str, Any] = {
+        "broker": settings.broker_kind,
+        "acks_late": conf["task_acks_late"],
+        "prefetch_multiplier": conf["worker_prefetch_multiplier"],
+        "task_time_limit_s": conf["task_time_limit"],
+    }
+    if settings.broker_kind == "redis":
+        summary.update(visibility_timeout_s=conf["broker_transport_options"]["visibility_timeout"],
+                       disable_prefetch=conf["worker_disable_prefetch"], lanes="priority_steps 0/9")
+    else:
+        summary.update(queue_type="quorum", publisher_confirms=conf["broker_transport_options"]["confirm_publish"],
+                       consumer_timeout_s=settings.amqp_consumer_timeout_s, lanes="queues <queue>, <queue>.batch",
+                       dead_letter="<queue>.dead", queued_max_age_s=settings.queued_max_age_s)
+    return summary
+
+
+def _common_config(settings: Settings) -> dict[str, Any]:
     transport = transport_options(settings)
     return {
         "broker_use_ssl": broker_tls(settings.broker),

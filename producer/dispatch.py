@@ -6,6 +6,7 @@ import time
 
 from celery import Celery
 
+from producer.amqp_broker import lane_queue
 from producer.broker_queues import LANE_PRIORITY, SENT_AT_HEADER, task_id
 from producer.celery_config import TASK_NAME, celery_config
 from producer.settings import Settings
@@ -21,9 +22,12 @@ class Dispatcher:
         self.app = app
 
     def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
-        """One message per window to the device's queue, in the stream's lane (a Celery priority)."""
+        """One message per window to the device's queue, in the stream's lane: a Celery priority on
+        Redis, a queue of its own on RabbitMQ (``producer.amqp_broker``)."""
         queue = self.settings.queue_for(device)
-        priority = LANE_PRIORITY[lane]
+        priority: int | None = LANE_PRIORITY[lane]
+        if self.settings.broker_kind == "amqp":
+            queue, priority = lane_queue(queue, lane), None
         for window in windows:
             # The task id names the window, so the sweep can tell a queued message from a lost one;
             # the send time lets the exporter age the oldest waiting message without a scan.

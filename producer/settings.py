@@ -138,6 +138,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_attempts: int = 3
     redeliver_after_s: int = 300
     visibility_timeout_s: int = 3600
+    # RabbitMQ broker only (producer.amqp_broker): the delivery acknowledgement timeout, asked
+    # per consumer where the server allows it (3.11.15+), else the server's own consumer_timeout
+    # as the operator set it (RabbitMQ's default is 30 minutes); it must exceed redeliver_after_s.
+    amqp_consumer_timeout_s: int = 1800
+    # RabbitMQ broker only: how long the sweep trusts a window's queued mark (a message was sent
+    # and no delivery has begun it) before it re-sends the window anyway (worker.sweep).
+    queued_max_age_s: int = 3600
     event_log_maxlen: int = 1000
     # How often the workers' sweep re-sends overdue windows (one worker at a time).
     sweep_interval_s: float = 30.0
@@ -182,6 +189,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             raise ConfigError("RERANKQ_REDIS_URL", "is not set")
         return url
 
+    @property
+    def broker_kind(self) -> Literal["redis", "amqp"]:
+        """Which broker Celery talks to: ``amqp`` (RabbitMQ) or ``redis``."""
+        url = self.broker_url or self.redis_url or ""
+        return "amqp" if re.match(r"^(amqp|amqps|pyamqp)://", url) else "redis"
+
     def queue_for(self, device: str) -> str:
         return {"cpu": self.cpu_queue, "gpu": self.gpu_queue, "any": self.any_queue}[device]
 
@@ -203,7 +216,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
     "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
-    "visibility_timeout_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "max_stream_bytes", "coalesce_max_pairs",
+    "visibility_timeout_s", "amqp_consumer_timeout_s", "queued_max_age_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "max_stream_bytes", "coalesce_max_pairs",
     "flat_min_window", "breaker_failures", "breaker_cooldown_s", "member_restart_s",
 )
 
@@ -320,11 +333,14 @@ def _check(settings: Settings) -> None:
             _env_name("window_size"),
             f"{settings.window_size} exceeds RERANKQ_MAX_WINDOW_SIZE={settings.max_window_size}",
         )
-    if settings.visibility_timeout_s <= settings.redeliver_after_s:
-        # A window's attempt is bounded by redeliver_after_s (its lease and time limit); a
-        # visibility timeout under that would have Redis hand a running window to a second worker.
+    # A window's attempt is bounded by redeliver_after_s (its lease and time limit); a broker
+    # timeout under that would hand a running window to a second worker. Each broker has its own.
+    if settings.broker_kind == "redis" and settings.visibility_timeout_s <= settings.redeliver_after_s:
         raise ConfigError(_env_name("visibility_timeout_s"),
-                          f"must exceed RERANKQ_REDELIVER_AFTER_S={settings.redeliver_after_s}")
+                          f"must exceed RERANKQ_REDELIVER_AFTER_S={settings.redeliver_after_s} (Redis broker)")
+    if settings.broker_kind == "amqp" and settings.amqp_consumer_timeout_s <= settings.redeliver_after_s:
+        raise ConfigError(_env_name("amqp_consumer_timeout_s"),
+                          f"must exceed RERANKQ_REDELIVER_AFTER_S={settings.redeliver_after_s} (RabbitMQ broker)")
     n_members = len(settings.chain())
     for name, indexes in settings.chain_profiles.items():
         if not indexes or len(set(indexes)) != len(indexes) or not all(0 <= i < n_members for i in indexes):
@@ -349,9 +365,15 @@ def _check(settings: Settings) -> None:
             raise ConfigError(_env_name(field), f"must be positive, got {value}")
     for field in ("redis_url", "broker_url"):
         url = getattr(settings, field)
+        # RabbitMQ can be the broker, never the store.
+        if field == "broker_url" and url and re.match(r"^(amqp|amqps|pyamqp)://", url):
+            continue
         # Sentinel is not wired into the store's client yet, so its URLs are refused rather than half-supported.
         if url and not re.match(r"^(redis|rediss|unix)://", url):
-            raise ConfigError(_env_name(field), "must be a redis://, rediss:// or unix:// URL")
+            raise ConfigError(_env_name(field), "must be a redis://, rediss:// or unix:// URL"
+                              + (" (or amqp:// / amqps:// for RabbitMQ)" if field == "broker_url" else ""))
+    if settings.broker_kind == "amqp" and not settings.redis_url:
+        raise ConfigError(_env_name("redis_url"), "is required with a RabbitMQ broker: Redis stays the store")
 
 
 def _member_variable(index: int, field: str) -> str:

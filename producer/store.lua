@@ -13,6 +13,11 @@
 --
 -- Return codes shared by commands: -3 the stream does not exist (never opened or expired),
 -- -5 no such window (not a canonical integer in [0, n_windows)).
+--
+-- A window's queued mark, meta field 'queued:<w>' (ms), says a message for it was (about to
+-- be) sent then and no delivery has begun it since: set where a window is admitted or claimed
+-- by the sweep for a re-send, cleared by begin, commit and hurry (a send that failed). The sweep
+-- trusts it where it cannot look into the queues (RabbitMQ), up to an age limit.
 
 local spec_key, cands_key, meta_key, results_key, attempts_key, pending_key, events_key, active_key, counters_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -92,13 +97,13 @@ local function admit(target, deadline)
       -- Entries of streams that expired uncommitted are dropped here, a few at a time.
       redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
       for _, w in ipairs(new) do
-        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now, 'queued:' .. w, now)
         redis.call('ZADD', index, expire_at, stream_id .. ':' .. w)
       end
       extend_expiry(index, expire_at)
     else
       for _, w in ipairs(new) do
-        redis.call('HSET', meta_key, 'admitted_at:' .. w, now)
+        redis.call('HSET', meta_key, 'admitted_at:' .. w, now, 'queued:' .. w, now)
       end
     end
   end
@@ -163,8 +168,9 @@ elseif command == 'begin' then
   local attempt = redis.call('HINCRBY', attempts_key, window, 1)
   redis.call('HSET', attempts_key, 'holder:' .. window, delivery, 'until:' .. window, lease_until)
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
-  -- The sweep leaves the window be until the lease runs out.
+  -- The sweep leaves the window be until the lease runs out; its message is queued no more.
   redis.call('ZADD', pending_key, 'XX', lease_until, window)
+  redis.call('HDEL', meta_key, 'queued:' .. window)
   -- Streams opened before admit times were kept fall back to their open time.
   local admitted_at = redis.call('HGET', meta_key, 'admitted_at:' .. window) or redis.call('HGET', meta_key, 'created_at')
   local reply = {attempt, tonumber(admitted_at) or 0, redis.call('GET', spec_key)}
@@ -198,6 +204,7 @@ elseif command == 'commit' then
   end
   redis.call('ZREM', pending_key, window)
   redis.call('HDEL', attempts_key, 'holder:' .. window, 'until:' .. window)
+  redis.call('HDEL', meta_key, 'queued:' .. window)
   redis.call('HINCRBY', meta_key, 'committed', 1)
   local failovers = tonumber(ARGV[8]) or 0
   if failovers > 0 then
@@ -221,23 +228,37 @@ elseif command == 'commit' then
 elseif command == 'due' then
   -- The sweep: admitted, uncommitted windows whose deadline (enqueue grace or lease)
   -- passed; their deadline moves to ARGV[3] so a second sweeper does not take them too.
-  -- Returns {device, lane, window...}, or {} when none is due (or the stream is gone).
+  -- ARGV[4]: trust a queued mark younger than this many ms (0: never; the caller looks into
+  -- the queues itself): such a window is held, not claimed. A claimed window is marked
+  -- queued now (the sweep sends it). Returns {device, lane, held, window...}, or {} when
+  -- nothing is due (or the stream is gone).
   if redis.call('EXISTS', meta_key) == 0 then return {} end
   local due = redis.call('ZRANGEBYSCORE', pending_key, '-inf', now)
   if #due == 0 then return {} end
+  local trust_ms = tonumber(ARGV[4]) or 0
+  local claimed, held = {}, 0
   for _, window in ipairs(due) do
     redis.call('ZADD', pending_key, tonumber(ARGV[3]), window)
+    local mark = tonumber(redis.call('HGET', meta_key, 'queued:' .. window))
+    if trust_ms > 0 and mark and now - mark < trust_ms then
+      held = held + 1
+    else
+      redis.call('HSET', meta_key, 'queued:' .. window, now)
+      table.insert(claimed, window)
+    end
   end
   local route = redis.call('HMGET', meta_key, 'device', 'lane')
-  table.insert(due, 1, route[2] or 'interactive')
-  table.insert(due, 1, route[1] or 'cpu')
-  return due
+  table.insert(claimed, 1, held)
+  table.insert(claimed, 1, route[2] or 'interactive')
+  table.insert(claimed, 1, route[1] or 'cpu')
+  return claimed
 
 elseif command == 'hurry' then
   -- Make windows due now (their message could not be sent); ARGV: window...
   if redis.call('EXISTS', meta_key) == 0 then return -3 end
   for i = 3, #ARGV do
     redis.call('ZADD', pending_key, 'XX', now, ARGV[i])
+    redis.call('HDEL', meta_key, 'queued:' .. ARGV[i])
   end
   return 1
 end

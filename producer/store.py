@@ -107,6 +107,8 @@ class DueWindows(msgspec.Struct):
     device: str
     lane: str
     windows: list[int]
+    #: Overdue windows left alone because their queued mark was trusted (``trust_queued_s``).
+    held: int = 0
 
 
 class Begun(msgspec.Struct):
@@ -288,25 +290,31 @@ class Store:
                 out.update(window_embeddings_decoder.decode(blob).unpack())
         return out
 
-    def due_windows(self, stream_id: str, *, retry_in_s: float) -> list[int]:
+    def due_windows(self, stream_id: str, *, retry_in_s: float, trust_queued_s: float = 0) -> list[int]:
         """``due_windows_many`` for one stream: its overdue windows, claimed."""
-        due = self.due_windows_many([stream_id], retry_in_s=retry_in_s).get(stream_id)
+        due = self.due_windows_many([stream_id], retry_in_s=retry_in_s, trust_queued_s=trust_queued_s).get(stream_id)
         return due.windows if due is not None else []
 
-    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float) -> dict[str, DueWindows]:
+    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float,
+                         trust_queued_s: float = 0) -> dict[str, DueWindows]:
         """Overdue windows of these streams, claimed for re-sending (their deadline moves
-        ``retry_in_s`` out), with each stream's device and lane: one round trip, each call atomic."""
+        ``retry_in_s`` out), with each stream's device and lane: one round trip, each call atomic.
+
+        With ``trust_queued_s`` > 0, an overdue window whose queued mark (a message sent, no
+        delivery begun since) is younger than that is held instead of claimed (``DueWindows.held``).
+        """
         if not stream_ids:
             return {}
         retry_at = _now_ms() + int(retry_in_s * 1000)
+        trust_ms = int(trust_queued_s * 1000)
         pipe = self.client.pipeline(transaction=False)
         for stream_id in stream_ids:
-            self._run(self.keys.stream(stream_id), "due", retry_at, client=pipe)
+            self._run(self.keys.stream(stream_id), "due", retry_at, trust_ms, client=pipe)
         out: dict[str, DueWindows] = {}
         for stream_id, reply in zip(stream_ids, pipe.execute()):
             if reply:
-                out[stream_id] = DueWindows(device=reply[0].decode(), lane=reply[1].decode(),
-                                            windows=[int(w) for w in reply[2:]])
+                out[stream_id] = DueWindows(device=reply[0].decode(), lane=reply[1].decode(), held=int(reply[2]),
+                                            windows=[int(w) for w in reply[3:]])
         return out
 
     def active_streams(self) -> list[str]:

@@ -14,6 +14,7 @@ import redis
 
 from producer import RerankClient, load_settings
 from producer.settings import Settings
+from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 
@@ -32,6 +33,27 @@ def redis_server() -> Iterator[EmbeddedRedis]:
 
 
 @pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[EmbeddedRabbitMQ]:
+    """A private RabbitMQ node (own name, ports, data), shared by the session's amqp tests."""
+    if rabbitmq_server_binary() is None:
+        pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server; .ci/run does)")
+    server = EmbeddedRabbitMQ().start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> str:
+    """Which broker a test's workers and clients use: ``redis`` unless parametrised
+    (``@pytest.mark.parametrize("broker", BROKERS, indirect=True)``) with ``amqp``."""
+    return getattr(request, "param", "redis")
+
+
+#: Parametrise a test over both brokers (``indirect=True``): Redis, and RabbitMQ with Redis as the store.
+BROKERS = ["redis", "amqp"]
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder"))
 
@@ -42,8 +64,9 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path) -> dict[str, str]:
-    """Environment for one test's workers and clients: own namespace, own queues."""
+def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, broker: str,
+             request: pytest.FixtureRequest) -> dict[str, str]:
+    """Environment for one test's workers and clients: own namespace, own queues, the test's broker."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
     env.update({
         "RERANKQ_REDIS_URL": redis_server.url,
@@ -64,6 +87,8 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path) 
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": str(ROOT),
     })
+    if broker == "amqp":
+        env["RERANKQ_BROKER_URL"] = request.getfixturevalue("rabbitmq_server").url
     return env
 
 

@@ -158,3 +158,22 @@ def test_flower_reads_the_same_broker():
     assert flower["profiles"] == ["flower"]
     assert flower["environment"]["CELERY_BROKER_URL"] == SERVICES["worker-cpu"]["environment"]["RERANKQ_REDIS_URL"]
     assert "RERANKQ_TASK_EVENTS" in SERVICES["worker-cpu"]["environment"]
+
+
+def test_the_amqp_profile_runs_rabbitmq_and_points_the_workers_and_the_exporter_at_it():
+    rabbitmq = SERVICES["rabbitmq"]
+    assert rabbitmq["profiles"] == ["amqp"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in rabbitmq["volumes"]}
+    conf = dict(line.split(" = ", 1) for line in (ROOT / "ops" / "rabbitmq.conf").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert mounts["/etc/rabbitmq/conf.d/20-rerankq.conf"] == "./ops/rabbitmq.conf"
+    user = rabbitmq["environment"]["RABBITMQ_DEFAULT_USER"]
+    url = f"amqp://{user}:pw@rabbitmq:5672//"  # what the compose file's header says to set
+    for name in [*WORKERS, "exporter"]:
+        env = compose_env(SERVICES[name])
+        assert load_settings(env).broker_kind == "redis"  # unset: Redis is the broker
+        settings = load_settings({**env, "RERANKQ_BROKER_URL": url})
+        assert settings.broker_kind == "amqp" and settings.redis_url
+        # The server's timeout, the one rerankq asks for, and both above the window time limit.
+        assert int(conf["consumer_timeout"]) == settings.amqp_consumer_timeout_s * 1000
+        assert settings.amqp_consumer_timeout_s > settings.redeliver_after_s

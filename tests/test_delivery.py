@@ -6,14 +6,15 @@ import os
 import signal
 
 import pytest
-from conftest import make_candidates
+from conftest import BROKERS, make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
 
 from producer.celery_config import celery_config
 from producer.settings import load_settings
 
 
-def test_child_killed_mid_window_commits_once_and_stream_completes(start_worker, make_client, tmp_path, raw_redis):
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_child_killed_mid_window_commits_once_and_stream_completes(start_worker, make_client, tmp_path, raw_redis, broker):
     marks = tmp_path / "marks"
     marks.mkdir()
     worker = start_worker(env=provider_env("SlowProvider", mark_dir=marks, sleep_s=2))
@@ -39,7 +40,8 @@ def test_child_killed_mid_window_commits_once_and_stream_completes(start_worker,
     assert "WorkerLostError" in worker.log() or "SIGKILL" in worker.log()
 
 
-def test_duplicate_delivery_is_turned_away_without_counting(start_worker, make_client, tmp_path, raw_redis):
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_duplicate_delivery_is_turned_away_without_counting(start_worker, make_client, tmp_path, raw_redis, broker):
     """A second message for a window another delivery is scoring: no attempt counted, one commit."""
     marks = tmp_path / "marks"
     marks.mkdir()

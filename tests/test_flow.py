@@ -6,7 +6,7 @@ import math
 
 import msgspec
 import pytest
-from conftest import make_candidates
+from conftest import BROKERS, make_candidates
 
 from producer import Failed, Filtered, Ranked
 from producer.celery_config import TASK_NAME
@@ -33,7 +33,8 @@ def provider_calls(client, member: str = "0:local") -> int:
     return client.store.counters().get(f"provider_calls:{member}", 0)
 
 
-def test_stream_is_scored_end_to_end(start_worker, make_client):
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_stream_is_scored_end_to_end(start_worker, make_client, broker):
     start_worker()
     client = make_client()
     stream = client.open("payment gateway error", make_candidates(30), window_size=10)

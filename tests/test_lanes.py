@@ -5,6 +5,7 @@ a window (the sweep's included) goes to the lane the stream was opened in."""
 from __future__ import annotations
 
 import pytest
+from conftest import BROKERS
 from delivery_helpers import provider_env, pull_until_complete, wait_for
 
 from producer.broker_queues import QueueProbe, lane_list
@@ -17,7 +18,8 @@ def committed_at(client, stream: str) -> list[float]:
     return sorted(r.committed_at for r in client.store.snapshot(stream).results.values())
 
 
-def test_a_free_worker_takes_interactive_windows_before_waiting_batch_windows(start_worker, make_client):
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_a_free_worker_takes_interactive_windows_before_waiting_batch_windows(start_worker, make_client, broker):
     start_worker(provider_env("SlowProvider", sleep_s=0.4))
     client = make_client()
     batch = client.open("nightly batch query", [{"id": f"b{i}", "text": f"batch doc {i}"} for i in range(40)],

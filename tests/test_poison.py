@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import msgspec
-from conftest import make_candidates
+import pytest
+from conftest import BROKERS, make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete
 
 from producer import Failed
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_window_that_kills_every_process_commits_failed_after_max_attempts(start_worker, make_client, tmp_path,
-                                                                           raw_redis):
+                                                                           raw_redis, broker):
     marks = tmp_path / "marks"
     marks.mkdir()
     worker = start_worker(env=provider_env("SuicideProvider", mark_dir=marks, max_attempts=2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import structlog
 from celery import Celery, signals
+from celery.exceptions import Reject
 
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ValidationError
@@ -31,6 +32,8 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
                monitoring: Monitoring = MONITORING_OFF) -> Celery:
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
+    if settings.broker_kind == "amqp":
+        app.conf.worker_consumer = "worker.amqp_check:AmqpConsumer"
     recorder = monitoring.recorder
     app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the remote-control command
 
@@ -40,7 +43,8 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
         # before Redis is touched (the store checks the window's range against the stream too).
         if not valid_task_args(stream_id, window, settings):
             log.warning("task_refused", reason="arguments name no window", args=repr((stream_id, window))[:200])
-            return "refused"
+            # Rejected, not requeued: RabbitMQ dead-letters it (<queue>.dead), Redis drops it.
+            raise Reject("arguments name no window", requeue=False)
         runtime = get_runtime(settings, recorder)
         return runtime.scorer.process(stream_id, window, delivery=str(self.request.id))  # type: ignore[arg-type]
 

@@ -78,6 +78,19 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
         return 1
     if monitoring.server is not None:
         log.info("metrics_listening", host=settings.metrics_host, port=monitoring.server.port)
+    from producer.celery_config import delivery_summary
+
+    log.info("broker_configured", **delivery_summary(settings))
+    if settings.broker_kind == "amqp":
+        from worker.amqp_check import prepare_amqp_broker
+
+        problem = prepare_amqp_broker(settings)
+        if problem:
+            log.error("broker_cannot_serve", broker="amqp", problem=problem)
+            return 1
+        from producer.amqp_broker import consumed_queues
+
+        queues = consumed_queues(queues)
     app = create_app(settings, monitoring=monitoring)
     # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
     heartbeat = [] if settings.task_events else ["--without-heartbeat"]

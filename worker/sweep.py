@@ -10,6 +10,16 @@ admitted window end committed, without re-sending what a backlog is only delayin
 duplicate send is harmless: ``begin`` turns it away while a live attempt holds the
 window, and ``commit`` writes a window only once.
 
+On RabbitMQ nothing lists a queue's messages without taking them, so the sweep asks the store
+instead: each window carries a queued mark from the moment its message is sent until a
+delivery begins it (``producer/store.lua``). An overdue window still marked queued is left
+alone until its mark is ``RERANKQ_QUEUED_MAX_AGE_S`` old: a confirmed message in a durable
+quorum queue is not lost by the broker, so what the mark cannot see is a producer that died
+between admitting a window and sending it, or a message an operator purged, and those wait
+that long. A window begun and then abandoned (its worker died after the broker handed its
+message back) carries no mark and is re-sent once its lease runs out, which can send it twice:
+``begin`` and ``commit`` keep that to one commit.
+
 Runs in each worker's main process on a background thread. A Redis lock that is never
 released but expires after one interval (``SET NX PX``) makes one worker in the whole
 fleet sweep per interval, whichever gets there first; a worker that dies costs at most
@@ -24,6 +34,7 @@ import redis
 import structlog
 from kombu.exceptions import OperationalError
 
+from producer.amqp_broker import AmqpQueueProbe
 from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
 from producer.settings import Settings
@@ -37,7 +48,7 @@ SWEEP_BATCH = 500
 SEND_ERRORS = (redis.RedisError, OperationalError, OSError)
 
 
-def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, settings: Settings,
+def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQueueProbe | None, settings: Settings,
                recorder: Recorder = NO_METRICS) -> int:
     """Re-send every overdue window of every live stream that has no message queued.
 
@@ -46,12 +57,17 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, s
     """
     streams = store.active_streams()
     due: dict[str, DueWindows] = {}
+    # Where the queues cannot be read (RabbitMQ), the store's queued marks stand in for them.
+    trust_s = settings.queued_max_age_s if settings.broker_kind == "amqp" else 0
     for i in range(0, len(streams), SWEEP_BATCH):
-        due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s))
+        due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s,
+                                          trust_queued_s=trust_s))
     if not due:
         return 0
-    queued = probe.queued_windows(settings.all_queues()) if probe is not None else set()
-    sent = waiting = 0
+    listed = probe.queued_windows(settings.all_queues()) if probe is not None else None
+    queued = listed or set()
+    sent = 0
+    waiting = sum(claimed.held for claimed in due.values())
     for stream_id, claimed in due.items():
         lost = [w for w in claimed.windows if (stream_id, w) not in queued]
         waiting += len(claimed.windows) - len(lost)
@@ -61,8 +77,13 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, s
             # The lane the stream was opened in: a batch window re-sent never jumps the interactive ones.
             dispatcher.send(stream_id, lost, claimed.device, claimed.lane)  # type: ignore[arg-type]
         except SEND_ERRORS as exc:
-            # Claimed already: the next period after this one tries again.
+            # Claimed already: the next period after this one tries again. Not sent, so not
+            # queued: clear the marks the claim set, or a RabbitMQ sweep would trust them.
             log.warning("sweep_send_failed", stream=stream_id, windows=lost, error=type(exc).__name__)
+            try:
+                store.hurry(stream_id, lost)
+            except redis.RedisError:
+                pass  # the store is down too: the claim's deadline brings the windows back
             continue
         except Exception:  # noqa: BLE001 - one bad stream must not starve the others
             log.exception("sweep_send_crashed", stream=stream_id, windows=lost)
@@ -77,8 +98,9 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, s
 
 
 def broker_probe(settings: Settings) -> QueueProbe | None:
-    """A probe of the broker's queues, where the broker is a Redis whose lists can be read."""
-    if settings.broker.startswith(("redis://", "rediss://", "unix://")):
+    """A probe of the broker's queues, where the broker is a Redis whose lists can be read
+    (on RabbitMQ the sweep reads the store's queued marks instead)."""
+    if settings.broker_kind == "redis":
         return QueueProbe(connect(settings.broker))
     return None
 

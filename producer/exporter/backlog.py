@@ -8,6 +8,8 @@ Each read is a fixed number of commands however many streams are live:
 - unacknowledged messages per queue: kombu's ``unacked`` hash, counted by routing key in a
   script. It holds one entry per message a worker has fetched and not acked, so it is as
   large as the fleet's busy pool processes, not as the backlog;
+- on RabbitMQ instead: each lane queue's ready messages (a passive declare); no unacked count
+  per queue and no oldest age (neither can be read without taking messages);
 - per shard (``producer.keys.SHARDS`` of them, pipelined): the live entries of the active-stream
   index and of each device's uncommitted-window index, both scored by their stream's expiry,
   so streams that expired are not counted and nothing is walked one by one.
@@ -22,6 +24,7 @@ from typing import Any
 
 import redis
 
+from producer.amqp_broker import AmqpQueueProbe
 from producer.broker_queues import SENT_AT_HEADER, queue_lists
 from producer.keys import DEVICES, Keys
 from producer.settings import Settings
@@ -80,12 +83,16 @@ def sent_at(raw: bytes | None) -> float | None:
 
 
 class BacklogReader:
-    def __init__(self, settings: Settings, store_client: redis.Redis, broker_client: redis.Redis) -> None:
+    def __init__(self, settings: Settings, store_client: redis.Redis, broker_client: redis.Redis | None,
+                 amqp: AmqpQueueProbe | None = None) -> None:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.store_client = store_client
         self.broker_client = broker_client
-        self._unacked = broker_client.register_script(_UNACKED_BY_QUEUE)
+        #: Set when the broker is RabbitMQ (``producer.amqp_broker``); then broker_client is None.
+        self.amqp = amqp
+        if broker_client is not None:
+            self._unacked = broker_client.register_script(_UNACKED_BY_QUEUE)
 
     def read(self) -> Backlog:
         # Windows before queues: a window is admitted before its message is sent and its
@@ -97,6 +104,8 @@ class BacklogReader:
     def read_queues(self) -> list[QueueBacklog]:
         devices = queue_devices(self.settings)
         queues = list(devices)
+        if self.amqp is not None:
+            return self.read_amqp_queues(devices)
         pipe = self.broker_client.pipeline(transaction=False)
         for queue in queues:
             for name in queue_lists(queue):
@@ -115,6 +124,16 @@ class BacklogReader:
             out.append(QueueBacklog(queue=queue, device=devices[queue], messages=sum(int(n) for n in lengths),
                                     unacked=unacked[i], oldest_age_s=oldest))
         return out
+
+    def read_amqp_queues(self, devices: dict[str, str]) -> list[QueueBacklog]:
+        """RabbitMQ's ready-message counts of both lanes. It tells neither the unacked count per
+        queue nor the oldest message's age without taking messages, so both read 0 there."""
+        assert self.amqp is not None
+        waiting = dict.fromkeys(devices, 0)
+        for count in self.amqp.counts(list(devices)):
+            waiting[count.queue] += count.waiting
+        return [QueueBacklog(queue=queue, device=device, messages=waiting[queue], unacked=0, oldest_age_s=0.0)
+                for queue, device in devices.items()]
 
     def read_windows(self) -> dict[str, Any]:
         now_ms = int(time.time() * 1000)

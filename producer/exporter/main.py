@@ -66,17 +66,33 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     from producer.store import connect
 
     store_client = connect(settings.redis_url)
-    broker_client = store_client if settings.broker == settings.redis_url else connect(settings.broker)
+    amqp_probe = None
+    if settings.broker_kind == "amqp":
+        from producer.amqp_broker import AmqpQueueProbe
+
+        amqp_probe, broker_client = AmqpQueueProbe(settings.broker), None
+    else:
+        broker_client = store_client if settings.broker == settings.redis_url else connect(settings.broker)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client)))
+    registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client, amqp_probe)))
     if args.once:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
 
-    store_probe, broker_probe = health_client(settings.redis_url), health_client(settings.broker)
+    store_probe = health_client(settings.redis_url)
+    broker_probe = None if amqp_probe is not None else health_client(settings.broker)
+
+    def broker_reachable() -> bool:
+        if amqp_probe is None:
+            return reachable(broker_probe)
+        try:
+            amqp_probe.counts([settings.cpu_queue])
+            return True
+        except Exception:  # noqa: BLE001 - any failure to reach RabbitMQ is "unreachable"
+            return False
 
     def health() -> tuple[bool, dict[str, Any]]:
-        checks = {"redis": reachable(store_probe), "broker": reachable(broker_probe)}
+        checks = {"redis": reachable(store_probe), "broker": broker_reachable()}
         return all(checks.values()), checks
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -92,7 +108,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     logging.getLogger("rerankq.exporter").info("exporter_listening host=%s port=%d", args.host, server.port)
     server.serve_forever()
     store_client.close()
-    if broker_client is not store_client:
+    if broker_client is not None and broker_client is not store_client:
         broker_client.close()
+    if amqp_probe is not None:
+        amqp_probe.close()
     return 0
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from producer.amqp_broker import AsyncAmqpBroker
 from producer.client import RerankClient
 from producer.gateway import cohere, streams, tei
 from producer.gateway.auth import KeyRing, load_keyring
@@ -103,7 +104,10 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
         dispatcher = CountingDispatcher(settings)
         client = RerankClient(settings, dispatcher=dispatcher)
         store_redis = async_redis(settings.redis_url or "")
-        broker_redis = store_redis if settings.broker == settings.redis_url else async_redis(settings.broker)
+        if settings.broker_kind == "amqp":
+            broker_redis: Any = AsyncAmqpBroker(settings.broker)
+        else:
+            broker_redis = store_redis if settings.broker == settings.redis_url else async_redis(settings.broker)
         backlog = Backlog(broker_redis, dispatcher, settings, config)
         app.state.gateway = Gateway(settings, config, keyring, QueueBridge(client, store_redis, backlog,
                                                                            threads=config.threads))

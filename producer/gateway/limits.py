@@ -3,7 +3,7 @@
 **Backpressure.** New work for a device is refused (429) while its queue holds more than
 ``RERANKQ_GATEWAY_MAX_BACKLOG`` waiting windows, rather than queueing without limit. The
 depth is the queue's Redis lists (``producer.broker_queues.queue_lists``: the queue and its
-priority steps), sampled every ``RERANKQ_GATEWAY_DRAIN_SAMPLE_S`` (0.5 s) by one background
+priority steps), or on RabbitMQ both lane queues' message counts (``producer.amqp_broker``), sampled every ``RERANKQ_GATEWAY_DRAIN_SAMPLE_S`` (0.5 s) by one background
 task; a request compares against the latest sample, so it costs no Redis call of its own, and
 a sudden burst can pass the bound by what arrives within one sample.
 
@@ -29,6 +29,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from producer.amqp_broker import AsyncAmqpBroker
 from producer.broker_queues import queue_lists
 from producer.dispatch import Dispatcher
 from producer.gateway.config import Device, GatewaySettings
@@ -118,19 +119,27 @@ class Backlog:
             return self.max_retry_after_s
         return max(1, min(self.max_retry_after_s, math.ceil((depth - self.bound) / rate)))
 
-    async def sample(self) -> None:
+    async def read_depths(self) -> dict[str, int]:
+        """Messages waiting per device queue, both lanes: Redis lists, or RabbitMQ's counts."""
+        if isinstance(self.broker, AsyncAmqpBroker):
+            return await self.broker.depths(list(self.queues.values()))
         pipe = self.broker.pipeline(transaction=False)
         counts = {queue: len(queue_lists(queue)) for queue in self.queues.values()}
         for queue in self.queues.values():
             for name in queue_lists(queue):
                 pipe.llen(name)
         replies = await pipe.execute()
+        depths, at = {}, 0
+        for queue, n in counts.items():
+            depths[queue] = sum(replies[at:at + n])
+            at += n
+        return depths
+
+    async def sample(self) -> None:
+        depths = await self.read_depths()
         now = time.monotonic()
         sent_by_queue = self.dispatcher.take_sent()
-        at = 0
-        for queue, n in counts.items():
-            depth = sum(replies[at:at + n])
-            at += n
+        for queue, depth in depths.items():
             last = self._last.get(queue)
             self._last[queue] = (now, depth)
             if last is None or last[1] == 0 or depth == 0 or now <= last[0]:

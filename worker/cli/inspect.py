@@ -1,7 +1,7 @@
 """``rerankq inspect``: the deployment at a glance.
 
 Per device queue and lane, the messages waiting and how long the oldest has waited (the
-broker's Redis lists, ``producer.broker_queues``); the workers alive per device (Celery's
+broker's Redis lists, ``producer.broker_queues``; on RabbitMQ the counts alone); the workers alive per device (Celery's
 remote control, one broadcast of ``rerankq_worker``) with the model and precision each process
 runs (the cards processes write, ``worker.card``); the circuit breaker of every remote member
 those workers run; and the fleet's counters.
@@ -26,6 +26,17 @@ def queue_view(settings: Any) -> list[dict[str, Any]]:
     from producer.store import connect
 
     devices = {settings.cpu_queue: "cpu", settings.gpu_queue: "gpu", settings.any_queue: "any"}
+    if settings.broker_kind == "amqp":
+        from producer.amqp_broker import AmqpQueueProbe
+
+        amqp = AmqpQueueProbe(settings.broker)
+        try:
+            counts = amqp.counts(list(devices))
+        finally:
+            amqp.close()
+        # RabbitMQ tells how many wait, not how long the oldest has (that would take it off the queue).
+        return [{"device": devices[c.queue], "queue": c.queue, "lane": c.lane, "waiting": c.waiting,
+                 "oldest_age_s": None} for c in counts]
     probe = QueueProbe(connect(settings.broker))
     try:
         depths = probe.lane_depths(list(devices))
