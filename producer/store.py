@@ -9,8 +9,12 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound, UnsupportedRedis
+from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
 from producer.keys import Keys, StreamKeys
+from producer.redis_clients import BLOCK_CHUNK_S as BLOCK_CHUNK_S
+from producer.redis_clients import MIN_REDIS_VERSION as MIN_REDIS_VERSION
+from producer.redis_clients import server_version as server_version
+from producer.redis_clients import store_client
 from producer.wire import (
     Candidate,
     Lane,
@@ -27,10 +31,6 @@ from producer.wire import (
 
 _SCRIPT = resources.files("producer").joinpath("store.lua").read_text()
 
-BLOCK_CHUNK_S = 5.0
-#: The oldest server the scripts run on (ZADD GT, XADD MAXLEN ~); Valkey reports a redis_version too.
-MIN_REDIS_VERSION = (6, 2)
-
 #: ``begin`` and ``commit`` codes, as ``store.lua`` returns them.
 ALREADY_COMMITTED, NOT_ADMITTED, GONE, HELD_ELSEWHERE, NO_SUCH_WINDOW = -1, -2, -3, -4, -5
 
@@ -39,46 +39,8 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def server_version(info: str) -> tuple[int, ...]:
-    for line in info.splitlines():
-        if line.startswith("redis_version:"):
-            return tuple(int(part) for part in line.split(":", 1)[1].strip().split(".")[:3] if part.isdigit())
-    return ()
-
-
-def _check_version_on_connect(connection: Any) -> None:
-    """Runs on every new connection, after the handshake: refuse a server the scripts cannot run on."""
-    connection.on_connect()
-    connection.send_command("INFO", "server")
-    raw = connection.read_response()
-    info = raw.decode() if isinstance(raw, bytes) else str(raw)
-    version = server_version(info)
-    if version and version < MIN_REDIS_VERSION:
-        connection.disconnect()  # redis-py cleans up after its own errors only
-        found = ".".join(map(str, version))
-        raise UnsupportedRedis(f"Redis {found} is older than {'.'.join(map(str, MIN_REDIS_VERSION))}, "
-                               "the oldest rerankq runs on (Valkey 7.2+ works too)")
-
-
-def connect(url: str) -> redis.Redis:
-    """A client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with retries on blips.
-
-    Each new connection checks the server's version, so an unsupported Redis is refused with
-    a clear error on first use rather than failing later inside a script.
-    """
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
-
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        health_check_interval=30,
-        # Above the longest blocking read (BLOCK_CHUNK_S), so a wait is never cut short.
-        socket_timeout=BLOCK_CHUNK_S + 10,
-        socket_connect_timeout=5,
-        redis_connect_func=_check_version_on_connect,
-    )
+#: The store's client for any URL rerankq takes (``producer.redis_clients``).
+connect = store_client
 
 
 class Snapshot(msgspec.Struct):
@@ -125,6 +87,9 @@ class Store:
         self.keys = Keys(namespace)
         self.event_log_maxlen = event_log_maxlen
         self._script = client.register_script(_SCRIPT)
+        # A script queued on a cluster pipeline is not loaded on a node that lacks it (a
+        # promoted replica, a restarted master): it is loaded on every master first.
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
 
     def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
         return self._script(keys=stream.all(), args=[command, _now_ms(), *args], client=client)
@@ -299,6 +264,8 @@ class Store:
         if not stream_ids:
             return {}
         retry_at = _now_ms() + int(retry_in_s * 1000)
+        if self._cluster:
+            self.client.script_load(_SCRIPT)
         pipe = self.client.pipeline(transaction=False)
         for stream_id in stream_ids:
             self._run(self.keys.stream(stream_id), "due", retry_at, client=pipe)

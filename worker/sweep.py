@@ -26,6 +26,7 @@ from kombu.exceptions import OperationalError
 
 from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
+from producer.redis_clients import broker_client, is_redis_broker
 from producer.settings import Settings
 from producer.store import DueWindows, Store, connect
 from worker.metrics.recorder import NO_METRICS, Recorder
@@ -78,8 +79,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | None, s
 
 def broker_probe(settings: Settings) -> QueueProbe | None:
     """A probe of the broker's queues, where the broker is a Redis whose lists can be read."""
-    if settings.broker.startswith(("redis://", "rediss://", "unix://")):
-        return QueueProbe(connect(settings.broker))
+    if is_redis_broker(settings.broker):
+        return QueueProbe(broker_client(settings.broker))
     return None
 
 

@@ -23,10 +23,10 @@ def device_kind(device: str | None) -> str:
 
 def queue_view(settings: Any) -> list[dict[str, Any]]:
     from producer.broker_queues import QueueProbe
-    from producer.store import connect
+    from producer.redis_clients import broker_client
 
     devices = {settings.cpu_queue: "cpu", settings.gpu_queue: "gpu", settings.any_queue: "any"}
-    probe = QueueProbe(connect(settings.broker))
+    probe = QueueProbe(broker_client(settings.broker))
     try:
         depths = probe.lane_depths(list(devices))
     finally:
