@@ -223,8 +223,8 @@ def _cluster_client(url: str, **overrides: Any) -> redis.cluster.RedisCluster:
     return redis.cluster.RedisCluster(
         startup_nodes=[redis.cluster.ClusterNode(host, port) for host, port in parsed.hosts],
         username=parsed.username, password=parsed.password,
-        # Masters only: a reader must never see less than what a write it saw acknowledged left.
-        read_from_replicas=False,
+        # Reads go to masters only (redis-py's default; no load_balancing_strategy): a reader
+        # must never see less than what a write it saw acknowledged left.
         # A failed-over or re-sharded slot is looked up again at the first MOVED.
         reinitialize_steps=1,
         retry=retry,
@@ -243,7 +243,7 @@ def async_store_client(url: str) -> Any:
         parsed = parse_multi_host(url)
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.hosts],
-            username=parsed.username, password=parsed.password, read_from_replicas=False, **options)
+            username=parsed.username, password=parsed.password, **options)
     if kind == SENTINEL_SCHEME:
         parsed = parse_multi_host(url)
         sentinel_password = parsed.query.get("sentinel_password")

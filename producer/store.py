@@ -87,8 +87,7 @@ class Store:
         self.keys = Keys(namespace)
         self.event_log_maxlen = event_log_maxlen
         self._script = client.register_script(_SCRIPT)
-        # A script queued on a cluster pipeline is not loaded on a node that lacks it (a
-        # promoted replica, a restarted master): it is loaded on every master first.
+        # redis-py's cluster pipeline refuses scripts: the sweep's batched calls go per node.
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
 
     def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
@@ -264,17 +263,42 @@ class Store:
         if not stream_ids:
             return {}
         retry_at = _now_ms() + int(retry_in_s * 1000)
-        if self._cluster:
-            self.client.script_load(_SCRIPT)
-        pipe = self.client.pipeline(transaction=False)
-        for stream_id in stream_ids:
-            self._run(self.keys.stream(stream_id), "due", retry_at, client=pipe)
+        replies = self._due_on_cluster(stream_ids, retry_at) if self._cluster else None
+        if replies is None:
+            pipe = self.client.pipeline(transaction=False)
+            for stream_id in stream_ids:
+                self._run(self.keys.stream(stream_id), "due", retry_at, client=pipe)
+            replies = pipe.execute()
         out: dict[str, DueWindows] = {}
-        for stream_id, reply in zip(stream_ids, pipe.execute()):
+        for stream_id, reply in zip(stream_ids, replies):
             if reply:
                 out[stream_id] = DueWindows(device=reply[0].decode(), lane=reply[1].decode(),
                                             windows=[int(w) for w in reply[2:]])
         return out
+
+    def _due_on_cluster(self, stream_ids: list[str], retry_at: int) -> list[Any]:
+        """``due`` calls on a cluster: redis-py's cluster pipeline refuses scripts, so one plain
+        pipeline per master, each call on the node that owns its stream's slot. A call that
+        meets a moved slot (a failover the slot map has not caught up with) runs again alone,
+        through the cluster client, which follows the redirection."""
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i, stream_id in enumerate(stream_ids):
+            node = self.client.get_node_from_key(self.keys.stream(stream_id).meta)
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(stream_ids)
+        for node, indexes in by_node.values():
+            try:
+                pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+                for i in indexes:
+                    self._run(self.keys.stream(stream_ids[i]), "due", retry_at, client=pipe)
+                answers = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError):
+                answers = [None] * len(indexes)  # the node is gone: ask the cluster client again
+            for i, answer in zip(indexes, answers):
+                if answer is None or isinstance(answer, Exception):
+                    answer = self._run(self.keys.stream(stream_ids[i]), "due", retry_at)
+                replies[i] = answer
+        return replies
 
     def active_streams(self) -> list[str]:
         """Live stream ids of every shard; expired ones are pruned from the index as a side effect."""
