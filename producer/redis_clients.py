@@ -154,6 +154,20 @@ def _check_version_on_connect(connection: Any) -> None:
         raise
 
 
+def _check_master_on_connect(connection: Any) -> None:
+    """The version check, then that the server is a master: a sentinel that has not yet heard
+    of a failover still names the old master, which may already be a replica serving stale
+    reads (or, not yet demoted, taking writes its successor will never see). Refusing it
+    makes the client retry, asking the sentinels again."""
+    _check_version_on_connect(connection)
+    connection.send_command("ROLE")
+    role = connection.read_response()
+    kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+    if kind != "master":
+        connection.disconnect()
+        raise redis.ConnectionError(f"the server Sentinel named is a {kind}, not the master (a failover under way)")
+
+
 # -- synchronous clients -----------------------------------------------------------------------
 
 
@@ -201,7 +215,7 @@ def health_client(url: str) -> Any:
 
 def _sentinel_client(url: str, **overrides: Any) -> redis.Redis:
     parsed = parse_multi_host(url)
-    options = _common(health_check_interval=30, redis_connect_func=_check_version_on_connect)
+    options = _common(health_check_interval=30, redis_connect_func=_check_master_on_connect)
     options.update(overrides)
     sentinel_password = parsed.query.get("sentinel_password")
     sentinel = redis.sentinel.Sentinel(

@@ -143,6 +143,15 @@ class EmbeddedSentinel:
                 return client.info("replication").get("role") == "master"
 
         self._wait(promoted, timeout_s, f"a new master in place of {old_port}")
+        old = self.server_on(old_port)
+        if old.process is not None:
+            # The failover ends when the sentinels demote the old master (seconds later: until
+            # then it still takes writes from clients connected to it, which its resync drops).
+            def demoted() -> bool:
+                with redis.Redis(port=old_port, socket_timeout=2) as client:
+                    return client.info("replication").get("role") == "slave"
+
+            self._wait(demoted, timeout_s, f"the old master {old_port} to be demoted")
         return self.master_port()
 
     def restart(self, port: int, timeout_s: float = 30.0) -> None:
