@@ -3,6 +3,8 @@
     python ops/chaos.py                  # about five minutes
     python ops/chaos.py --quick          # about two minutes
     python ops/chaos.py --break sweep    # purpose-made breakage: the run must fail
+    python ops/chaos.py --store cluster  # the store on a Redis Cluster; a master killed, its replica promoted
+    python ops/chaos.py --store sentinel # store and broker on Sentinel; failovers (``ops/chaos_faults/stores.py``)
 
 A private redis-server (AOF on, ``appendfsync everysec``), several real
 ``python -m worker --device cpu --json-logs`` processes, and readers that open streams
@@ -60,10 +62,11 @@ from ops.chaos_faults.commit_check import MARKER, without_commit_checks  # noqa:
 from ops.chaos_faults.processes import Worker, kill_pool_process, restart_redis  # noqa: E402
 from ops.chaos_faults.queue_faults import QueueFaults  # noqa: E402
 from ops.chaos_faults.readers import Ledger, read_streams  # noqa: E402
+from ops.chaos_faults.stores import SHAPES, StoreShape, attribute, canary_clients, start_shape  # noqa: E402
 from producer import RerankClient, load_settings  # noqa: E402
 from producer.dispatch import Dispatcher  # noqa: E402
+from producer.redis_clients import broker_client  # noqa: E402
 from producer.settings import Settings  # noqa: E402
-from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
 
 NAMESPACE = "chaos"
 BREAKAGES = ("sweep", "provider", "commit-check")
@@ -118,11 +121,13 @@ class Fleet:
 class FaultLoop(threading.Thread):
     """Injects one fault every ``every_s`` (a random interval) until stopped, and counts them."""
 
-    def __init__(self, fleet: Fleet, server: EmbeddedRedis, queues: QueueFaults, ledger: Ledger,
+    def __init__(self, fleet: Fleet, shape: StoreShape, queues: QueueFaults, ledger: Ledger,
                  rng: random.Random, every_s: tuple[float, float]) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.fleet = fleet
-        self.server = server
+        self.shape = shape
+        self.server = shape.restartable
+        self.weights = shape.fault_weights(FAULTS)
         self.queues = queues
         self.ledger = ledger
         self.rng = rng
@@ -138,11 +143,11 @@ class FaultLoop(threading.Thread):
 
     @property
     def restarts(self) -> int:
-        return self.done["redis_sigterm"] + self.done["redis_sigkill"]
+        return sum(n for kind, n in self.done.items() if kind.startswith(("redis_", "cluster_", "sentinel_")))
 
     def _draw(self) -> str:
         if not self._deck:
-            self._deck = [kind for kind, weight in FAULTS.items() for _ in range(weight)]
+            self._deck = [kind for kind, weight in self.weights.items() for _ in range(weight)]
             self.rng.shuffle(self._deck)
         return self._deck.pop()
 
@@ -179,6 +184,9 @@ class FaultLoop(threading.Thread):
     def redis_sigkill(self) -> str:
         restart_redis(self.server, sigkill=True)
         return "redis_sigkill"
+
+    def store_failover(self) -> str:
+        return self.shape.failover(self.rng.random() < 0.5)
 
     def duplicate(self) -> str | None:
         if self.rng.random() < 0.5 and self.queues.copy_waiting(self.rng):
@@ -266,7 +274,7 @@ def client_logging(log_dir: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], canary: AcknowledgedWrites,
+def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], canaries: list[AcknowledgedWrites],
            ledger: Ledger, incomplete: int, fleet: Fleet, args: argparse.Namespace) -> bool:
     """Print what happened; True when anything was violated."""
     acknowledged = sum(1 for a in ledger.opens.values() if a.acknowledged)
@@ -280,10 +288,12 @@ def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], cana
     print("chaos: counters " + " ".join(f"{k}={counters.get(k, 0)}" for k in
                                         ("windows_committed", "windows_failed", "windows_poisoned",
                                          "windows_redelivered")), flush=True)
-    print(f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
-          flush=True)
+    restarts = [c for c in canaries if c.name == "restarts"]
+    for canary in restarts:
+        print(f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
+              flush=True)
     violated = bool(findings.lost or findings.twice or findings.failed or findings.changed or findings.gave_up
-                    or canary.lost)
+                    or any(c.lost for c in restarts))
     if findings.windows and not findings.logged_windows:
         print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
         violated = True
@@ -305,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=0.2, help="how long the fast provider takes per window")
     parser.add_argument("--redeliver-after-s", type=int, default=3)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--store", choices=SHAPES, default="single",
+                        help="the store's deployment: one Redis, a Redis Cluster, or Sentinel (store and broker)")
     parser.add_argument("--break", dest="breakage", choices=BREAKAGES, default=None,
                         help="break the system on purpose; the run must then fail")
     args = parser.parse_args(argv)
@@ -317,20 +329,20 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="rerankq-chaos-"))
     client_logging(log_dir)
     print(f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
-          f" model={args.model} break={args.breakage or 'none'} logs={log_dir}", flush=True)
-    (log_dir / "redis").mkdir()
-    server = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
-    env = worker_env(server.url, args)
+          f" model={args.model} break={args.breakage or 'none'} store={args.store} logs={log_dir}", flush=True)
+    shape = start_shape(args.store, log_dir)
+    env = {**worker_env(shape.store_url, args), "RERANKQ_BROKER_URL": shape.broker_url}
     settings: Settings = load_settings(env)
     fleet = Fleet(env, log_dir)
-    canary = AcknowledgedWrites(server.url)
+    canaries = [AcknowledgedWrites(client=c, key=key, name=what) for what, c, key in canary_clients(shape)]
     client = RerankClient(settings)
     dispatcher = Dispatcher(settings)
-    faults = FaultLoop(fleet, server, QueueFaults(client.store.client, settings.all_queues(), dispatcher),
+    faults = FaultLoop(fleet, shape, QueueFaults(broker_client(shape.broker_url), settings.all_queues(), dispatcher),
                        Ledger(), random.Random(seed), (1.0, 3.0))
     ledger = faults.ledger
     try:
-        canary.start()
+        for canary in canaries:
+            canary.start()
         for _ in range(args.workers):
             fleet.start()
         fleet.wait_ready(120 if args.model == "fast" else 300)
@@ -353,19 +365,29 @@ def main(argv: list[str] | None = None) -> int:
         fleet.stop()
         findings = audit(client, ledger, fleet.log_paths())
         counters = client.store.counters()
-        canary.stop.set()
-        canary.join()
-        violated = report(findings, faults, counters, canary, ledger, incomplete, fleet, args)
+        for canary in canaries:
+            canary.stop.set()
+            canary.join()
+        losses = attribute(findings, shape, client.store.keys, {a.stream_id: a.n_windows for a in ledger.opens.values()})
+        losses.canary = sum(c.lost for c in canaries if c.name == "failovers")
+        violated = report(findings, faults, counters, canaries, ledger, incomplete, fleet, args)
+        if shape.name != "single":
+            print(f"chaos: acknowledged writes lost by store failovers ({len(shape.failovers)} failovers; documented,"
+                  f" not repaired): canary={losses.canary} of {sum(c.acknowledged for c in canaries if c.name == 'failovers')}"
+                  f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
+                  f" windows committed again={losses.committed_again} results changed={losses.changed}", flush=True)
     finally:
         faults.stop.set()
-        canary.stop.set()
+        for canary in canaries:
+            canary.stop.set()
         fleet.stop()
         dispatcher.close()
         client.close()
-        server.stop()
+        shape.stop()
     print(f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
           f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
-          f"resent={counters.get('windows_redelivered', 0)}", flush=True)
+          f"resent={counters.get('windows_redelivered', 0)}"
+          + (f" failover_lost={losses.total}" if shape.name != "single" else ""), flush=True)
     return 1 if violated else 0
 
 

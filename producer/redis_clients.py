@@ -38,6 +38,14 @@ MIN_REDIS_VERSION = (6, 2)
 #: The longest blocking read a client makes (``XREAD BLOCK`` on a stream's event log).
 BLOCK_CHUNK_S = 5.0
 
+#: What a store raises while it cannot serve for a moment: unreachable, timed out, or, on a
+#: cluster, a slot without a master during a failover (CLUSTERDOWN, TRYAGAIN, not covered).
+#: Callers treat them alike: wait within their deadline, or report the store unavailable.
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+)
+
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEME = "redis+sentinel"
 CLUSTER_SCHEME = "redis+cluster"
