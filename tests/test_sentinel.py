@@ -102,3 +102,24 @@ def test_a_failover_of_store_and_broker_is_waited_out(how, start_worker, make_cl
     if how == "master_killed":
         sentinel_set.restart(dead)
     print(f"{how}: streams opened again after the failover: {reopened}")
+
+
+@pytest.mark.parametrize("env,variable,words", [
+    ({"RERANKQ_REDIS_URL": "redis+cluster://:pw-secret@h1:7000,h2:7001"}, "RERANKQ_BROKER_URL", "no Redis Cluster"),
+    ({"RERANKQ_REDIS_URL": "redis://h:6379/0", "RERANKQ_BROKER_URL": "redis+cluster://h1:7000"}, "RERANKQ_BROKER_URL",
+     "no Redis Cluster transport"),
+    ({"RERANKQ_REDIS_URL": "redis+sentinel://:pw-secret@h1:26379,h2:26379"}, "RERANKQ_REDIS_URL", "service name"),
+    ({"RERANKQ_REDIS_URL": "redis+sentinel://h1:26379/svc/x"}, "RERANKQ_REDIS_URL", "database number"),
+    ({"RERANKQ_REDIS_URL": "redis+cluster://h1:7000/3", "RERANKQ_BROKER_URL": "redis://h:1/0"}, "RERANKQ_REDIS_URL",
+     "database 0 only"),
+    ({"RERANKQ_REDIS_URL": "redis+cluster://h1", "RERANKQ_BROKER_URL": "redis://h:1/0"}, "RERANKQ_REDIS_URL",
+     "host:port"),
+    ({"RERANKQ_REDIS_URL": "sentinel://h1:26379"}, "RERANKQ_REDIS_URL", "redis+sentinel://"),
+])
+def test_a_bad_deployment_url_names_the_variable_and_never_the_password(env, variable, words):
+    from producer.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert caught.value.variable == variable
+    assert words in str(caught.value) and "pw-secret" not in str(caught.value)
