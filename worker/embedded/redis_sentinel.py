@@ -123,9 +123,20 @@ class EmbeddedSentinel:
         """A manual failover (``SENTINEL FAILOVER``: no quorum needed, nothing lost that the replica
         had); returns the new master's port once it serves writes."""
         old = self.master_port()
-        with self._sentinel(self.sentinel_ports[0]) as client:
-            client.execute_command("SENTINEL", "FAILOVER", self.service)
-        return self.wait_new_master(old, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            # A sentinel aborts a failover with no replica it deems good (one that rejoined a
+            # moment ago) or refuses one in progress: ask again until one goes through.
+            try:
+                with self._sentinel(self.sentinel_ports[0]) as client:
+                    client.execute_command("SENTINEL", "FAILOVER", self.service)
+            except redis.ResponseError:
+                pass
+            try:
+                return self.wait_new_master(old, min(5.0, max(0.1, deadline - time.monotonic())))
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
 
     def kill_master(self) -> int:
         """SIGKILL the master (a crash: writes it acknowledged but had not replicated are lost
