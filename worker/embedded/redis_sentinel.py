@@ -124,19 +124,21 @@ class EmbeddedSentinel:
         had); returns the new master's port once it serves writes."""
         old = self.master_port()
         deadline = time.monotonic() + timeout_s
-        while True:
+        while self.master_port() == old:
             # A sentinel aborts a failover with no replica it deems good (one that rejoined a
-            # moment ago) or refuses one in progress: ask again until one goes through.
+            # moment ago) or refuses one in progress: ask again, only while the master is unchanged
+            # (asking once it changed would fail over back).
             try:
                 with self._sentinel(self.sentinel_ports[0]) as client:
                     client.execute_command("SENTINEL", "FAILOVER", self.service)
             except redis.ResponseError:
                 pass
-            try:
-                return self.wait_new_master(old, min(5.0, max(0.1, deadline - time.monotonic())))
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
+            until = time.monotonic() + 5.0
+            while self.master_port() == old and time.monotonic() < until:
+                time.sleep(0.1)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no failover of {old} within {timeout_s}s")
+        return self.wait_new_master(old, max(1.0, deadline - time.monotonic()))
 
     def kill_master(self) -> int:
         """SIGKILL the master (a crash: writes it acknowledged but had not replicated are lost
