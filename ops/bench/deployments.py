@@ -131,6 +131,12 @@ class Shape:
             worker.stop()
 
 
+def broker_cell(name: str, usec: float | None) -> str:
+    if usec is not None:
+        return f"{usec:.0f}"
+    return "(in store's)" if name == "redis" else "not measured (RabbitMQ)"
+
+
 def masters_of(cluster: EmbeddedRedisCluster) -> list[redis.Redis]:
     return [redis.Redis(port=port) for port in cluster.master_ports()]
 
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, figures["shapes"][name]["windows_per_s_p50"], f"{wps:.0f}",
                          f"{statistics.median(ratios[name]):.2f} ({min(ratios[name]):.2f}-{max(ratios[name]):.2f})",
                          per_window["lua_calls"], per_window["lua_usec_per_call"], per_window["store_usec"],
-                         "(in store's)" if per_window["broker_usec"] is None else f"{per_window['broker_usec']:.0f}"])
+                         broker_cell(name, per_window["broker_usec"])])
         print_table("Windows committed per second, no-op provider (ratio: redis's round time / this shape's; server "
                 "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
                     ["shape", "windows/s p50", "windows/s all", "ratio to redis", "Lua calls/window",
