@@ -142,3 +142,28 @@ def test_a_master_killed_mid_run_is_replaced_by_its_replica_and_every_stream_com
     print(f"streams opened again after the failover: {reopened}")
     redis_cluster.restart(dead)
     wait_for(redis_cluster.healthy, 30, "the old master back as a replica")
+
+
+def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_redis):
+    """The exporter's backlog (1024 shards, pipelined over the masters), the shared breaker and
+    the worker cards `rerankq inspect` reads, with the store on the cluster."""
+    from producer.exporter.backlog import BacklogReader
+    from worker.card import publish, read_cards
+    from worker.chain.breaker import Breaker, Gate
+
+    client = make_client()
+    for i in range(6):
+        client.open("payment gateway error", make_candidates(50, prefix=f"o{i}-"), window_size=25, first_windows=2,
+                    device="gpu" if i % 2 else "cpu")
+    backlog = BacklogReader(settings, client.store.client, broker_redis).read()
+    assert backlog.active_streams == 6
+    assert backlog.uncommitted == {"cpu": 6, "gpu": 6, "any": 0}
+    assert sum(q.messages for q in backlog.queues) == 12
+
+    breaker = Breaker.from_settings(client.store.client, settings)
+    for _ in range(settings.breaker_failures):
+        breaker.record_failure("1:tei:abcd")
+    assert breaker.acquire("1:tei:abcd", probe_lease_s=1) is Gate.SKIP
+
+    publish(client.store, "host-a", {"pid": 42, "members": []})
+    assert read_cards(client.store.client, client.store.keys.worker_card("host-a")) == [{"pid": 42, "members": []}]
