@@ -4,6 +4,8 @@
     python ops/chaos.py --quick          # about two minutes
     python ops/chaos.py --break sweep    # purpose-made breakage: the run must fail
     python ops/chaos.py --broker amqp    # RabbitMQ as the broker (ops/chaos_faults/amqp_broker.py)
+    python ops/chaos.py --store cluster  # the store on a Redis Cluster; a master killed, its replica promoted
+    python ops/chaos.py --store sentinel # store and broker on Sentinel; failovers (``ops/chaos_faults/stores.py``)
 
 A private redis-server (AOF on, ``appendfsync everysec``), several real
 ``python -m worker --device cpu --json-logs`` processes, and readers that open streams
@@ -62,10 +64,11 @@ from ops.chaos_faults.commit_check import MARKER, without_commit_checks  # noqa:
 from ops.chaos_faults.processes import Worker, kill_pool_process, restart_redis  # noqa: E402
 from ops.chaos_faults.queue_faults import QueueFaults  # noqa: E402
 from ops.chaos_faults.readers import Ledger, read_streams  # noqa: E402
+from ops.chaos_faults.stores import SHAPES, StoreShape, attribute, canary_clients, start_shape  # noqa: E402
 from producer import RerankClient, load_settings  # noqa: E402
 from producer.dispatch import Dispatcher  # noqa: E402
+from producer.redis_clients import broker_client  # noqa: E402
 from producer.settings import Settings  # noqa: E402
-from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
 
 NAMESPACE = "chaos"
 BREAKAGES = ("sweep", "provider", "commit-check")
@@ -120,12 +123,14 @@ class Fleet:
 class FaultLoop(threading.Thread):
     """Injects one fault every ``every_s`` (a random interval) until stopped, and counts them."""
 
-    def __init__(self, fleet: Fleet, server: EmbeddedRedis, queues: QueueFaults, ledger: Ledger,
+    def __init__(self, fleet: Fleet, shape: StoreShape, queues: QueueFaults, ledger: Ledger,
                  rng: random.Random, every_s: tuple[float, float],
                  extra: dict[str, tuple[int, Callable[[], str | None]]] | None = None) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.fleet = fleet
-        self.server = server
+        self.shape = shape
+        self.server = shape.restartable
+        self.weights = shape.fault_weights(FAULTS)
         self.queues = queues
         self.ledger = ledger
         self.rng = rng
@@ -143,11 +148,12 @@ class FaultLoop(threading.Thread):
 
     @property
     def restarts(self) -> int:
-        return self.done["redis_sigterm"] + self.done["redis_sigkill"] + sum(self.done[k] for k in self.extra)
+        return (sum(n for kind, n in self.done.items() if kind.startswith(("redis_", "cluster_", "sentinel_")))
+                + sum(self.done[k] for k in self.extra))
 
     def _draw(self) -> str:
         if not self._deck:
-            weights = {**FAULTS, **{kind: weight for kind, (weight, _) in self.extra.items()}}
+            weights = {**self.weights, **{kind: weight for kind, (weight, _) in self.extra.items()}}
             self._deck = [kind for kind, weight in weights.items() for _ in range(weight)]
             self.rng.shuffle(self._deck)
         return self._deck.pop()
@@ -185,6 +191,9 @@ class FaultLoop(threading.Thread):
     def redis_sigkill(self) -> str:
         restart_redis(self.server, sigkill=True)
         return "redis_sigkill"
+
+    def store_failover(self) -> str:
+        return self.shape.failover(self.rng.random() < 0.5)
 
     def duplicate(self) -> str | None:
         if self.rng.random() < 0.5 and self.queues.copy_waiting(self.rng):
@@ -272,7 +281,7 @@ def client_logging(log_dir: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], canary: AcknowledgedWrites,
+def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], canaries: list[AcknowledgedWrites],
            ledger: Ledger, incomplete: int, fleet: Fleet, args: argparse.Namespace) -> bool:
     """Print what happened; True when anything was violated."""
     acknowledged = sum(1 for a in ledger.opens.values() if a.acknowledged)
@@ -286,10 +295,12 @@ def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], cana
     print("chaos: counters " + " ".join(f"{k}={counters.get(k, 0)}" for k in
                                         ("windows_committed", "windows_failed", "windows_poisoned",
                                          "windows_redelivered")), flush=True)
-    print(f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
-          flush=True)
+    restarts = [c for c in canaries if c.name == "restarts"]
+    for canary in restarts:
+        print(f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
+              flush=True)
     violated = bool(findings.lost or findings.twice or findings.failed or findings.changed or findings.gave_up
-                    or canary.lost)
+                    or any(c.lost for c in restarts))
     if findings.windows and not findings.logged_windows:
         print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
         violated = True
@@ -311,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=0.2, help="how long the fast provider takes per window")
     parser.add_argument("--redeliver-after-s", type=int, default=3)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--store", choices=SHAPES, default="single",
+                        help="the store's deployment: one Redis, a Redis Cluster, or Sentinel (store and broker)")
     parser.add_argument("--break", dest="breakage", choices=BREAKAGES, default=None,
                         help="break the system on purpose; the run must then fail")
     parser.add_argument("--broker", choices=["redis", "amqp"], default="redis",
@@ -325,10 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="rerankq-chaos-"))
     client_logging(log_dir)
     print(f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
-          f" model={args.model} break={args.breakage or 'none'} broker={args.broker} logs={log_dir}", flush=True)
-    (log_dir / "redis").mkdir()
-    server = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
-    env = worker_env(server.url, args)
+          f" model={args.model} break={args.breakage or 'none'} store={args.store} broker={args.broker}"
+          f" logs={log_dir}", flush=True)
+    shape = start_shape(args.store, log_dir)
+    env = {**worker_env(shape.store_url, args), "RERANKQ_BROKER_URL": shape.broker_url}
     broker = None
     if args.broker == "amqp":
         from ops.chaos_faults.amqp_broker import AmqpBroker
@@ -337,16 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         broker.configure(env)
     settings: Settings = load_settings(env)
     fleet = Fleet(env, log_dir)
-    canary = AcknowledgedWrites(server.url)
+    canaries = [AcknowledgedWrites(client=c, key=key, name=what) for what, c, key in canary_clients(shape)]
     client = RerankClient(settings)
     dispatcher = Dispatcher(settings)
     queue_faults = (broker.queue_faults(settings.all_queues(), dispatcher) if broker is not None
-                    else QueueFaults(client.store.client, settings.all_queues(), dispatcher))
-    faults = FaultLoop(fleet, server, queue_faults, Ledger(), random.Random(seed), (1.0, 3.0),  # type: ignore[arg-type]
+                    else QueueFaults(broker_client(shape.broker_url), settings.all_queues(), dispatcher))
+    faults = FaultLoop(fleet, shape, queue_faults, Ledger(), random.Random(seed), (1.0, 3.0),  # type: ignore[arg-type]
                        extra=broker.faults() if broker is not None else None)
     ledger = faults.ledger
     try:
-        canary.start()
+        for canary in canaries:
+            canary.start()
         for _ in range(args.workers):
             fleet.start()
         fleet.wait_ready(120 if args.model == "fast" else 300)
@@ -369,21 +383,31 @@ def main(argv: list[str] | None = None) -> int:
         fleet.stop()
         findings = audit(client, ledger, fleet.log_paths())
         counters = client.store.counters()
-        canary.stop.set()
-        canary.join()
-        violated = report(findings, faults, counters, canary, ledger, incomplete, fleet, args)
+        for canary in canaries:
+            canary.stop.set()
+            canary.join()
+        losses = attribute(findings, shape, client.store.keys, {a.stream_id: a.n_windows for a in ledger.opens.values()})
+        losses.canary = sum(c.lost for c in canaries if c.name == "failovers")
+        violated = report(findings, faults, counters, canaries, ledger, incomplete, fleet, args)
+        if shape.name != "single":
+            print(f"chaos: acknowledged writes lost by store failovers ({len(shape.failovers)} failovers; documented,"
+                  f" not repaired): canary={losses.canary} of {sum(c.acknowledged for c in canaries if c.name == 'failovers')}"
+                  f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
+                  f" windows committed again={losses.committed_again} results changed={losses.changed}", flush=True)
     finally:
         faults.stop.set()
-        canary.stop.set()
+        for canary in canaries:
+            canary.stop.set()
         fleet.stop()
         dispatcher.close()
         client.close()
-        server.stop()
+        shape.stop()
         if broker is not None:
             broker.stop()
     print(f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
           f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
-          f"resent={counters.get('windows_redelivered', 0)}", flush=True)
+          f"resent={counters.get('windows_redelivered', 0)}"
+          + (f" failover_lost={losses.total}" if shape.name != "single" else ""), flush=True)
     return 1 if violated else 0
 
 

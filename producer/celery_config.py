@@ -17,6 +17,8 @@ from urllib.parse import parse_qs, urlparse
 
 from producer import amqp_broker
 from producer.broker_queues import PRIORITY_STEPS
+from producer.redis_clients import SENTINEL_SCHEME, kombu_broker, scheme
+from producer.redis_transport import SENTINEL_TRANSPORT
 from producer.redis_transport import TRANSPORT as REDIS_TRANSPORT
 from producer.settings import Settings
 
@@ -68,9 +70,11 @@ def broker_tls(url: str) -> dict[str, Any] | None:
 
 def broker_transport(url: str) -> str | None:
     """Our Redis transport (it waits out a full Redis, ``producer.redis_transport``) for Redis
-    URLs; kombu's own choice for anything else."""
+    URLs, its Sentinel flavour for ``redis+sentinel://``; kombu's own choice for anything else."""
     if urlparse(url).scheme in ("redis", "rediss"):
         return REDIS_TRANSPORT
+    if scheme(url) == SENTINEL_SCHEME:
+        return SENTINEL_TRANSPORT
     return None
 
 
@@ -106,10 +110,12 @@ def delivery_summary(settings: Settings) -> dict[str, Any]:
 
 
 def _common_config(settings: Settings) -> dict[str, Any]:
-    transport = transport_options(settings)
+    # A redis+sentinel:// broker becomes kombu's sentinel:// URL list plus its master_name option.
+    broker_url, sentinel_options = kombu_broker(settings.broker)
+    transport = {**transport_options(settings), **sentinel_options}
     return {
         "broker_use_ssl": broker_tls(settings.broker),
-        "broker_url": settings.broker,
+        "broker_url": broker_url,
         "broker_transport": broker_transport(settings.broker),
         "broker_transport_options": transport,
         # Should a Redis result backend ever be configured, it reads the same options.

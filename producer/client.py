@@ -20,6 +20,7 @@ from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationE
 from producer.logs import get_logger
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
+from producer.redis_clients import UNAVAILABLE_ERRORS
 from producer.settings import Settings, load_settings
 from producer.store import Store, connect
 from producer.validation import (
@@ -82,7 +83,7 @@ def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool) -> I
             + ("nothing was written, a retry is safe" if written is False else "the stream exists; retry later"),
             stream_id=stream_id, stream_written=written, retry_safe=True,
         ) from None
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except UNAVAILABLE_ERRORS as exc:
         known = True if written else None
         safe = retry_safe or known is True
         raise StoreUnavailable(

@@ -16,7 +16,10 @@ leaves the Redis side to recover on its own:
   restored after the visibility timeout, or re-sent by the sweep once its lease runs out;
 - a periodic restore of old unacked messages that cannot run is skipped until next time.
 
-Selected for ``redis://``, ``rediss://`` brokers by ``producer.celery_config``.
+Selected for ``redis://``, ``rediss://`` brokers by ``producer.celery_config``; the same QoS
+on kombu's Sentinel channel (``SentinelTransport``) for ``redis+sentinel://`` brokers, where a
+failover adds one more way to meet these errors (a demoted master answers READONLY, which
+redis-py turns into a reconnect to the new master).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from redis.exceptions import OutOfMemoryError
 log = logging.getLogger("rerankq.broker")
 
 TRANSPORT = "producer.redis_transport:Transport"
+SENTINEL_TRANSPORT = "producer.redis_transport:SentinelTransport"
 
 
 class QoS(kombu_redis.QoS):
@@ -70,3 +74,11 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    QoS = QoS
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel

@@ -363,17 +363,17 @@ def _check(settings: Settings) -> None:
         value = getattr(settings, field)
         if value is not None and value <= 0:
             raise ConfigError(_env_name(field), f"must be positive, got {value}")
+    from producer.redis_clients import check_url  # imports no settings: no cycle
+
     for field in ("redis_url", "broker_url"):
         url = getattr(settings, field)
-        # RabbitMQ can be the broker, never the store.
-        if field == "broker_url" and url and re.match(r"^(amqp|amqps|pyamqp)://", url):
-            continue
-        # Sentinel is not wired into the store's client yet, so its URLs are refused rather than half-supported.
-        if url and not re.match(r"^(redis|rediss|unix)://", url):
-            raise ConfigError(_env_name(field), "must be a redis://, rediss:// or unix:// URL"
-                              + (" (or amqp:// / amqps:// for RabbitMQ)" if field == "broker_url" else ""))
+        if url:
+            check_url(url, _env_name(field), broker=field == "broker_url")
     if settings.broker_kind == "amqp" and not settings.redis_url:
         raise ConfigError(_env_name("redis_url"), "is required with a RabbitMQ broker: Redis stays the store")
+    if not settings.broker_url and settings.redis_url and settings.redis_url.startswith("redis+cluster://"):
+        raise ConfigError(_env_name("broker_url"), "is required with a redis+cluster:// store: Celery has no "
+                                                   "Redis Cluster transport (one Redis, redis+sentinel:// or amqp://)")
 
 
 def _member_variable(index: int, field: str) -> str:

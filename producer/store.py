@@ -9,8 +9,12 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound, UnsupportedRedis
+from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
 from producer.keys import Keys, StreamKeys
+from producer.redis_clients import BLOCK_CHUNK_S as BLOCK_CHUNK_S
+from producer.redis_clients import MIN_REDIS_VERSION as MIN_REDIS_VERSION
+from producer.redis_clients import server_version as server_version
+from producer.redis_clients import store_client
 from producer.wire import (
     Candidate,
     Lane,
@@ -27,10 +31,6 @@ from producer.wire import (
 
 _SCRIPT = resources.files("producer").joinpath("store.lua").read_text()
 
-BLOCK_CHUNK_S = 5.0
-#: The oldest server the scripts run on (ZADD GT, XADD MAXLEN ~); Valkey reports a redis_version too.
-MIN_REDIS_VERSION = (6, 2)
-
 #: ``begin`` and ``commit`` codes, as ``store.lua`` returns them.
 ALREADY_COMMITTED, NOT_ADMITTED, GONE, HELD_ELSEWHERE, NO_SUCH_WINDOW = -1, -2, -3, -4, -5
 
@@ -39,46 +39,8 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def server_version(info: str) -> tuple[int, ...]:
-    for line in info.splitlines():
-        if line.startswith("redis_version:"):
-            return tuple(int(part) for part in line.split(":", 1)[1].strip().split(".")[:3] if part.isdigit())
-    return ()
-
-
-def _check_version_on_connect(connection: Any) -> None:
-    """Runs on every new connection, after the handshake: refuse a server the scripts cannot run on."""
-    connection.on_connect()
-    connection.send_command("INFO", "server")
-    raw = connection.read_response()
-    info = raw.decode() if isinstance(raw, bytes) else str(raw)
-    version = server_version(info)
-    if version and version < MIN_REDIS_VERSION:
-        connection.disconnect()  # redis-py cleans up after its own errors only
-        found = ".".join(map(str, version))
-        raise UnsupportedRedis(f"Redis {found} is older than {'.'.join(map(str, MIN_REDIS_VERSION))}, "
-                               "the oldest rerankq runs on (Valkey 7.2+ works too)")
-
-
-def connect(url: str) -> redis.Redis:
-    """A client for ``redis://``, ``rediss://`` (TLS) or ``unix://`` URLs, with retries on blips.
-
-    Each new connection checks the server's version, so an unsupported Redis is refused with
-    a clear error on first use rather than failing later inside a script.
-    """
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
-
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        health_check_interval=30,
-        # Above the longest blocking read (BLOCK_CHUNK_S), so a wait is never cut short.
-        socket_timeout=BLOCK_CHUNK_S + 10,
-        socket_connect_timeout=5,
-        redis_connect_func=_check_version_on_connect,
-    )
+#: The store's client for any URL rerankq takes (``producer.redis_clients``).
+connect = store_client
 
 
 class Snapshot(msgspec.Struct):
@@ -127,6 +89,8 @@ class Store:
         self.keys = Keys(namespace)
         self.event_log_maxlen = event_log_maxlen
         self._script = client.register_script(_SCRIPT)
+        # redis-py's cluster pipeline refuses scripts: the sweep's batched calls go per node.
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
 
     def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
         return self._script(keys=stream.all(), args=[command, _now_ms(), *args], client=client)
@@ -307,15 +271,42 @@ class Store:
             return {}
         retry_at = _now_ms() + int(retry_in_s * 1000)
         trust_ms = int(trust_queued_s * 1000)
-        pipe = self.client.pipeline(transaction=False)
-        for stream_id in stream_ids:
-            self._run(self.keys.stream(stream_id), "due", retry_at, trust_ms, client=pipe)
+        replies = self._due_on_cluster(stream_ids, retry_at, trust_ms) if self._cluster else None
+        if replies is None:
+            pipe = self.client.pipeline(transaction=False)
+            for stream_id in stream_ids:
+                self._run(self.keys.stream(stream_id), "due", retry_at, trust_ms, client=pipe)
+            replies = pipe.execute()
         out: dict[str, DueWindows] = {}
-        for stream_id, reply in zip(stream_ids, pipe.execute()):
+        for stream_id, reply in zip(stream_ids, replies):
             if reply:
                 out[stream_id] = DueWindows(device=reply[0].decode(), lane=reply[1].decode(), held=int(reply[2]),
                                             windows=[int(w) for w in reply[3:]])
         return out
+
+    def _due_on_cluster(self, stream_ids: list[str], retry_at: int, trust_ms: int) -> list[Any]:
+        """``due`` calls on a cluster: redis-py's cluster pipeline refuses scripts, so one plain
+        pipeline per master, each call on the node that owns its stream's slot. A call that
+        meets a moved slot (a failover the slot map has not caught up with) runs again alone,
+        through the cluster client, which follows the redirection."""
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i, stream_id in enumerate(stream_ids):
+            node = self.client.get_node_from_key(self.keys.stream(stream_id).meta)
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(stream_ids)
+        for node, indexes in by_node.values():
+            try:
+                pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+                for i in indexes:
+                    self._run(self.keys.stream(stream_ids[i]), "due", retry_at, trust_ms, client=pipe)
+                answers = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError):
+                answers = [None] * len(indexes)  # the node is gone: ask the cluster client again
+            for i, answer in zip(indexes, answers):
+                if answer is None or isinstance(answer, Exception):
+                    answer = self._run(self.keys.stream(stream_ids[i]), "due", retry_at, trust_ms)
+                replies[i] = answer
+        return replies
 
     def active_streams(self) -> list[str]:
         """Live stream ids of every shard; expired ones are pruned from the index as a side effect."""

@@ -177,3 +177,27 @@ def test_the_amqp_profile_runs_rabbitmq_and_points_the_workers_and_the_exporter_
         # The server's timeout, the one rerankq asks for, and both above the window time limit.
         assert int(conf["consumer_timeout"]) == settings.amqp_consumer_timeout_s * 1000
         assert settings.amqp_consumer_timeout_s > settings.redeliver_after_s
+
+
+@pytest.mark.parametrize("profile,service", [("cluster", "worker-cpu-cluster"), ("sentinel", "worker-cpu-sentinel")])
+def test_deployment_profiles_run_workers_on_their_shape(profile, service):
+    worker = SERVICES[service]
+    assert worker["profiles"] == [profile]
+    assert worker["command"] == SERVICES["worker-cpu"]["command"]
+    settings = load_settings(compose_env(worker))
+    assert settings.redis_url.startswith(f"redis+{profile}://")
+    if profile == "cluster":
+        # Celery has no Redis Cluster transport: the broker stays the plain redis service.
+        assert settings.broker_url.startswith("redis://") and "@redis:6379" in settings.broker_url
+        nodes = [name for name, s in SERVICES.items() if name.startswith("redis-cluster-") and name[-1].isdigit()]
+        assert len(nodes) == 6 and all(SERVICES[n]["profiles"] == ["cluster"] for n in nodes)
+        assert all(f"{n}:6379" in settings.redis_url for n in ("redis-cluster-1", "redis-cluster-2", "redis-cluster-3"))
+        init = " ".join(SERVICES["redis-cluster-init"]["command"])
+        assert "--cluster create" in init and "--cluster-replicas 1" in init
+    else:
+        assert settings.broker_url == settings.redis_url and settings.redis_url.endswith("/rerankq/0")
+        sentinels = [n for n in SERVICES if n.startswith("redis-sentinel-")]
+        assert len(sentinels) == 3
+        conf = " ".join(SERVICES["redis-sentinel-1"]["command"])
+        assert "sentinel monitor rerankq redis 6379 2" in conf
+        assert all(f"{n}:26379" in settings.redis_url for n in sentinels)

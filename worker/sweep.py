@@ -37,6 +37,7 @@ from kombu.exceptions import OperationalError
 from producer.amqp_broker import AmqpQueueProbe
 from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
+from producer.redis_clients import broker_client, is_redis_broker
 from producer.settings import Settings
 from producer.store import DueWindows, Store, connect
 from worker.metrics.recorder import NO_METRICS, Recorder
@@ -100,8 +101,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQue
 def broker_probe(settings: Settings) -> QueueProbe | None:
     """A probe of the broker's queues, where the broker is a Redis whose lists can be read
     (on RabbitMQ the sweep reads the store's queued marks instead)."""
-    if settings.broker_kind == "redis":
-        return QueueProbe(connect(settings.broker))
+    if is_redis_broker(settings.broker):
+        return QueueProbe(broker_client(settings.broker))
     return None
 
 

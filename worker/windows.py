@@ -11,6 +11,7 @@ import redis
 import structlog
 
 from producer import store as codes
+from producer.redis_clients import UNAVAILABLE_ERRORS
 from producer.settings import Settings
 from producer.store import Begun, Store
 from producer.validation import MAX_EMBEDDING_DIMS
@@ -96,17 +97,22 @@ class WindowScorer:
         self.recorder = recorder
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
-        """``call()``, retried while Redis is at maxmemory, until the monotonic instant ``until``."""
+        """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
+        master, a Sentinel master being replaced), until the monotonic instant ``until``. Each
+        store call is safe to repeat (``commit`` writes once; ``begin`` takes over its own lease,
+        at worst counting one attempt more, as the client's own reconnect retries always could)."""
         pause = 0.1
         warned = False
         while True:
             try:
                 return call()
-            except redis.exceptions.OutOfMemoryError:
+            except (redis.exceptions.OutOfMemoryError, *UNAVAILABLE_ERRORS) as exc:
                 if time.monotonic() + pause > until:
                     raise
                 if not warned:
-                    bound.warning("redis_full_waiting", max_wait_s=round(until - time.monotonic(), 1))
+                    event = "redis_full_waiting" if isinstance(exc, redis.exceptions.OutOfMemoryError) else \
+                        "store_unavailable_waiting"
+                    bound.warning(event, max_wait_s=round(until - time.monotonic(), 1), error=type(exc).__name__)
                     warned = True
                 time.sleep(pause)
                 pause = min(FULL_REDIS_MAX_BACKOFF_S, pause * 2)

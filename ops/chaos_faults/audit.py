@@ -39,6 +39,8 @@ class Findings:
     changed: int = 0
     gave_up: int = 0
     vanished: int = 0
+    vanished_streams: set[str] = field(default_factory=set)
+    changed_windows: set[tuple[str, int]] = field(default_factory=set)
     #: Windows with at least one ``window_committed`` line: none at all means that check is blind.
     logged_windows: int = 0
 
@@ -109,6 +111,7 @@ def _audit_stream(client: RerankClient, raw: redis.Redis, ledger: Ledger, attemp
     except StreamNotFound:
         if attempt.acknowledged or stream_id in ledger.vanished:
             found.vanished += 1
+            found.vanished_streams.add(stream_id)
             found.windows += attempt.n_windows
             found.lost += attempt.n_windows
         elif attempt.gave_up:
@@ -126,6 +129,7 @@ def _audit_stream(client: RerankClient, raw: redis.Redis, ledger: Ledger, attemp
         now = results.get(str(window).encode())
         if now is None or digest(now) != first:
             found.changed += 1
+            found.changed_windows.add((stream_id, window))
     events: Counter[int] = Counter()
     for _, fields in retrying(lambda: raw.xrange(keys.events), give_up_s=GIVE_UP_S):
         events[int(fields[b"window"])] += 1

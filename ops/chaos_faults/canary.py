@@ -22,22 +22,26 @@ PERIOD_S = 0.004
 
 
 class AcknowledgedWrites(threading.Thread):
-    def __init__(self, url: str) -> None:
-        super().__init__(name="chaos-canary", daemon=True)
+    def __init__(self, url: str | None = None, *, client: redis.Redis | None = None, key: str = CANARY_KEY,
+                 name: str = "chaos-canary") -> None:
+        """``url`` for one Redis; or a ready ``client`` that never retries (a cluster's, Sentinel's)."""
+        super().__init__(name=name, daemon=True)
         self.url = url
+        self.client = client
+        self.key = key
         self.stop = threading.Event()
         self.acknowledged = 0  # writes whose reply came back
         self.lost = 0  # of those, how many a restart took away
         self._last = 0
 
     def run(self) -> None:
-        client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2,
-                                      retry=Retry(NoBackoff(), 0))
+        client = self.client or redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2,
+                                                     retry=Retry(NoBackoff(), 0))
         try:
             while not self.stop.wait(PERIOD_S):
                 try:
-                    value = int(client.incr(CANARY_KEY))
-                except redis.RedisError:
+                    value = int(client.incr(self.key))
+                except (redis.RedisError, OSError):
                     continue  # down or loading: the reply never came, so nothing was acknowledged
                 if value <= self._last:
                     self.lost += self._last - value + 1

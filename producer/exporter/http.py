@@ -47,8 +47,10 @@ def check_route(check: Callable[[], tuple[bool, Mapping[str, Any]]]) -> Route:
 
 def health_client(url: str) -> redis.Redis:
     """A client for health checks alone: short timeouts and no retries, so a check answers
-    within an orchestrator's probe timeout even when Redis does not."""
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2, retry_on_timeout=False)
+    within an orchestrator's probe timeout even when Redis does not (any deployment shape)."""
+    from producer.redis_clients import health_client as client_for
+
+    return client_for(url)
 
 
 def reachable(client: redis.Redis) -> bool:

@@ -63,16 +63,17 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     from producer.exporter.backlog import BacklogReader
     from producer.exporter.collector import BacklogCollector
     from producer.exporter.http import MetricsServer, check_route, health_client, metrics_route, reachable
-    from producer.store import connect
+    from producer.redis_clients import broker_client as connect_broker
+    from producer.redis_clients import store_client as connect_store
 
-    store_client = connect(settings.redis_url)
+    store_client = connect_store(settings.redis_url)
     amqp_probe = None
     if settings.broker_kind == "amqp":
         from producer.amqp_broker import AmqpQueueProbe
 
         amqp_probe, broker_client = AmqpQueueProbe(settings.broker), None
     else:
-        broker_client = store_client if settings.broker == settings.redis_url else connect(settings.broker)
+        broker_client = store_client if settings.broker == settings.redis_url else connect_broker(settings.broker)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client, amqp_probe)))
     if args.once:

@@ -62,9 +62,11 @@ HEARTBEAT_S = 15.0
 
 
 def async_redis(url: str) -> redis.asyncio.Redis:
-    """An asyncio client with the store's socket bounds (above the longest blocking read)."""
-    return redis.asyncio.Redis.from_url(url, socket_timeout=BLOCK_CHUNK_S + 10, socket_connect_timeout=5,
-                                        health_check_interval=30)
+    """An asyncio client with the store's socket bounds (above the longest blocking read), for
+    every deployment shape (``producer.redis_clients``)."""
+    from producer.redis_clients import async_store_client
+
+    return async_store_client(url)
 
 
 def window_status(result: WindowResult) -> WindowStatus:

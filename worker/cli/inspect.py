@@ -23,7 +23,7 @@ def device_kind(device: str | None) -> str:
 
 def queue_view(settings: Any) -> list[dict[str, Any]]:
     from producer.broker_queues import QueueProbe
-    from producer.store import connect
+    from producer.redis_clients import broker_client
 
     devices = {settings.cpu_queue: "cpu", settings.gpu_queue: "gpu", settings.any_queue: "any"}
     if settings.broker_kind == "amqp":
@@ -37,7 +37,7 @@ def queue_view(settings: Any) -> list[dict[str, Any]]:
         # RabbitMQ tells how many wait, not how long the oldest has (that would take it off the queue).
         return [{"device": devices[c.queue], "queue": c.queue, "lane": c.lane, "waiting": c.waiting,
                  "oldest_age_s": None} for c in counts]
-    probe = QueueProbe(connect(settings.broker))
+    probe = QueueProbe(broker_client(settings.broker))
     try:
         depths = probe.lane_depths(list(devices))
     finally:

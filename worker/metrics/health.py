@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.exporter.http import health_client, reachable
+from producer.redis_clients import is_redis_broker
 from producer.settings import Settings
 from worker.metrics.multiprocess import reap_dead
 
@@ -25,8 +26,7 @@ class WorkerHealth:
         self.directory = directory
         self.processes = processes
         self._store = health_client(settings.redis_url or settings.broker)
-        self._broker = health_client(settings.broker) if settings.broker.startswith(
-            ("redis://", "rediss://", "unix://")) else None
+        self._broker = health_client(settings.broker) if is_redis_broker(settings.broker) else None
         self._lock = threading.Lock()
         self._consumer: Any = None
 

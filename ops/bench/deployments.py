@@ -1,0 +1,268 @@
+"""Windows committed per second on each deployment shape, side by side in one run, and an
+estimate on paper of what a fleet scoring a million pairs a second needs.
+
+Shapes (each with its own private servers and its own workers, all started at once; rounds
+alternate which shape goes first, and only one shape is busy at a time, so machine noise hits
+every shape alike):
+
+- ``redis``: one redis-server is store and broker;
+- ``cluster``: the store on a private Redis Cluster (three masters, three replicas), the
+  broker on one redis-server;
+- ``amqp``: RabbitMQ as the broker (``--amqp-url``, e.g. the machine's
+  ``amqp://guest:guest@127.0.0.1:5672//``), the store on one redis-server. Left out without it.
+
+A round opens ``--streams`` streams from ``--clients`` threads at once, every window of each
+sent at open (25 candidates a window), and pulls each until it is complete; the provider does
+nothing (``ops/bench/noop_provider.py``), so a window costs only the queue and the store.
+Throughput is windows committed per second; ratios are to ``redis`` in the same round.
+
+The estimate reads each server's own accounting (``INFO commandstats``, reset before the
+measured rounds): the store's Lua calls per window and microseconds of server time per call,
+the broker's server time per window. A Redis shard runs commands on one thread, so its ceiling
+is about one second of server time per second: windows/s per shard = 1e6 / (store µs per
+window). From that: shards (and Redis broker instances, each holding its share of the device
+queues) for 1,000,000 pairs/s = 40,000 windows of 25 a second, kept at half their ceiling.
+
+    python ops/bench/deployments.py --quick
+    python ops/bench/deployments.py --amqp-url amqp://guest:guest@127.0.0.1:5672// --json /tmp/deployments.json
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This folder holds queue.py, which must not shadow the standard library's queue.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+import argparse  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import redis  # noqa: E402
+from common import p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
+
+from producer import RerankClient  # noqa: E402
+from producer.settings import load_settings  # noqa: E402
+from worker.embedded.redis_cluster import EmbeddedRedisCluster  # noqa: E402
+from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
+
+WINDOW = 25
+TARGET_PAIRS_PER_S = 1_000_000
+HEADROOM = 0.5
+
+
+def candidates(n: int, tag: str) -> list[dict[str, str]]:
+    return [{"id": f"c{i}", "text": f"{tag} runbook {i}: checkout returned 502"} for i in range(n)]
+
+
+class Shape:
+    def __init__(self, name: str, store_url: str, broker_url: str, store_nodes: list[redis.Redis],
+                 broker_node: redis.Redis | None, logs: Path, args: argparse.Namespace) -> None:
+        self.name = name
+        namespace = f"bd-{name}-{uuid.uuid4().hex[:6]}"
+        self.env = {**worker_env(store_url, namespace), "RERANKQ_BROKER_URL": broker_url,
+                    "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider", "RERANKQ_RERANKER_MODEL": "",
+                    "RERANKQ_PAIR_CACHE": "false"}
+        self.store_nodes = store_nodes
+        self.broker_node = broker_node
+        self.workers = [rerankq_worker(self.env, logs / f"{name}-{i}.log", "--processes", str(args.processes))
+                        for i in range(args.workers)]
+        self.clients: list[RerankClient] = []
+        self.args = args
+
+    def start(self) -> Shape:
+        for worker in self.workers:
+            worker.start()
+        self.clients = [RerankClient(load_settings(self.env)) for _ in range(self.args.clients)]
+        return self
+
+    def round(self, tag: str, streams: int, windows: int) -> float:
+        """Seconds from the first open to every window of every stream committed."""
+        n = windows * WINDOW
+
+        def one(i: int) -> None:
+            client = self.clients[i % len(self.clients)]
+            stream = client.open(f"{tag} query {i}", candidates(n, f"{tag}-{i}"), window_size=WINDOW,
+                                 first_windows=windows, allow_shallow=True)
+            page = client.pull(stream, 0, n, timeout=120)
+            while not page.complete:
+                page = client.pull(stream, 0, n, timeout=120)
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(len(self.clients)) as pool:
+            list(pool.map(one, range(streams)))
+        return time.perf_counter() - start
+
+    def reset_stats(self) -> None:
+        for node in [*self.store_nodes, *([self.broker_node] if self.broker_node else [])]:
+            node.config_resetstat()
+
+    def server_usec(self) -> dict[str, Any]:
+        """Server time spent, from each server's commandstats: the store's Lua calls and all its
+        commands (summed over masters), and the broker's."""
+        def stats(node: redis.Redis) -> dict[str, dict[str, float]]:
+            return node.info("commandstats")
+
+        store = [stats(n) for n in self.store_nodes]
+        lua_calls = sum(s.get("cmdstat_evalsha", {}).get("calls", 0) + s.get("cmdstat_eval", {}).get("calls", 0)
+                        for s in store)
+        lua_usec = sum(s.get("cmdstat_evalsha", {}).get("usec", 0) + s.get("cmdstat_eval", {}).get("usec", 0)
+                       for s in store)
+        store_usec = sum(v.get("usec", 0) for s in store for v in s.values())
+        per_master = [sum(v.get("usec", 0) for v in s.values()) for s in store]
+        broker_usec = sum(v.get("usec", 0) for v in stats(self.broker_node).values()) if self.broker_node else None
+        return {"lua_calls": lua_calls, "lua_usec": lua_usec, "store_usec": store_usec,
+                "store_usec_per_master": per_master, "broker_usec": broker_usec}
+
+    def committed(self) -> int:
+        return self.clients[0].store.counters().get("windows_committed", 0)
+
+    def stop(self) -> None:
+        for client in self.clients:
+            client.close()
+        for worker in self.workers:
+            worker.stop()
+
+
+def broker_cell(name: str, usec: float | None) -> str:
+    if usec is not None:
+        return f"{usec:.0f}"
+    return "(in store's)" if name == "redis" else "not measured (RabbitMQ)"
+
+
+def masters_of(cluster: EmbeddedRedisCluster) -> list[redis.Redis]:
+    return [redis.Redis(port=port) for port in cluster.master_ports()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller rounds (about two minutes)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--streams", type=int, default=None, help="concurrent streams per round")
+    parser.add_argument("--windows", type=int, default=4, help="windows of 25 per stream")
+    parser.add_argument("--clients", type=int, default=16, help="producer threads opening and pulling")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--amqp-url", default=None, help="a RabbitMQ broker for the amqp shape (else it is left out)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 5)
+    streams = args.streams or (48 if args.quick else 128)
+    logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-deployments-"))
+    print(f"deployments: rounds={rounds} streams={streams} windows/stream={args.windows} clients={args.clients} "
+          f"workers={args.workers}x{args.processes} logs={logs}", flush=True)
+
+    servers: list[Any] = []
+    shapes: dict[str, Shape] = {}
+    try:
+        single = EmbeddedRedis().start()
+        servers.append(single)
+        shapes["redis"] = Shape("redis", single.url, single.url, [redis.Redis.from_url(single.url)], None, logs, args)
+        cluster_broker = EmbeddedRedis().start()
+        cluster = EmbeddedRedisCluster().start()
+        servers += [cluster_broker, cluster]
+        shapes["cluster"] = Shape("cluster", cluster.url, cluster_broker.url, masters_of(cluster),
+                                  redis.Redis.from_url(cluster_broker.url), logs, args)
+        if args.amqp_url:
+            amqp_store = EmbeddedRedis().start()
+            servers.append(amqp_store)
+            shapes["amqp"] = Shape("amqp", amqp_store.url, args.amqp_url, [redis.Redis.from_url(amqp_store.url)],
+                                   None, logs, args)
+        for shape in shapes.values():
+            shape.start()
+            shape.round("warm", 4, args.windows)
+            shape.reset_stats()
+        seconds: dict[str, list[float]] = {name: [] for name in shapes}
+        ratios: dict[str, list[float]] = {name: [] for name in shapes}
+        names = list(shapes)
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            took = {name: shapes[name].round(f"r{r}", streams, args.windows) for name in order}
+            for name in names:
+                seconds[name].append(took[name])
+                ratios[name].append(took["redis"] / took[name])
+            print(f"round {r + 1}/{rounds}: " + ", ".join(
+                f"{name} {streams * args.windows / took[name]:.0f} windows/s" for name in names), flush=True)
+        measured_windows = rounds * streams * args.windows
+        figures: dict[str, Any] = {"rounds": rounds, "streams": streams, "windows_per_stream": args.windows,
+                                   "window_size": WINDOW, "shapes": {}}
+        rows = []
+        for name, shape in shapes.items():
+            expected = (4 + rounds * streams) * args.windows
+            if shape.committed() != expected:
+                raise RuntimeError(f"{name}: {shape.committed()} windows committed, expected {expected}")
+            usec = shape.server_usec()
+            per_window = {
+                "lua_calls": usec["lua_calls"] / measured_windows,
+                "lua_usec_per_call": usec["lua_usec"] / max(1, usec["lua_calls"]),
+                "store_usec": usec["store_usec"] / measured_windows,
+                "broker_usec": None if usec["broker_usec"] is None else usec["broker_usec"] / measured_windows,
+            }
+            wps = measured_windows / sum(seconds[name])
+            figures["shapes"][name] = {
+                "windows_per_s_p50": streams * args.windows / p50(seconds[name]),
+                "windows_per_s_min": streams * args.windows / max(seconds[name]),
+                "windows_per_s_max": streams * args.windows / min(seconds[name]),
+                "ratio_to_redis_p50": statistics.median(ratios[name]),
+                "ratio_min": min(ratios[name]), "ratio_max": max(ratios[name]),
+                "per_window": per_window, "store_usec_per_master": usec["store_usec_per_master"],
+            }
+            rows.append([name, figures["shapes"][name]["windows_per_s_p50"], f"{wps:.0f}",
+                         f"{statistics.median(ratios[name]):.2f} ({min(ratios[name]):.2f}-{max(ratios[name]):.2f})",
+                         per_window["lua_calls"], per_window["lua_usec_per_call"], per_window["store_usec"],
+                         broker_cell(name, per_window["broker_usec"])])
+        print_table("Windows committed per second, no-op provider (ratio: redis's round time / this shape's; server "
+                "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
+                    ["shape", "windows/s p50", "windows/s all", "ratio to redis", "Lua calls/window",
+                     "µs/Lua call", "store µs/window", "broker µs/window"], rows)
+        figures["estimate"] = estimate(figures["shapes"])
+        write_json(args.json, figures)
+    finally:
+        for shape in shapes.values():
+            shape.stop()
+        for server in servers:
+            server.stop()
+    return 0
+
+
+def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
+    """Shards and broker instances for TARGET_PAIRS_PER_S, from the measured server time."""
+    windows_per_s = TARGET_PAIRS_PER_S / WINDOW
+    single = shapes["redis"]["per_window"]
+    cluster = shapes["cluster"]["per_window"]
+    store_usec = cluster["store_usec"]
+    per_shard = 1e6 / store_usec
+    shards = math.ceil(windows_per_s / (per_shard * HEADROOM))
+    broker_usec = cluster["broker_usec"] or 0.0
+    per_broker = 1e6 / broker_usec if broker_usec else float("inf")
+    brokers = math.ceil(windows_per_s / (per_broker * HEADROOM)) if broker_usec else 0
+    one_redis = 1e6 / (single["store_usec"] or 1)
+    out = {"target_pairs_per_s": TARGET_PAIRS_PER_S, "windows_per_s": windows_per_s, "headroom": HEADROOM,
+           "store_usec_per_window": store_usec, "lua_calls_per_window": cluster["lua_calls"],
+           "lua_usec_per_call": cluster["lua_usec_per_call"], "windows_per_s_per_shard": per_shard,
+           "store_shards": shards, "broker_usec_per_window": broker_usec,
+           "windows_per_s_per_redis_broker": per_broker, "redis_brokers": brokers,
+           "one_redis_store_and_broker_windows_per_s": one_redis}
+    print(f"\nOn paper, for {TARGET_PAIRS_PER_S:,} pairs/s = {windows_per_s:,.0f} windows of {WINDOW}/s "
+          f"(every shard and broker kept at {HEADROOM:.0%} of its ceiling):")
+    print(f"  store: {cluster['lua_calls']:.2f} Lua calls per window at {cluster['lua_usec_per_call']:.0f} µs of server "
+          f"time each; {store_usec:.0f} µs of store server time per window with the reads, so one shard commits "
+          f"about {per_shard:,.0f} windows/s: {shards} cluster masters (plus a replica each)")
+    if broker_usec:
+        print(f"  broker (Redis): {broker_usec:.0f} µs of server time per window (send, fetch, unacked bookkeeping, "
+              f"ack): about {per_broker:,.0f} windows/s per instance: {brokers} Redis broker instances, each "
+              f"holding its share of the device queues (rerankq.gpu split {brokers} ways)")
+    print(f"  one Redis as store and broker: about {one_redis:,.0f} windows/s of store time alone; "
+          f"the ceiling this run measured end to end is the workers' CPU, not Redis")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The store on a Redis Cluster (three masters, three replicas), the broker on one Redis.
+
+The flow and delivery tests that carry each guarantee run here again, unchanged, on the
+cluster (they are imported from their modules; this module's fixtures point the store at the
+cluster): scored once, decisions retained, a deep pull reads without provider calls, a worker
+process SIGKILLed mid-window, duplicates committed once. Then what is the cluster's own: every
+script call stays in one slot, the sweep walks every shard on every master, and a master
+killed mid-run is replaced by its replica while the streams complete.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+from conftest import make_candidates
+from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
+from test_delivery import test_child_killed_mid_window_commits_once_and_stream_completes  # noqa: F401
+from test_flow import (  # noqa: F401
+    test_deeper_pull_scores_only_the_new_window,
+    test_duplicate_delivery_commits_once,
+    test_repulling_a_committed_page_is_a_read,
+    test_stream_is_scored_end_to_end,
+)
+
+from producer.errors import StoreError, StreamNotFound
+from producer.keys import SHARDS, Keys, shard_tag
+from producer.redis_clients import store_client
+from worker.embedded.redis_cluster import EmbeddedRedisCluster
+
+
+@pytest.fixture(scope="module")
+def redis_cluster():
+    cluster = EmbeddedRedisCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def base_env(base_env, redis_cluster, redis_server):
+    """The conftest's environment with the store on the cluster; the broker stays one Redis."""
+    return {**base_env, "RERANKQ_REDIS_URL": redis_cluster.url, "RERANKQ_BROKER_URL": redis_server.url}
+
+
+@pytest.fixture
+def raw_redis(redis_cluster):
+    """The store's keys, read straight from the cluster."""
+    client = store_client(redis_cluster.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def broker_redis(redis_server):
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def test_every_script_call_names_keys_of_one_slot():
+    """redis-py's cluster client refuses a script whose keys span slots; check the key layout for
+    many ids rather than wait for a stream that happens to cross one."""
+    from redis.crc import key_slot
+
+    keys = Keys("rerankq")
+    for i in range(2000):
+        stream = f"s_{uuid.UUID(int=i * 7919).hex}"
+        slots = {key_slot(k.encode()) for k in keys.stream(stream).all()}
+        assert len(slots) == 1, (stream, slots)
+    # The per-shard keys are spread: 1024 tags over the 16384 slots, no two tags on one slot.
+    assert len({key_slot(keys.active(tag).encode()) for tag in keys.shard_tags()}) == SHARDS
+
+
+def test_streams_spread_over_every_master_and_the_sweep_recovers_lost_messages_on_all(
+        start_worker, make_client, raw_redis, broker_redis, namespace, redis_cluster):
+    client = make_client(redeliver_after_s=2)
+    streams = [client.open("payment gateway error", make_candidates(10, prefix=f"x{i}-"), window_size=10)
+               for i in range(24)]
+    # Every message vanishes before any worker fetched it: only the sweep, walking every shard
+    # of every master, can bring the windows back.
+    assert broker_redis.delete(f"{namespace}.cpu") == 1
+    masters = {raw_redis.get_node_from_key(client.store.keys.stream(s).meta).port for s in streams}
+    assert len(masters) == 3, "the streams landed on every master"
+    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
+
+    for stream in streams:
+        assert pull_until_complete(client, stream, 10, timeout_s=40).total == 10
+        assert commits_per_window(raw_redis, client, stream) == {0: 1}
+    assert client.store.counters()["windows_redelivered"] == len(streams)
+    assert client.store.counters()["windows_committed"] == len(streams)
+    assert len({shard_tag(s) for s in streams}) > 1
+
+
+def _open_retrying(client, key: str, text: str):
+    """Open with an idempotency key, retrying through a failover (a retry is safe with a key)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return client.open("payment gateway error", make_candidates(20, text=text), window_size=10,
+                               first_windows=2, idempotency_key=key)
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_a_master_killed_mid_run_is_replaced_by_its_replica_and_every_stream_completes(
+        start_worker, make_client, raw_redis, redis_cluster):
+    """What survives: every stream completes, each window once in its log. What may not: a write
+    the dead master acknowledged and had not yet sent to its replica. Then a stream's open is
+    gone (StreamNotFound; opened again under its key) or a commit is gone (its window is
+    pending again and the sweep re-sends it); the assertions below allow exactly that, and say
+    how often it happened."""
+    worker = start_worker(env=provider_env("SlowProvider", sleep_s=0.2, redeliver_after_s=3, sweep_interval_s=1))
+    client = make_client(redeliver_after_s=3)
+    keys = [f"failover-{i}" for i in range(12)]
+    streams = {key: _open_retrying(client, key, "cache miss {i} " + key) for key in keys}
+    time.sleep(0.5)
+    dead = redis_cluster.kill_master()
+    new_master = redis_cluster.wait_promoted(dead)
+    assert new_master != dead
+    for key in keys:
+        streams[key] = _open_retrying(client, key, "cache miss {i} " + key)  # same job: same stream
+
+    reopened = 0
+    deadline = time.monotonic() + 90
+    for key, stream in streams.items():
+        while True:
+            try:
+                page = pull_until_complete(client, stream, 20, timeout_s=max(1.0, deadline - time.monotonic()))
+                break
+            except StreamNotFound:
+                reopened += 1  # its open was acknowledged by the dead master and not replicated
+                _open_retrying(client, key, "cache miss {i} " + key)
+            except StoreError:
+                time.sleep(0.2)
+        assert page.total == 20 and all(r.kind == "ranked" for r in page.rows)
+        assert commits_per_window(raw_redis, client, stream) == {0: 1, 1: 1}
+    assert worker.proc.poll() is None
+    print(f"streams opened again after the failover: {reopened}")
+    redis_cluster.restart(dead)
+    wait_for(redis_cluster.healthy, 30, "the old master back as a replica")
+
+
+def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_redis):
+    """The exporter's backlog (1024 shards, pipelined over the masters), the shared breaker and
+    the worker cards `rerankq inspect` reads, with the store on the cluster."""
+    from producer.exporter.backlog import BacklogReader
+    from worker.card import publish, read_cards
+    from worker.chain.breaker import Breaker, Gate
+
+    client = make_client()
+    for i in range(6):
+        client.open("payment gateway error", make_candidates(50, prefix=f"o{i}-"), window_size=25, first_windows=2,
+                    device="gpu" if i % 2 else "cpu")
+    backlog = BacklogReader(settings, client.store.client, broker_redis).read()
+    assert backlog.active_streams == 6
+    assert backlog.uncommitted == {"cpu": 6, "gpu": 6, "any": 0}
+    assert sum(q.messages for q in backlog.queues) == 12
+
+    breaker = Breaker.from_settings(client.store.client, settings)
+    for _ in range(settings.breaker_failures):
+        breaker.record_failure("1:tei:abcd")
+    assert breaker.acquire("1:tei:abcd", probe_lease_s=1) is Gate.SKIP
+
+    publish(client.store, "host-a", {"pid": 42, "members": []})
+    assert read_cards(client.store.client, client.store.keys.worker_card("host-a")) == [{"pid": 42, "members": []}]

@@ -1,0 +1,125 @@
+"""Redis Sentinel as the store and the broker: a failover mid-run is waited out.
+
+One Sentinel set (a master, a replica, three sentinels) holds both the stream keys and the
+Celery queues, as ``redis+sentinel://`` URLs. A worker scores streams while the master fails
+over, by hand (``SENTINEL FAILOVER``) and by a SIGKILL of the master. Either way writes can be
+lost that the old master acknowledged: after a SIGKILL those it had not yet sent to its
+replica; after a manual failover those it took between its replica's promotion and its own
+demotion by the sentinels, seconds later (found by this test). The assertions allow exactly
+what the README says can happen then (a stream's open lost and opened again under its
+idempotency key; a commit lost and the window scored again by the sweep) and nothing more:
+every stream completes, every window committed once in the surviving log.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import make_candidates
+from delivery_helpers import commits_per_window, provider_env, pull_until_complete
+
+from producer.celery_config import celery_config
+from producer.errors import StoreError, StreamNotFound
+from producer.redis_clients import store_client
+from producer.settings import load_settings
+from worker.embedded.redis_sentinel import EmbeddedSentinel
+
+
+@pytest.fixture(scope="module")
+def sentinel_set():
+    sentinels = EmbeddedSentinel().start()
+    yield sentinels
+    sentinels.stop()
+
+
+@pytest.fixture
+def base_env(base_env, sentinel_set):
+    return {**base_env, "RERANKQ_REDIS_URL": sentinel_set.url, "RERANKQ_BROKER_URL": sentinel_set.url}
+
+
+@pytest.fixture
+def raw_redis(sentinel_set):
+    client = store_client(sentinel_set.url)
+    yield client
+    client.close()
+
+
+def test_a_sentinel_broker_is_kombus_sentinel_transport_with_our_qos(base_env, sentinel_set):
+    conf = celery_config(load_settings(base_env))
+    assert conf["broker_transport"] == "producer.redis_transport:SentinelTransport"
+    assert conf["broker_url"].count("sentinel://") == 3
+    assert conf["broker_transport_options"]["master_name"] == sentinel_set.service
+    assert conf["broker_transport_options"]["visibility_timeout"] == 3600
+
+
+def _open(client, key: str):
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return client.open("payment gateway error", make_candidates(20, text="doc {i} " + key), window_size=10,
+                               first_windows=2, idempotency_key=key)
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _complete_all(client, raw_redis, streams: dict[str, str]) -> int:
+    reopened = 0
+    deadline = time.monotonic() + 90
+    for key, stream in streams.items():
+        while True:
+            try:
+                page = pull_until_complete(client, stream, 20, timeout_s=max(1.0, deadline - time.monotonic()))
+                break
+            except StreamNotFound:
+                reopened += 1
+                _open(client, key)
+            except StoreError:
+                time.sleep(0.2)
+        assert page.total == 20 and all(r.kind == "ranked" for r in page.rows)
+        assert commits_per_window(raw_redis, client, stream) == {0: 1, 1: 1}
+    return reopened
+
+
+@pytest.mark.parametrize("how", ["manual", "master_killed"])
+def test_a_failover_of_store_and_broker_is_waited_out(how, start_worker, make_client, raw_redis, sentinel_set):
+    worker = start_worker(env=provider_env("SlowProvider", sleep_s=0.2, redeliver_after_s=3, sweep_interval_s=1))
+    client = make_client(redeliver_after_s=3)
+    streams = {f"{how}-{i}": _open(client, f"{how}-{i}") for i in range(8)}
+    time.sleep(0.5)
+    if how == "manual":
+        sentinel_set.failover()
+    else:
+        dead = sentinel_set.kill_master()
+        sentinel_set.wait_new_master(dead)
+    more = {f"{how}-after-{i}": _open(client, f"{how}-after-{i}") for i in range(4)}
+
+    reopened = _complete_all(client, raw_redis, {**streams, **more})
+
+    assert worker.proc.poll() is None, "the worker rode out the failover"
+    if how == "master_killed":
+        sentinel_set.restart(dead)
+    print(f"{how}: streams opened again after the failover: {reopened}")
+
+
+@pytest.mark.parametrize("env,variable,words", [
+    ({"RERANKQ_REDIS_URL": "redis+cluster://:pw-secret@h1:7000,h2:7001"}, "RERANKQ_BROKER_URL", "no Redis Cluster"),
+    ({"RERANKQ_REDIS_URL": "redis://h:6379/0", "RERANKQ_BROKER_URL": "redis+cluster://h1:7000"}, "RERANKQ_BROKER_URL",
+     "no Redis Cluster transport"),
+    ({"RERANKQ_REDIS_URL": "redis+sentinel://:pw-secret@h1:26379,h2:26379"}, "RERANKQ_REDIS_URL", "service name"),
+    ({"RERANKQ_REDIS_URL": "redis+sentinel://h1:26379/svc/x"}, "RERANKQ_REDIS_URL", "database number"),
+    ({"RERANKQ_REDIS_URL": "redis+cluster://h1:7000/3", "RERANKQ_BROKER_URL": "redis://h:1/0"}, "RERANKQ_REDIS_URL",
+     "database 0 only"),
+    ({"RERANKQ_REDIS_URL": "redis+cluster://h1", "RERANKQ_BROKER_URL": "redis://h:1/0"}, "RERANKQ_REDIS_URL",
+     "host:port"),
+    ({"RERANKQ_REDIS_URL": "sentinel://h1:26379"}, "RERANKQ_REDIS_URL", "redis+sentinel://"),
+])
+def test_a_bad_deployment_url_names_the_variable_and_never_the_password(env, variable, words):
+    from producer.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env)
+    assert caught.value.variable == variable
+    assert words in str(caught.value) and "pw-secret" not in str(caught.value)
