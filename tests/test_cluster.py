@@ -1,11 +1,14 @@
-"""The store on a Redis Cluster (three masters, three replicas), the broker on one Redis.
+"""The store on a Redis Cluster (three masters, three replicas), the broker on one Redis or on
+RabbitMQ.
 
 The flow and delivery tests that carry each guarantee run here again, unchanged, on the
 cluster (they are imported from their modules; this module's fixtures point the store at the
 cluster): scored once, decisions retained, a deep pull reads without provider calls, a worker
-process SIGKILLed mid-window, duplicates committed once. Then what is the cluster's own: every
-script call stays in one slot, the sweep walks every shard on every master, and a master
-killed mid-run is replaced by its replica while the streams complete.
+process SIGKILLed mid-window, duplicates committed once. Those parametrised over the broker
+(``conftest.BROKERS``) run on RabbitMQ + Redis Cluster too, with the lost-message sweep (queued
+marks on RabbitMQ, a queue scan on Redis) and what operators read. Then what is the cluster's
+own: every script call stays in one slot, the sweep walks every shard on every master, and a
+master killed mid-run is replaced by its replica while the streams complete.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import uuid
 
 import pytest
 import redis
-from conftest import make_candidates
+import test_flow
+from conftest import BROKERS, make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
+from kombu import Connection
 from test_delivery import test_child_killed_mid_window_commits_once_and_stream_completes  # noqa: F401
 from test_flow import (  # noqa: F401
     test_deeper_pull_scores_only_the_new_window,
-    test_duplicate_delivery_commits_once,
     test_repulling_a_committed_page_is_a_read,
     test_stream_is_scored_end_to_end,
 )
@@ -39,9 +43,11 @@ def redis_cluster():
 
 
 @pytest.fixture
-def base_env(base_env, redis_cluster, redis_server):
-    """The conftest's environment with the store on the cluster; the broker stays one Redis."""
-    return {**base_env, "RERANKQ_REDIS_URL": redis_cluster.url, "RERANKQ_BROKER_URL": redis_server.url}
+def base_env(base_env, redis_cluster, redis_server, broker):
+    """The conftest's environment with the store on the cluster; the broker is one Redis, or the
+    session's RabbitMQ node where a test is parametrised with ``amqp``."""
+    broker_url = base_env["RERANKQ_BROKER_URL"] if broker == "amqp" else redis_server.url
+    return {**base_env, "RERANKQ_REDIS_URL": redis_cluster.url, "RERANKQ_BROKER_URL": broker_url}
 
 
 @pytest.fixture
@@ -59,6 +65,21 @@ def broker_redis(redis_server):
     client.close()
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis, broker):
+    test_flow.test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis)
+
+
+def lose_every_message(broker: str, settings, broker_redis) -> None:
+    """Every message of the cpu queue vanishes before any worker fetched it: only the sweep can
+    bring the windows back (on RabbitMQ, once their queued marks are too old to trust)."""
+    if broker == "amqp":
+        with Connection(settings.broker) as conn:
+            assert conn.default_channel.queue_purge(settings.cpu_queue) > 0
+    else:
+        assert broker_redis.delete(settings.cpu_queue) == 1
+
+
 def test_every_script_call_names_keys_of_one_slot():
     """redis-py's cluster client refuses a script whose keys span slots; check the key layout for
     many ids rather than wait for a stream that happens to cross one."""
@@ -73,17 +94,17 @@ def test_every_script_call_names_keys_of_one_slot():
     assert len({key_slot(keys.active(tag).encode()) for tag in keys.shard_tags()}) == SHARDS
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_streams_spread_over_every_master_and_the_sweep_recovers_lost_messages_on_all(
-        start_worker, make_client, raw_redis, broker_redis, namespace, redis_cluster):
+        start_worker, make_client, raw_redis, broker_redis, broker, redis_cluster):
     client = make_client(redeliver_after_s=2)
     streams = [client.open("payment gateway error", make_candidates(10, prefix=f"x{i}-"), window_size=10)
                for i in range(24)]
-    # Every message vanishes before any worker fetched it: only the sweep, walking every shard
-    # of every master, can bring the windows back.
-    assert broker_redis.delete(f"{namespace}.cpu") == 1
+    # Only the sweep, walking every shard of every master, can bring the windows back.
+    lose_every_message(broker, client.settings, broker_redis)
     masters = {raw_redis.get_node_from_key(client.store.keys.stream(s).meta).port for s in streams}
     assert len(masters) == 3, "the streams landed on every master"
-    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
+    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1, queued_max_age_s=3))
 
     for stream in streams:
         assert pull_until_complete(client, stream, 10, timeout_s=40).total == 10
