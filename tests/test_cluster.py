@@ -188,3 +188,53 @@ def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_
 
     publish(client.store, "host-a", {"pid": 42, "members": []})
     assert read_cards(client.store.client, client.store.keys.worker_card("host-a")) == [{"pid": 42, "members": []}]
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_inspect_the_exporter_and_the_gateway_work_on_rabbitmq_and_the_cluster(start_worker, make_client, base_env,
+                                                                                 tmp_path):
+    """The operators' tools as shipped, each in its own process, on RabbitMQ + Redis Cluster: the
+    exporter's scrape (RabbitMQ's counts, the cluster's 1024 shards), ``rerankq inspect`` (queues
+    from RabbitMQ, workers by remote control over it, cards from the cluster) and a rerank
+    request through the gateway, answered by a worker."""
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+    from cli_helpers import rerankq
+    from conftest import ROOT
+    from gateway_helpers import GatewayProcess, write_keys
+
+    client = make_client()
+    for i in range(2):  # a backlog, no worker yet: 2 streams x 2 windows wait in RabbitMQ
+        client.open(f"nightly {i}", make_candidates(20, prefix=f"n{i}-"), window_size=10, first_windows=2)
+    once = subprocess.run([sys.executable, "-m", "producer.exporter", "--once"], env=base_env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert once.returncode == 0, once.stderr
+    metrics = [line for line in once.stdout.splitlines() if line and not line.startswith("#")]
+    assert "rerankq_exporter_redis_up 1.0" in metrics
+    assert f'rerankq_queue_messages{{device="cpu",queue="{base_env["RERANKQ_CPU_QUEUE"]}"}} 4.0' in metrics, metrics
+    assert 'rerankq_windows_uncommitted{device="cpu"} 4.0' in metrics and "rerankq_streams_active 2.0" in metrics
+
+    start_worker(provider_env("FastProvider"))
+    wait_for(lambda: client.store.counters().get("windows_committed") == 4, 60, "the backlog scored")
+    keys = write_keys(tmp_path / "keys.json", [{"name": "ops", "tenant": "ops"}])
+    gateway = GatewayProcess({**base_env, "RERANKQ_GATEWAY_KEYS_FILE": str(tmp_path / "keys.json")},
+                             tmp_path / "gateway.log").start()
+    try:
+        answer = httpx.post(gateway.url + "/v2/rerank", timeout=60, headers={"Authorization": f"Bearer {keys['ops']}"},
+                            json={"model": "m", "query": "checkout 502", "documents": ["a cat", "checkout 502 fix"]})
+        assert answer.status_code == 200, (answer.text, gateway.log()[-3000:])
+        assert sorted(r["index"] for r in answer.json()["results"]) == [0, 1]
+    finally:
+        gateway.stop()
+
+    done = rerankq(["inspect", "--json"], base_env)
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    queues = {(q["device"], q["lane"]): q for q in view["queues"]}
+    assert queues["cpu", "interactive"]["waiting"] == 0 and queues["cpu", "interactive"]["oldest_age_s"] is None
+    [worker] = view["workers"]
+    assert worker["kind"] == "cpu" and worker["processed"] >= 5 and worker["processes"], worker
+    assert view["counters"]["windows_committed"] == 5
