@@ -76,7 +76,7 @@ class Shape:
     def __init__(self, name: str, store_url: str, broker_url: str, store_nodes: list[redis.Redis],
                  broker_node: redis.Redis | None, logs: Path, args: argparse.Namespace) -> None:
         self.name = name
-        namespace = f"bd-{name}-{uuid.uuid4().hex[:6]}"
+        namespace = f"bd-{name.replace('+', '-')}-{uuid.uuid4().hex[:6]}"
         self.env = {**worker_env(store_url, namespace), "RERANKQ_BROKER_URL": broker_url,
                     "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider", "RERANKQ_RERANKER_MODEL": "",
                     "RERANKQ_PAIR_CACHE": "false"}
