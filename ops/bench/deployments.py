@@ -15,9 +15,9 @@ The RabbitMQ shapes run rerankq's own amqp configuration (``producer.amqp_broker
 quorum lane queues, publisher confirms, per-consumer prefetch 1) on a private RabbitMQ node
 (``worker.embedded.rabbitmq_server``) unless ``--amqp-url`` names a broker to use instead.
 
-Then the cost of ``open`` itself: a stream opened with 1 and with ``--windows`` first windows,
-one open at a time (workers running), per shape; with publisher confirms each window's message
-waits for its confirm, so the extra windows show what a confirm costs on top of a Redis push.
+Then the cost of ``open`` itself: a stream of the same candidates opened with 1 and with
+``--windows`` first windows, one open at a time, workers stopped, per shape: the extra windows
+show what sending their messages costs (a Redis push each, or RabbitMQ publishes and confirms).
 
 A round opens ``--streams`` streams from ``--clients`` threads at once, every window of each
 sent at open (25 candidates a window), and pulls each until it is complete; the provider does
@@ -110,13 +110,13 @@ class Shape:
             list(pool.map(one, range(streams)))
         return time.perf_counter() - start
 
-    def open_ms(self, tag: str, windows: int, opens: int) -> list[float]:
-        """Milliseconds per ``open`` of a stream with ``windows`` first windows, one at a time."""
+    def open_ms(self, tag: str, windows: int, opens: int, n_candidates: int) -> list[float]:
+        """Milliseconds per ``open`` of a stream of ``n_candidates`` with ``windows`` first windows,
+        one at a time."""
         client = self.clients[0]
-        n = max(windows, 1) * WINDOW
         out = []
         for i in range(opens):
-            rows = candidates(n, f"{tag}-{i}")
+            rows = candidates(n_candidates, f"{tag}-{i}")
             start = time.perf_counter()
             client.open(f"{tag} open {i}", rows, window_size=WINDOW, first_windows=windows, allow_shallow=True)
             out.append((time.perf_counter() - start) * 1000)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
                     ["shape", "windows/s p50", "windows/s all", "ratio to redis", "Lua calls/window",
                      "µs/Lua call", "store µs/window", "broker µs/window"], rows)
-        figures["open_ms"] = open_costs(shapes, args.windows, args.opens or (30 if args.quick else 100))
+        figures["open_ms"] = open_costs(shapes, args.windows, args.opens or (60 if args.quick else 200))
         figures["estimate"] = estimate(figures["shapes"])
         write_json(args.json, figures)
     finally:
@@ -272,11 +272,16 @@ def open_costs(shapes: dict[str, Shape], windows: int, opens: int) -> dict[str, 
     ten opens so that machine noise hits each alike; the difference per extra window is what one
     more message costs the producer (a Redis push, or a RabbitMQ publish and its confirm)."""
     samples: dict[str, dict[int, list[float]]] = {name: {1: [], windows: []} for name in shapes}
+    # The workers are stopped first (their scoring would compete for the CPU and blur the
+    # difference), and every stream has the same candidates: only the messages sent differ.
+    for shape in shapes.values():
+        for worker in shape.workers:
+            worker.stop()
     chunk = 10
     for c in range(0, opens, chunk):
         for name, shape in shapes.items():
             for n in dict.fromkeys((1, windows)):
-                samples[name][n] += shape.open_ms(f"o{c}-{n}", n, min(chunk, opens - c))
+                samples[name][n] += shape.open_ms(f"o{c}-{n}", n, min(chunk, opens - c), windows * WINDOW)
     out: dict[str, Any] = {}
     rows = []
     for name in shapes:
@@ -285,7 +290,8 @@ def open_costs(shapes: dict[str, Shape], windows: int, opens: int) -> dict[str, 
         out[name] = {"open_ms_p50_1_window": one, f"open_ms_p50_{windows}_windows": many,
                      "ms_per_extra_window": per_window}
         rows.append([name, one, many, per_window, many / p50(samples["redis"][windows])])
-    print_table(f"open(): ms per call, p50 of {opens}, one at a time (ratio: to redis at {windows} windows)",
+    print_table(f"open() of {windows * WINDOW} candidates: ms per call, p50 of {opens}, one at a time, workers stopped "
+                f"(ratio: to redis at {windows} windows)",
                 ["shape", "1 window", f"{windows} windows", "ms per extra window", f"ratio at {windows}"], rows)
     return out
 
