@@ -16,24 +16,28 @@ from producer.wire import Lane
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+    def __init__(self, settings: Settings, app: Celery | None = None, *, confirm_bursts: bool = True) -> None:
+        """``confirm_bursts=False`` sends through Celery's own publish on RabbitMQ, one confirm
+        wait per message (what ``ops/bench/deployments.py`` compares the bursts with)."""
         self.settings = settings
         if app is None:
             app = Celery("rerankq-producer", set_as_current=False)
             app.conf.update(celery_config(settings))
         self.app = app
         self._bursts = (ConfirmedBursts(settings.broker, transport_options(settings))
-                        if settings.broker_kind == "amqp" else None)
+                        if settings.broker_kind == "amqp" and confirm_bursts else None)
 
     def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
         """One message per window to the device's queue, in the stream's lane: a Celery priority on
         Redis, a queue of its own on RabbitMQ (``producer.amqp_broker``)."""
         queue = self.settings.queue_for(device)
         priority: int | None = LANE_PRIORITY[lane]
+        if self.settings.broker_kind == "amqp":
+            queue, priority = lane_queue(queue, lane), None
         if self._bursts is not None:
             # RabbitMQ: publish all, then wait once for their confirms.
-            self._bursts.publish([functools.partial(self._send_one, stream_id, window, lane_queue(queue, lane), None,
-                                                    retry=False) for window in windows])
+            self._bursts.publish([functools.partial(self._send_one, stream_id, window, queue, priority, retry=False)
+                                  for window in windows])
             return
         for window in windows:
             self._send_one(stream_id, window, queue, priority)

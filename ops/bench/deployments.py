@@ -18,6 +18,8 @@ quorum lane queues, publisher confirms, per-consumer prefetch 1) on a private Ra
 Then the cost of ``open`` itself: a stream of the same candidates opened with 1 and with
 ``--windows`` first windows, one open at a time, workers stopped, per shape: the extra windows
 show what sending their messages costs (a Redis push each, or RabbitMQ publishes and confirms).
+On RabbitMQ both ways of publishing are timed in the same run: rerankq's bursts (publish all,
+wait once for their confirms) and Celery's own publish (a confirm wait per message).
 
 A round opens ``--streams`` streams from ``--clients`` threads at once, every window of each
 sent at open (25 candidates a window), and pulls each until it is complete; the provider does
@@ -58,6 +60,7 @@ import redis  # noqa: E402
 from common import p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
 
 from producer import RerankClient  # noqa: E402
+from producer.dispatch import Dispatcher  # noqa: E402
 from producer.settings import load_settings  # noqa: E402
 from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary  # noqa: E402
 from worker.embedded.redis_cluster import EmbeddedRedisCluster  # noqa: E402
@@ -110,10 +113,11 @@ class Shape:
             list(pool.map(one, range(streams)))
         return time.perf_counter() - start
 
-    def open_ms(self, tag: str, windows: int, opens: int, n_candidates: int) -> list[float]:
+    def open_ms(self, tag: str, windows: int, opens: int, n_candidates: int, client: RerankClient | None = None
+                ) -> list[float]:
         """Milliseconds per ``open`` of a stream of ``n_candidates`` with ``windows`` first windows,
         one at a time."""
-        client = self.clients[0]
+        client = client or self.clients[0]
         out = []
         for i in range(opens):
             rows = candidates(n_candidates, f"{tag}-{i}")
@@ -271,20 +275,29 @@ def open_costs(shapes: dict[str, Shape], windows: int, opens: int) -> dict[str, 
     """p50 ms per open with 1 and with ``windows`` first windows, shapes interleaved in chunks of
     ten opens so that machine noise hits each alike; the difference per extra window is what one
     more message costs the producer (a Redis push, or a RabbitMQ publish and its confirm)."""
-    samples: dict[str, dict[int, list[float]]] = {name: {1: [], windows: []} for name in shapes}
     # The workers are stopped first (their scoring would compete for the CPU and blur the
     # difference), and every stream has the same candidates: only the messages sent differ.
     for shape in shapes.values():
         for worker in shape.workers:
             worker.stop()
+    # On RabbitMQ also Celery's own publish, one confirm wait per message, beside the bursts.
+    variants: dict[str, tuple[Shape, RerankClient | None]] = {name: (shape, None) for name, shape in shapes.items()}
+    extra: list[RerankClient] = []
+    for name in [n for n in shapes if n.startswith("amqp")]:
+        settings = shapes[name].clients[0].settings
+        extra.append(RerankClient(settings, dispatcher=Dispatcher(settings, confirm_bursts=False)))
+        variants[f"{name} (a confirm per message)"] = (shapes[name], extra[-1])
+    samples: dict[str, dict[int, list[float]]] = {name: {1: [], windows: []} for name in variants}
     chunk = 10
     for c in range(0, opens, chunk):
-        for name, shape in shapes.items():
+        for name, (shape, client) in variants.items():
             for n in dict.fromkeys((1, windows)):
-                samples[name][n] += shape.open_ms(f"o{c}-{n}", n, min(chunk, opens - c), windows * WINDOW)
+                samples[name][n] += shape.open_ms(f"o{c}-{n}", n, min(chunk, opens - c), windows * WINDOW, client)
+    for client in extra:
+        client.close()
     out: dict[str, Any] = {}
     rows = []
-    for name in shapes:
+    for name in variants:
         one, many = p50(samples[name][1]), p50(samples[name][windows])
         per_window = (many - one) / (windows - 1) if windows > 1 else float("nan")
         out[name] = {"open_ms_p50_1_window": one, f"open_ms_p50_{windows}_windows": many,
