@@ -229,6 +229,19 @@ class Store:
             ))
         return out
 
+    def wait_and_snapshot(self, stream_id: str, after_id: bytes, timeout_s: float) -> Snapshot:
+        """Block on the stream's event log until a commit after ``after_id`` or the timeout, then
+        read a snapshot: one round trip. Redis runs a connection's pipelined commands in order
+        and a blocked command holds back the ones behind it, so the reads run once the wait ends,
+        as a snapshot taken after ``wait_for_commit`` returned would."""
+        if timeout_s <= 0:
+            return self.snapshot(stream_id)
+        block_ms = max(1, int(min(timeout_s, BLOCK_CHUNK_S) * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xread({self.keys.stream(stream_id).events: after_id}, count=1, block=block_ms)
+        self.queue_snapshot(pipe, stream_id)
+        return self.parse_snapshot(stream_id, pipe.execute()[1:])
+
     def wait_for_commit(self, stream_id: str, after_id: bytes, timeout_s: float) -> bool:
         """Block on the stream's event log until a commit after ``after_id`` or the timeout."""
         if timeout_s <= 0:
