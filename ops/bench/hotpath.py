@@ -3,9 +3,10 @@
 Two views of a one-window stream (25 candidates, the no-op provider) on a private Redis:
 
 1. In one process, step by step, in the order a real stream takes them: the producer's
-   open (checks, the store's script, the Celery publish, its log line), the reader's first
-   look (snapshot, page), the worker's task body (begin, decode, the chain with the pair
-   cache and the meter, decide, commit, its log lines) and the reader's wake-up and page.
+   open (checks, the store's script, the Celery publish, its log line), the worker's task
+   body (begin, decode, the chain with the pair cache and the meter, decide, commit, its log
+   lines) and the reader's pull (its wait for the commit returns at once here: the window
+   is committed by then), then deep pulls of a committed 300-candidate stream.
    Each step's time (p50 over the windows, inclusive of the steps indented under it) and
    its Redis round trips (redis-py sends, a pipeline counting once). The worker logs as
    ``rerankq worker`` does (INFO, console lines, to a file); the producer as a host with no
@@ -13,6 +14,7 @@ Two views of a one-window stream (25 candidates, the no-op provider) on a privat
 2. Through a real worker (``rerankq worker``, prefork, one process): every command Redis
    ran per stream (MONITOR), by side: this process (the producer: open, publish, pull) and
    the worker (Celery's fetch and ack, the task), scripts' inner calls counted apart.
+   MONITOR shows commands, not round trips: a pipeline's commands count one each.
 
 Celery's own receive and dispatch are not split out: they are the same for the raw Celery
 round trip that ``queue.py`` subtracts.
@@ -54,8 +56,15 @@ class StepClock:
         self.times: dict[tuple[str, ...], list[float]] = defaultdict(list)
         self.trips: Counter[tuple[str, ...]] = Counter()
         self.order: list[tuple[str, ...]] = []  # step paths, in first-seen order
-        self._stack: list[str] = []
+        self._local = threading.local()
         self._counting = False
+
+    @property
+    def _stack(self) -> list[str]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
     def step(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -154,9 +163,13 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     clock.wrap(client.store, "open", "store.open (script)")
     clock.wrap(client, "_send", "send (Celery publish)")
     client_module.log = TimedLogger(client_module.log, clock, "log line")
+    clock.wrap(client, "pull", "reader: pull (page)")
     clock.wrap(client.store, "snapshot", "snapshot (pipeline)")
     clock.wrap(client_module, "build_page", "build page (decode results)")
-    clock.wrap(client.store, "wait_for_commit", "wait for commit (XREAD)")
+    for name, label in (("wait_for_commit", "wait for commit (XREAD)"),
+                        ("wait_and_snapshot", "wait for commit + snapshot (pipeline)")):
+        if hasattr(client.store, name):  # the older reader waited, then read
+            clock.wrap(client.store, name, label)
     # Worker: the task body.
     clock.wrap(scorer, "process", "worker: task body")
     clock.wrap(store, "begin", "store.begin (script)")
@@ -178,23 +191,13 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     clock.wrap(store, "commit", "store.commit (script)")
     windows_module.log = TimedLogger(windows_module.log, clock, "log lines")
 
-    def first_look(stream: str) -> Any:
-        snap = client.store.snapshot(stream)
-        client_module.build_page(stream, snap, 0, WINDOW, raise_on_failed=False)
-        return snap
-
-    first_look = clock.step("reader: first look, nothing yet", first_look)
-
     def one(i: int) -> None:
-        # The order of a real stream: open and send, the reader finds nothing yet, the worker
-        # runs the window, the reader is woken by the commit and reads its page.
+        # A real stream's calls in its order, without the waiting: open and send; the worker's
+        # task body; the reader's pull, whose wait for the commit then returns at once.
         stream = client.open(f"query {i}", candidates(WINDOW, f"q{i}"), window_size=WINDOW)
-        snap = first_look(stream)
         scorer.process(stream, 0, delivery=f"profile-{i}")
-        # The reader as `pull` runs it once woken: the wait returns at once, the page is read.
-        clock.step("reader: woken, page", lambda: (
-            client.store.wait_for_commit(stream, snap.last_event_id, 5),
-            client_module.build_page(stream, client.store.snapshot(stream), 0, WINDOW, raise_on_failed=False)))()
+        page = client.pull(stream, 0, WINDOW, timeout=5)
+        assert len(page.rows) == WINDOW, len(page.rows)
 
     try:
         for i in range(10):
@@ -207,10 +210,10 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
         deep = client.open("deep pull", candidates(300, "deep"), window_size=WINDOW, first_windows=300 // WINDOW)
         for w in range(300 // WINDOW):
             scorer.process(deep, w, delivery=f"deep-{w}")
-        client.pull = clock.step("reader: deep pull page (10 of 300)", client.pull)
+        deep_pull = clock.step("reader: deep pull page (10 of 300)", client.pull)
         clock.counting(True)
         for i in range(n_windows):
-            client.pull(deep, (i * 37) % 290, 10, timeout=5)
+            deep_pull(deep, (i * 37) % 290, 10, timeout=5)
         clock.counting(False)
     finally:
         runtime.close()
