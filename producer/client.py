@@ -280,7 +280,8 @@ class RerankClient:
         deadline = time.monotonic() + timeout
         # Reads are safe to repeat; an admit is too (it admits each window once, whoever asks).
         with store_errors(stream_id, written=True, retry_safe=True):
-            snapshot = self._fresh_snapshot(stream_id) or self.store.snapshot(stream_id)
+            fresh = self._fresh_snapshot(stream_id)
+            snapshot = fresh or self.store.snapshot(stream_id)
             while True:
                 page, target = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
                 if target < 0:
@@ -292,6 +293,10 @@ class RerankClient:
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if snapshot is fresh:
+                        # Out of time before any read (a poll): what the open left is no answer.
+                        fresh, snapshot = None, self.store.snapshot(stream_id)
+                        continue
                     # A lost message is the workers' sweep's to recover: a reader only reads.
                     return page
                 # The wait and the next read in one round trip.

@@ -111,3 +111,13 @@ def test_what_rides_on_a_commit_lands_with_it_even_after_redis_lost_its_scripts(
     for window in range(2):
         assert runtime.scorer.process(again, window, delivery=f"again{window}") == "committed"
     assert calls(client) == 2 and client.store.counters()["pair_cache_hits"] == 20
+
+
+def test_a_poll_right_after_open_reads_what_is_committed(parts):
+    client, runtime = parts
+    stream = client.open("payment gateway error", make_candidates(20), window_size=10)
+    assert runtime.scorer.process(stream, 0, delivery="d0") == "committed"
+
+    page = client.pull(stream, 0, 10, timeout=0)
+
+    assert len(page.rows) == 10
