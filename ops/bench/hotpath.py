@@ -3,10 +3,11 @@
 Two views of a one-window stream (25 candidates, the no-op provider) on a private Redis:
 
 1. In one process, step by step, in the order a real stream takes them: the producer's
-   open (checks, the store's script, the Celery publish, its log line), the worker's task
-   body (begin, decode, the chain with the pair cache and the meter, decide, commit, its log
-   lines) and the reader's pull (its wait for the commit returns at once here: the window
-   is committed by then), then deep pulls of a committed 300-candidate stream.
+   open (checks, the store's script, the Celery publish, its log line); the reader's pull,
+   which finds nothing and waits; the worker's task body (begin, decode, the chain with the
+   pair cache and the meter, decide, commit, its log lines), run as that wait begins and
+   shown on its own, its time taken out of the pull's; the wait returning and the page.
+   Then deep pulls of a committed 300-candidate stream.
    Each step's time (p50 over the windows, inclusive of the steps indented under it) and
    its Redis round trips (redis-py sends, a pipeline counting once). The worker logs as
    ``rerankq worker`` does (INFO, console lines, to a file); the producer as a host with no
@@ -60,17 +61,22 @@ class StepClock:
         self._counting = False
 
     @property
-    def _stack(self) -> list[str]:
+    def _stack(self) -> list[list[Any]]:
+        """This thread's running steps: [path, time taken by steps run apart inside it]."""
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
         return stack
 
-    def step(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def step(self, label: str, fn: Callable[..., Any], *, apart: bool = False) -> Callable[..., Any]:
+        """``fn`` timed as a step. A step ``apart`` is shown on its own (not under the step it
+        runs in) and its time is taken out of every step it runs in."""
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            self._stack.append(label)
-            path = tuple(self._stack)
+            stack = self._stack
+            path = (label,) if apart or not stack else (*stack[-1][0], label)
+            frame = [path, 0.0]
+            stack.append(frame)
             if self._counting and path not in self.times:
                 self.order.append(path)
                 self.times[path] = []
@@ -78,9 +84,13 @@ class StepClock:
             try:
                 return fn(*args, **kwargs)
             finally:
+                elapsed = time.perf_counter() - start
+                stack.pop()
                 if self._counting:
-                    self.times[path].append((time.perf_counter() - start) * 1000)
-                self._stack.pop()
+                    self.times[path].append((elapsed - frame[1]) * 1000)
+                if apart:
+                    for outer in stack:
+                        outer[1] += elapsed
         return timed
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
@@ -95,7 +105,8 @@ class StepClock:
 
         def send_packed_command(conn: Any, command: Any, check_health: bool = True) -> Any:
             if clock._counting:
-                clock.trips[tuple(clock._stack)] += 1
+                stack = clock._stack
+                clock.trips[stack[-1][0] if stack else ("(outside any step)",)] += 1
             return original(conn, command, check_health)
 
         redis.connection.AbstractConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
@@ -105,6 +116,18 @@ class StepClock:
 
     def rows(self, n: int) -> list[list[Any]]:
         """One row per step path: p50 ms (per call) and round trips per window (its own, not its children's)."""
+        children: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
+        for path in self.order:
+            children[path[:-1]].append(path)
+        ordered: list[tuple[str, ...]] = []
+
+        def visit(parent: tuple[str, ...]) -> None:
+            for path in children.get(parent, []):
+                ordered.append(path)
+                visit(path)
+
+        visit(())
+        self.order = ordered
         out = []
         for path in self.order:
             values = self.times[path]
@@ -166,12 +189,25 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     clock.wrap(client, "pull", "reader: pull (page)")
     clock.wrap(client.store, "snapshot", "snapshot (pipeline)")
     clock.wrap(client_module, "build_page", "build page (decode results)")
+    waits = [name for name in ("wait_for_commit", "wait_and_snapshot") if hasattr(client.store, name)]
     for name, label in (("wait_for_commit", "wait for commit (XREAD)"),
                         ("wait_and_snapshot", "wait for commit + snapshot (pipeline)")):
-        if hasattr(client.store, name):  # the older reader waited, then read
+        if name in waits:  # the older reader waited, then read
             clock.wrap(client.store, name, label)
-    # Worker: the task body.
-    clock.wrap(scorer, "process", "worker: task body")
+    # Worker: the task body. It runs where a real one would: while the reader waits for it.
+    waiting_for_worker: dict[str, str] = {}
+
+    def worker_runs_first(wait: Callable[..., Any]) -> Callable[..., Any]:
+        def call(stream_id: str, *args: Any, **kwargs: Any) -> Any:
+            delivery = waiting_for_worker.pop(stream_id, None)
+            if delivery is not None:
+                scorer.process(stream_id, 0, delivery=delivery)
+            return wait(stream_id, *args, **kwargs)
+        return call
+
+    for name in waits:
+        setattr(client.store, name, worker_runs_first(getattr(client.store, name)))
+    scorer.process = clock.step("worker: task body", scorer.process, apart=True)
     clock.wrap(store, "begin", "store.begin (script)")
     clock.wrap(windows_module, "decode_window", "decode spec + candidates")
     clock.wrap(windows_module, "assemble", "assemble documents")
@@ -192,12 +228,13 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     windows_module.log = TimedLogger(windows_module.log, clock, "log lines")
 
     def one(i: int) -> None:
-        # A real stream's calls in its order, without the waiting: open and send; the worker's
-        # task body; the reader's pull, whose wait for the commit then returns at once.
+        # A real stream's calls in their order: open and send; the reader's pull, which finds
+        # nothing and waits; the worker's task body, run as the wait begins (its time is shown
+        # on its own, not in the pull's); the wait then returns at once and the page is read.
         stream = client.open(f"query {i}", candidates(WINDOW, f"q{i}"), window_size=WINDOW)
-        scorer.process(stream, 0, delivery=f"profile-{i}")
+        waiting_for_worker[stream] = f"profile-{i}"
         page = client.pull(stream, 0, WINDOW, timeout=5)
-        assert len(page.rows) == WINDOW, len(page.rows)
+        assert stream not in waiting_for_worker and len(page.rows) == WINDOW, len(page.rows)
 
     try:
         for i in range(10):
@@ -208,8 +245,10 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
         clock.counting(False)
         # Deep pull: a page of committed windows, read alone.
         deep = client.open("deep pull", candidates(300, "deep"), window_size=WINDOW, first_windows=300 // WINDOW)
+        clock.counting(False)
         for w in range(300 // WINDOW):
             scorer.process(deep, w, delivery=f"deep-{w}")
+        client.pull(deep, 0, 10, timeout=5)  # the first pull after open, as the bench's
         deep_pull = clock.step("reader: deep pull page (10 of 300)", client.pull)
         clock.counting(True)
         for i in range(n_windows):
