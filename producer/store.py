@@ -263,6 +263,12 @@ class Store:
                 encode(embeddings) if embeddings is not None else b"", len(result.failovers)]
         if not side_writes:
             return int(self._script(keys=stream.all(), args=args))
+        if self._cluster:
+            # A cluster pipeline refuses scripts, and the side writes' keys live on other
+            # slots than the stream's: each goes on its own, ahead of the commit, as before.
+            for side_write in side_writes:
+                side_write.run_now()
+            return int(self._script(keys=stream.all(), args=args))
         keys = stream.all()
         pipe = self.client.pipeline(transaction=False)
         for side_write in side_writes:
