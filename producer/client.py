@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redis_clients import UNAVAILABLE_ERRORS
 from producer.settings import Settings, load_settings
-from producer.store import Store, connect
+from producer.store import Snapshot, Store, connect
 from producer.validation import (
     check_candidates,
     check_idempotency_key,
@@ -52,6 +53,11 @@ from producer.wire import (
 )
 
 log = get_logger("rerankq.producer")
+
+#: How long, and for how many streams, a client remembers a stream it has just opened, so
+#: that the first pull of it starts waiting at once instead of reading what it knows.
+FRESH_STREAM_S = 2.0
+FRESH_STREAMS_KEPT = 1024
 
 #: What a broker raises when it cannot take a message (kombu wraps connection errors; a full
 #: Redis broker answers with a plain redis error).
@@ -107,6 +113,9 @@ class RerankClient:
         self.settings = settings
         self.store = Store(connect(settings.redis_url), settings.namespace, event_log_maxlen=settings.event_log_maxlen)
         self.dispatcher = dispatcher or Dispatcher(settings)
+        # Streams this client just created, as their open left them (nothing committed, the
+        # event log empty): the usual open-then-pull skips a read that could only find that.
+        self._fresh: OrderedDict[str, tuple[float, Snapshot]] = OrderedDict()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RerankClient:
@@ -208,6 +217,10 @@ class RerankClient:
                 stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
                 fingerprint=fingerprint, lane=lane,
             )
+        if created:
+            self._remember_fresh(stream_id, Snapshot(
+                n_candidates=len(items), window_size=spec.window_size, admitted=len(admitted), results={},
+                last_event_id=b"0-0", device=spec.device, lane=lane))
         # From here the stream exists: a message that cannot be sent is the sweep's to send,
         # not the caller's to retry (a retry without an idempotency key would pay twice).
         self._send(stream_id, admitted, spec.device, lane)
@@ -215,6 +228,26 @@ class RerankClient:
                  lane=lane, budget_dropped_per_source=budgeted.dropped_per_source,
                  budget_dropped_global=budgeted.dropped_global)
         return stream_id
+
+    def _remember_fresh(self, stream_id: str, snapshot: Snapshot) -> None:
+        self._fresh[stream_id] = (time.monotonic(), snapshot)
+        while len(self._fresh) > FRESH_STREAMS_KEPT:
+            try:
+                self._fresh.popitem(last=False)
+            except KeyError:  # another thread emptied it first
+                break
+
+    def _fresh_snapshot(self, stream_id: str) -> Snapshot | None:
+        """What this client's open of ``stream_id`` left, once, if that was a moment ago.
+
+        A commit since then is no loss: the wait reads the event log from its start and wakes at
+        once. The age limit keeps a stream that expired (or a Redis that was flushed) from costing
+        a pull a wait before it says the stream is gone.
+        """
+        found = self._fresh.pop(stream_id, None)
+        if found is None or time.monotonic() - found[0] > FRESH_STREAM_S:
+            return None
+        return found[1]
 
     def _send(self, stream_id: str, windows: list[int], device: str, lane: Lane) -> None:
         try:
@@ -248,8 +281,9 @@ class RerankClient:
         deadline = time.monotonic() + timeout
         # Reads are safe to repeat; an admit is too (it admits each window once, whoever asks).
         with store_errors(stream_id, written=True, retry_safe=True):
+            fresh = self._fresh_snapshot(stream_id)
+            snapshot = fresh or self.store.snapshot(stream_id)
             while True:
-                snapshot = self.store.snapshot(stream_id)
                 page, target = build_page(stream_id, snapshot, offset, limit, raise_on_failed=raise_on_failed)
                 if target < 0:
                     return page
@@ -260,9 +294,14 @@ class RerankClient:
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if snapshot is fresh:
+                        # Out of time before any read (a poll): what the open left is no answer.
+                        fresh, snapshot = None, self.store.snapshot(stream_id)
+                        continue
                     # A lost message is the workers' sweep's to recover: a reader only reads.
                     return page
-                self.store.wait_for_commit(stream_id, snapshot.last_event_id, remaining)
+                # The wait and the next read in one round trip.
+                snapshot = self.store.wait_and_snapshot(stream_id, snapshot.last_event_id, remaining)
 
     def select(
         self,

@@ -29,10 +29,28 @@ def _to_stdlib(logger: logging.Logger, method: str, event_dict: dict[str, Any]) 
     return kwargs
 
 
+class LevelCheckedLogger(structlog.stdlib.BoundLogger):
+    """structlog's stdlib logger that asks the stdlib logger's level before anything else: a
+    call at a level that is off returns at once (no event dict, no processors), where
+    ``filter_by_level`` would drop it only inside the processor chain."""
+
+    def debug(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return super().debug(event, *args, **kw) if self._logger.isEnabledFor(logging.DEBUG) else None
+
+    def info(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return super().info(event, *args, **kw) if self._logger.isEnabledFor(logging.INFO) else None
+
+    def warning(self, event: str | None = None, *args: Any, **kw: Any) -> Any:
+        return super().warning(event, *args, **kw) if self._logger.isEnabledFor(logging.WARNING) else None
+
+
 def get_logger(name: str) -> Any:
     """A bound structlog logger over ``logging.getLogger(name)``; cheap when its level is off."""
     return structlog.wrap_logger(
         logging.getLogger(name),
         processors=[structlog.stdlib.filter_by_level, _to_stdlib],
-        wrapper_class=structlog.stdlib.BoundLogger,
+        wrapper_class=LevelCheckedLogger,
+        # Built on first use and kept: its processors are its own, no global configuration
+        # can change them, and rebuilding it per call is most of a call's cost.
+        cache_logger_on_first_use=True,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -195,6 +196,19 @@ class Store:
             ))
         return out
 
+    def wait_and_snapshot(self, stream_id: str, after_id: bytes, timeout_s: float) -> Snapshot:
+        """Block on the stream's event log until a commit after ``after_id`` or the timeout, then
+        read a snapshot: one round trip. Redis runs a connection's pipelined commands in order
+        and a blocked command holds back the ones behind it, so the reads run once the wait ends,
+        as a snapshot taken after ``wait_for_commit`` returned would."""
+        if timeout_s <= 0:
+            return self.snapshot(stream_id)
+        block_ms = max(1, int(min(timeout_s, BLOCK_CHUNK_S) * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xread({self.keys.stream(stream_id).events: after_id}, count=1, block=block_ms)
+        self.queue_snapshot(pipe, stream_id)
+        return self.parse_snapshot(stream_id, pipe.execute()[1:])
+
     def wait_for_commit(self, stream_id: str, after_id: bytes, timeout_s: float) -> bool:
         """Block on the stream's event log until a commit after ``after_id`` or the timeout."""
         if timeout_s <= 0:
@@ -234,15 +248,42 @@ class Store:
         return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
 
     def commit(self, stream_id: str, result: WindowResult, *, outcome: str,
-               embeddings: WindowEmbeddings | None = None) -> int:
+               embeddings: WindowEmbeddings | None = None, side_writes: Sequence[Any] = ()) -> int:
         """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
         its ``embeddings``, when given, are written in the same script call, or not at all.
 
+        ``side_writes`` (the worker's: cache entries, counters) go in the same round trip, ahead
+        of the commit, each a command of its own: each is given ``queue(pipeline)`` to queue one
+        command and ``settle(reply)`` with what it answered.
+
         Returns 1 when written, 0 when already committed, or a negative code.
         """
-        return int(self._run(self.keys.stream(stream_id), "commit", result.window, encode(result),
-                             self.event_log_maxlen, outcome, encode(embeddings) if embeddings is not None else b"",
-                             len(result.failovers)))
+        stream = self.keys.stream(stream_id)
+        args = ["commit", _now_ms(), result.window, encode(result), self.event_log_maxlen, outcome,
+                encode(embeddings) if embeddings is not None else b"", len(result.failovers)]
+        if not side_writes:
+            return int(self._script(keys=stream.all(), args=args))
+        if self._cluster:
+            # A cluster pipeline refuses scripts, and the side writes' keys live on other
+            # slots than the stream's: each goes on its own, ahead of the commit, as before.
+            for side_write in side_writes:
+                side_write.run_now()
+            return int(self._script(keys=stream.all(), args=args))
+        keys = stream.all()
+        pipe = self.client.pipeline(transaction=False)
+        for side_write in side_writes:
+            side_write.queue(pipe)
+        # EVALSHA itself: a registered script would cost the pipeline a SCRIPT EXISTS round trip.
+        pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        for side_write, reply in zip(side_writes, replies):
+            side_write.settle(reply)
+        reply = replies[-1]
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis: the call loads it
+            return int(self._script(keys=keys, args=args))
+        if isinstance(reply, Exception):
+            raise reply
+        return int(reply)
 
     def load_embeddings(self, stream_id: str, windows: list[int]) -> dict[int, list[float]]:
         """The kept embeddings of these windows' candidates, by candidate index (windows without any add none)."""

@@ -130,7 +130,14 @@ def _plain(value: Any, at: _At, root: _At, depth: int = 0, free: bool = False) -
 
 def _plain_candidate(item: Any, at: _At) -> Any:
     """One candidate as a dict, each field walked on its own (metadata as free data)."""
-    if not isinstance(item, (Candidate, Mapping)):
+    if type(item) is dict:
+        for key, value in item.items():
+            if not (type(key) is str and key.isascii()
+                    and (type(value) in _PASSED or (type(value) is str and value.isascii()))):
+                break
+        else:
+            return item  # the usual candidate: ASCII text and scalars, nothing to walk or copy
+    elif not isinstance(item, (Candidate, Mapping)):
         return _plain(item, at, at)
     pairs = ((name, getattr(item, name)) for name in item.__struct_fields__) \
         if isinstance(item, Candidate) else item.items()
@@ -192,7 +199,8 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 
 
 def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Candidate]:
-    """Validate and normalise (naive datetimes are UTC). Returns new structs."""
+    """Validate and normalise (naive datetimes are UTC): a candidate that needs it is replaced
+    by a new struct, the others are returned as they came (msgspec structs from ``to_candidates``)."""
     if not candidates:
         raise ValidationError("candidates", "must not be empty")
     if len(candidates) > settings.max_candidates:
@@ -241,14 +249,14 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
                 raise ValidationError(f"{at}.embedding", f"has {len(c.embedding)} dimensions, expected {dims}")
             if not all(math.isfinite(x) for x in c.embedding):
                 raise ValidationError(f"{at}.embedding", "must hold finite numbers only")
-        out.append(
-            msgspec.structs.replace(
+        if any(t is not None and t.tzinfo is None for t in (c.occurred_start, c.occurred_end, c.mentioned_at)):
+            c = msgspec.structs.replace(
                 c,
                 occurred_start=_utc(c.occurred_start),
                 occurred_end=_utc(c.occurred_end),
                 mentioned_at=_utc(c.mentioned_at),
             )
-        )
+        out.append(c)
     # The per-field limits bound each candidate; this bounds the stream (its memory in Redis).
     size = sum(len(encode(c)) for c in out)
     if size > settings.max_stream_bytes:

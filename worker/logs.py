@@ -8,6 +8,7 @@ from the finished line (tracebacks included).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -15,13 +16,21 @@ from typing import Any
 
 import structlog
 
+from producer.logs import LevelCheckedLogger
+
 # Keys whose values never reach a log line, and URL passwords wherever they appear.
 _SECRET_KEYS = re.compile(r"(api_?key|password|secret|token|authorization)", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]+)@", re.IGNORECASE)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-~+/=]+", re.IGNORECASE)
 
 
+# What each pattern above needs to match at all: one cheap search spares most lines both subs.
+_MAY_HOLD_SECRET = re.compile(r"://|bearer", re.IGNORECASE)
+
+
 def redact_text(text: str) -> str:
+    if not _MAY_HOLD_SECRET.search(text):
+        return text
     text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
     return _BEARER.sub(r"\1***", text)
 
@@ -36,8 +45,14 @@ def _redact(value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=1024)
+def _secret_key(key: str) -> bool:
+    # Keys are the code's own few names (and a host's): decided once each.
+    return bool(_SECRET_KEYS.search(key))
+
+
 def redact_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-    return {k: "***" if _SECRET_KEYS.search(k) else _redact(v) for k, v in event.items()}
+    return {k: "***" if _secret_key(k) else _redact(v) for k, v in event.items()}
 
 
 def redact_rendered(logger: Any, method: str, rendered: Any) -> Any:
@@ -79,7 +94,7 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
         processors=[structlog.stdlib.filter_by_level, *_shared_processors(),
                     structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        wrapper_class=LevelCheckedLogger,
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(sys.stderr)

@@ -7,12 +7,14 @@ the solo and threads pools — so a model is loaded once, at process start.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from producer.settings import MemberSettings, Settings
 from producer.store import Store, connect
 from worker.chain import Chain
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import Provider
+from worker.side_writes import SideWrite, write
 from worker.windows import WindowScorer
 
 _lock = threading.Lock()
@@ -45,22 +47,31 @@ class Runtime:
         engine = getattr(provider, "engine", None)
         if engine is not None:
             engine.on_batch = self.recorder.batch_padding
-        metered = MeteredProvider(provider, label=label, count=self.store.incr_counter, recorder=self.recorder)
+        metered = MeteredProvider(provider, label=label, count=self.count, recorder=self.recorder)
         if self._warmed_up:
             # A member that failed at start and starts now, on a later window.
             self.report_started(starting=label)
         if not self.settings.pair_cache or provider.scale is None:
             return metered
         return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
-                              ttl_s=self.settings.cache_ttl_s, count=self.store.incr_counter,
+                              ttl_s=self.settings.cache_ttl_s, count=self.count,
                               on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses))
 
+    def count(self, name: str, amount: int = 1, *, then: Callable[[], None] | None = None) -> None:
+        """Add to a store counter, with the commit of the window being scored (or now, outside
+        one); ``then()`` runs once it is counted."""
+        key = self.store.keys.counters_for(None)
+        client = self.store.client
+        write(SideWrite(queue=lambda pipe: pipe.hincrby(key, name, amount),
+                        run=lambda: client.hincrby(key, name, amount),
+                        done=(lambda _reply: then()) if then is not None else None))
+
     def _count_failover(self, member: str, reason: str) -> None:
-        self.store.incr_counter("failovers")
-        self.store.incr_counter(f"failovers:{member}")
+        self.count("failovers")
+        self.count(f"failovers:{member}")
         if reason == "timeout":
             # A member's TIMEOUT_S too short for its documents shows here before anywhere else.
-            self.store.incr_counter(f"provider_timeouts:{member}")
+            self.count(f"provider_timeouts:{member}")
         self.recorder.failover(member, reason)
 
     def warm_up(self) -> None:

@@ -30,6 +30,7 @@ from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.decide import decide
 from worker.scoring.documents import assemble, has_text
+from worker.side_writes import SideWrite, held_for_commit
 
 log = structlog.get_logger("rerankq.window")
 
@@ -152,6 +153,14 @@ class WindowScorer:
             return self._commit_failed(stream_id, window, begun, str(exc), outcome="failed",
                                        attempts=begun.attempt, until=until, bound=bound)
 
+        # The cache's writes and the counters go with the commit, in its round trip.
+        with held_for_commit() as side_writes:
+            return self._score_and_commit(stream_id, window, spec, candidates, begun, began_at, scoring_started,
+                                          until=until, bound=bound, side_writes=side_writes)
+
+    def _score_and_commit(self, stream_id: str, window: int, spec: StreamSpec, candidates: list[Candidate],
+                          begun: Begun, began_at: float, scoring_started: float, *, until: float, bound: Any,
+                          side_writes: list[SideWrite]) -> str:
         start = window * spec.window_size
         end = start + len(candidates)
         documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
@@ -174,7 +183,7 @@ class WindowScorer:
         )
         self.recorder.window_scored(time.perf_counter() - scoring_started)
         written = self._commit(stream_id, result, outcome="failed" if outcome.failed else "ranked", begun=begun,
-                               until=until, bound=bound, embeddings=embeddings)
+                               until=until, bound=bound, embeddings=embeddings, side_writes=side_writes)
         if written == 1:
             bound.info("window_committed", served_by=outcome.served_by, candidates=len(candidates),
                        failovers=len(outcome.failovers))
@@ -227,12 +236,22 @@ class WindowScorer:
         return "failed"
 
     def _commit(self, stream_id: str, result: WindowResult, *, outcome: str, begun: Begun, until: float,
-                bound: Any, embeddings: WindowEmbeddings | None = None) -> int:
-        """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts."""
+                bound: Any, embeddings: WindowEmbeddings | None = None, side_writes: list[SideWrite] | None = None) -> int:
+        """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts.
+
+        The held ``side_writes`` ride on the first try only: a retry (Redis full) is the commit alone.
+        """
         start = time.perf_counter()
-        written = self._through_full_redis(
-            lambda: self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings),
-            until=until, bound=bound)
+        riding = list(side_writes or ())
+        if side_writes:
+            side_writes.clear()
+
+        def attempt() -> int:
+            nonlocal riding
+            ride, riding = riding, []
+            return self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride)
+
+        written = self._through_full_redis(attempt, until=until, bound=bound)
         self.recorder.window_committed(member=result.served_by, outcome=outcome, commit_s=time.perf_counter() - start,
                                        admitted_at_ms=begun.admitted_at_ms, written=written == 1)
         return written

@@ -9,6 +9,7 @@
    provider call.
 
     python ops/bench/queue.py --quick --json /tmp/queue.json
+    python ops/bench/queue.py --profile      (where the time goes: ops/bench/hotpath.py)
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=None, help="one-window streams per arm")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: one window's per-step costs and Redis round trips (ops/bench/hotpath.py)")
     args = parser.parse_args()
+    if args.profile:
+        import hotpath
+
+        hotpath.main(["--json", args.json_path] if args.json_path else [])
+        return
     n_streams = args.streams or (60 if args.quick else 300)
     n_model_streams = 8 if args.quick else 30
     n_pages = 100 if args.quick else 500

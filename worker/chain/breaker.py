@@ -71,6 +71,11 @@ class Breaker:
         """Closes the breaker; returns the state it was in (the caller logs a change by its label)."""
         return _text(self._run(member, "success"))
 
+    def queue_success(self, pipe: object, member: str) -> None:
+        """``record_success`` queued on a pipeline (EVALSHA itself: a registered script would cost
+        the pipeline a SCRIPT EXISTS round trip); its reply is the state it was in."""
+        pipe.evalsha(self._script.sha, 1, self.keys.breaker(member), "success", _now_ms())  # type: ignore[attr-defined]
+
     def record_failure(self, member: str) -> str:
         """Counts a failure; returns the state after it, ``opened`` when this one tripped it."""
         return _text(self._run(member, "failure", self.failures, self.cooldown_ms, self._ttl_ms()))

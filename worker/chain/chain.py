@@ -27,6 +27,7 @@ from worker.chain.breaker import Breaker, Gate, breaker_id
 from worker.chain.checks import FLAT_MIN_WINDOW, FLAT_RANGE, CheckedProvider, check_scores
 from worker.providers import build_provider
 from worker.providers.base import Provider, ProviderError, ProviderStartError, Scale, ScoreRequest
+from worker.side_writes import SideWrite, write
 
 log = structlog.get_logger("rerankq.chain")
 
@@ -315,9 +316,17 @@ class Chain:
             return
         try:
             if ok:
-                previous = self.breaker.record_success(member.breaker_id)
-                if previous != "closed":
-                    log.info("breaker_closed", member=member.label, was=previous)
+                # With the window's commit (worker.side_writes): a success only closes the
+                # breaker, so it need not hold the window up; a failure (below) gates the next call.
+                breaker, breaker_id, label = self.breaker, member.breaker_id, member.label
+
+                def closed(previous: object) -> None:
+                    was = previous.decode() if isinstance(previous, bytes) else str(previous)
+                    if was != "closed":
+                        log.info("breaker_closed", member=label, was=was)
+
+                write(SideWrite(queue=lambda pipe: breaker.queue_success(pipe, breaker_id),
+                                run=lambda: breaker.record_success(breaker_id), done=closed))
             elif self.breaker.record_failure(member.breaker_id) == "opened":
                 log.warning("breaker_opened", member=member.label, reason=reason,
                             cooldown_s=self.breaker.cooldown_ms / 1000, stream=request.stream_id,
