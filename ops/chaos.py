@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
           f" model={args.model} break={args.breakage or 'none'} store={args.store} broker={args.broker}"
           f" logs={log_dir}", flush=True)
-    shape = start_shape(args.store, log_dir)
+    shape = start_shape(args.store, log_dir, redis_broker=args.broker == "redis")
     env = {**worker_env(shape.store_url, args), "RERANKQ_BROKER_URL": shape.broker_url}
     broker = None
     if args.broker == "amqp":

@@ -34,7 +34,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 import msgspec
-from kombu import Connection, Exchange, Queue
+from amqp.exceptions import MessageNacked
+from kombu import Connection, Exchange, Producer, Queue
+from kombu.exceptions import OperationalError
 
 from producer.settings import Settings
 from producer.wire import LANES, Lane
@@ -225,6 +227,126 @@ def wait_for_broker(url: str, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+class ConfirmedBursts:
+    """Publishes one send's messages (an open's first windows, a sweep's re-sends) in a burst,
+    then waits once until RabbitMQ has confirmed them all.
+
+    Celery's ``confirm_publish`` waits for each message's confirm before it sends the next, so an
+    open with N first windows paid N waits for a quorum of RabbitMQ's disks. Here each thread has
+    a connection of its own, without ``confirm_publish``, and a channel put in confirm mode with
+    py-amqp's public API (``confirm_select``, the channel's ``basic_ack``/``basic_nack`` events,
+    ``drain_events``); Celery builds and publishes the messages through it (``send_task`` with
+    ``producer=``, no retry: a revived channel would not be in confirm mode). A send returns only
+    when every message of it is confirmed, as before, and a failure is kombu's ``OperationalError``
+    as before. A lost connection has the burst tried again whole on a fresh one, up to
+    ``max_retries`` times, so a message may be queued twice, which ``begin`` turns away; a nack
+    (a queue over its length limit) is not tried again: the caller hands the windows to the sweep.
+    """
+
+    def __init__(self, url: str, transport_options: dict[str, Any], timeout_s: float = 30.0) -> None:
+        self.url = url
+        self.options = {k: v for k, v in transport_options.items() if k != "confirm_publish"}
+        self.retries = int(transport_options.get("max_retries", 3))
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: list[_ConfirmChannel] = []
+
+    def publish(self, sends: list[Any]) -> None:
+        """Run each ``send(producer=...)`` (a ``send_task`` through that producer), then wait for every confirm."""
+        for attempt in range(self.retries + 1):
+            channel = self._channel()
+            try:
+                channel.publish_all(sends, self.timeout_s)
+                return
+            except (MessageNacked, *channel.errors) as exc:
+                self._drop(channel)
+                if attempt == self.retries or isinstance(exc, MessageNacked):
+                    raise OperationalError(f"RabbitMQ did not confirm a send: {type(exc).__name__}: {exc}") from exc
+                time.sleep(min(1.0, 0.5 * attempt))
+            except BaseException:
+                self._drop(channel)
+                raise
+
+    def _channel(self) -> _ConfirmChannel:
+        channel = getattr(self._local, "channel", None)
+        if channel is None:
+            channel = _ConfirmChannel(self.url, self.options)
+            with self._lock:
+                self._open.append(channel)
+            self._local.channel = channel
+        return channel
+
+    def _drop(self, channel: _ConfirmChannel) -> None:
+        self._local.channel = None
+        with self._lock:
+            if channel in self._open:
+                self._open.remove(channel)
+        channel.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._open = self._open, []
+        for channel in channels:
+            channel.close()
+
+
+class _ConfirmChannel:
+    """One connection and one channel in confirm mode; counts its publishes (RabbitMQ numbers
+    them 1, 2, ... per channel) and the confirms that came back."""
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self.connection = Connection(url, connect_timeout=5, transport_options=options)
+        self.errors = (*self.connection.connection_errors, *self.connection.channel_errors, OSError)
+        self.channel: Any = None
+        self.producer: Producer | None = None
+        self.published = 0
+        self.unconfirmed: set[int] = set()
+        self.nacked = 0
+
+    def _open(self) -> None:
+        self.connection.ensure_connection(max_retries=1)
+        self.channel = self.connection.channel()
+        self.channel.confirm_select()
+        self.channel.events["basic_ack"].add(self._on_ack)
+        self.channel.events["basic_nack"].add(self._on_nack)
+        self.producer = Producer(self.channel)
+
+    def _settle(self, tag: int, multiple: bool) -> int:
+        settled = {t for t in self.unconfirmed if t <= tag} if multiple else {tag} & self.unconfirmed
+        self.unconfirmed -= settled
+        return len(settled)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self.nacked += self._settle(tag, multiple)
+
+    def publish_all(self, sends: list[Any], timeout_s: float) -> None:
+        if self.channel is None:
+            self._open()
+        for send in sends:
+            send(producer=self.producer)
+            self.published += 1
+            self.unconfirmed.add(self.published)
+        deadline = time.monotonic() + timeout_s
+        while self.unconfirmed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(self.unconfirmed)} publishes not confirmed in {timeout_s:.0f} s")
+            self.connection.drain_events(timeout=left)
+        if self.nacked:
+            nacked, self.nacked = self.nacked, 0
+            raise MessageNacked(f"{nacked} of the burst refused by RabbitMQ")
+
+    def close(self) -> None:
+        try:
+            self.connection.release()
+        except Exception:  # noqa: BLE001 - closing a connection that is already gone
+            pass
 
 
 class AsyncAmqpBroker:

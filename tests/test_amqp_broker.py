@@ -209,3 +209,31 @@ def test_a_rabbitmq_restart_mid_run_loses_nothing_and_commits_nothing_twice(base
         assert client.store.counters().get("windows_committed") == 16
     finally:
         node.remove()
+
+
+def test_a_burst_is_confirmed_whole_and_a_refused_publish_is_the_sweeps_to_send(make_client, settings,
+                                                                                 rabbitmq_server, start_worker,
+                                                                                 raw_redis):
+    """An open's windows go out in one burst and open returns once RabbitMQ confirmed them all.
+    A message RabbitMQ refuses (nack: here a queue over its max-length, reject-publish) fails the
+    send, never the open: the stream exists, its windows are due at once, and the sweep sends
+    them when the queue takes messages again. Each window is committed once."""
+    client = make_client(redeliver_after_s=2)
+    first = client.open("payment gateway error", make_candidates(40), window_size=10, first_windows=4)
+    assert AmqpQueueProbe(settings.broker).depth([settings.cpu_queue]) == 4, "all four queued when open returned"
+
+    rabbitmq_server.ctl("set_policy", f"{settings.namespace}-full", f"^{settings.cpu_queue}$",
+                        '{"max-length": 2, "overflow": "reject-publish"}', "--apply-to", "queues")
+    wait_for(lambda: rabbitmq_server.ctl("list_queues", "--quiet", "--no-table-headers", "name", "policy")
+             .count(f"{settings.namespace}-full") == 1, 30, "the policy applied")
+    refused = client.open("cache miss", make_candidates(30, text="cache miss {i}"), window_size=10, first_windows=3)
+    # Over its limit already: RabbitMQ refuses (nacks) all three, and open still returns the stream.
+    assert AmqpQueueProbe(settings.broker).depth([settings.cpu_queue]) == 4
+    rabbitmq_server.ctl("clear_policy", f"{settings.namespace}-full")
+
+    start_worker(provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
+    assert pull_until_complete(client, first, 40, timeout_s=60).total == 40
+    assert pull_until_complete(client, refused, 30, timeout_s=60).total == 30
+    assert commits_per_window(raw_redis, client, first) == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert commits_per_window(raw_redis, client, refused) == {0: 1, 1: 1, 2: 1}
+    assert client.store.counters()["windows_redelivered"] >= 2

@@ -1,11 +1,14 @@
-"""The store on a Redis Cluster (three masters, three replicas), the broker on one Redis.
+"""The store on a Redis Cluster (three masters, three replicas), the broker on one Redis or on
+RabbitMQ.
 
 The flow and delivery tests that carry each guarantee run here again, unchanged, on the
 cluster (they are imported from their modules; this module's fixtures point the store at the
 cluster): scored once, decisions retained, a deep pull reads without provider calls, a worker
-process SIGKILLed mid-window, duplicates committed once. Then what is the cluster's own: every
-script call stays in one slot, the sweep walks every shard on every master, and a master
-killed mid-run is replaced by its replica while the streams complete.
+process SIGKILLed mid-window, duplicates committed once. Those parametrised over the broker
+(``conftest.BROKERS``) run on RabbitMQ + Redis Cluster too, with the lost-message sweep (queued
+marks on RabbitMQ, a queue scan on Redis) and what operators read. Then what is the cluster's
+own: every script call stays in one slot, the sweep walks every shard on every master, and a
+master killed mid-run is replaced by its replica while the streams complete.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import uuid
 
 import pytest
 import redis
-from conftest import make_candidates
+import test_flow
+from conftest import BROKERS, make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
+from kombu import Connection
 from test_delivery import test_child_killed_mid_window_commits_once_and_stream_completes  # noqa: F401
 from test_flow import (  # noqa: F401
     test_deeper_pull_scores_only_the_new_window,
-    test_duplicate_delivery_commits_once,
     test_repulling_a_committed_page_is_a_read,
     test_stream_is_scored_end_to_end,
 )
@@ -39,9 +43,11 @@ def redis_cluster():
 
 
 @pytest.fixture
-def base_env(base_env, redis_cluster, redis_server):
-    """The conftest's environment with the store on the cluster; the broker stays one Redis."""
-    return {**base_env, "RERANKQ_REDIS_URL": redis_cluster.url, "RERANKQ_BROKER_URL": redis_server.url}
+def base_env(base_env, redis_cluster, redis_server, broker):
+    """The conftest's environment with the store on the cluster; the broker is one Redis, or the
+    session's RabbitMQ node where a test is parametrised with ``amqp``."""
+    broker_url = base_env["RERANKQ_BROKER_URL"] if broker == "amqp" else redis_server.url
+    return {**base_env, "RERANKQ_REDIS_URL": redis_cluster.url, "RERANKQ_BROKER_URL": broker_url}
 
 
 @pytest.fixture
@@ -59,6 +65,21 @@ def broker_redis(redis_server):
     client.close()
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis, broker):
+    test_flow.test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis)
+
+
+def lose_every_message(broker: str, settings, broker_redis) -> None:
+    """Every message of the cpu queue vanishes before any worker fetched it: only the sweep can
+    bring the windows back (on RabbitMQ, once their queued marks are too old to trust)."""
+    if broker == "amqp":
+        with Connection(settings.broker) as conn:
+            assert conn.default_channel.queue_purge(settings.cpu_queue) > 0
+    else:
+        assert broker_redis.delete(settings.cpu_queue) == 1
+
+
 def test_every_script_call_names_keys_of_one_slot():
     """redis-py's cluster client refuses a script whose keys span slots; check the key layout for
     many ids rather than wait for a stream that happens to cross one."""
@@ -73,17 +94,17 @@ def test_every_script_call_names_keys_of_one_slot():
     assert len({key_slot(keys.active(tag).encode()) for tag in keys.shard_tags()}) == SHARDS
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_streams_spread_over_every_master_and_the_sweep_recovers_lost_messages_on_all(
-        start_worker, make_client, raw_redis, broker_redis, namespace, redis_cluster):
+        start_worker, make_client, raw_redis, broker_redis, broker, redis_cluster):
     client = make_client(redeliver_after_s=2)
     streams = [client.open("payment gateway error", make_candidates(10, prefix=f"x{i}-"), window_size=10)
                for i in range(24)]
-    # Every message vanishes before any worker fetched it: only the sweep, walking every shard
-    # of every master, can bring the windows back.
-    assert broker_redis.delete(f"{namespace}.cpu") == 1
+    # Only the sweep, walking every shard of every master, can bring the windows back.
+    lose_every_message(broker, client.settings, broker_redis)
     masters = {raw_redis.get_node_from_key(client.store.keys.stream(s).meta).port for s in streams}
     assert len(masters) == 3, "the streams landed on every master"
-    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
+    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1, queued_max_age_s=3))
 
     for stream in streams:
         assert pull_until_complete(client, stream, 10, timeout_s=40).total == 10
@@ -167,3 +188,53 @@ def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_
 
     publish(client.store, "host-a", {"pid": 42, "members": []})
     assert read_cards(client.store.client, client.store.keys.worker_card("host-a")) == [{"pid": 42, "members": []}]
+
+
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_inspect_the_exporter_and_the_gateway_work_on_rabbitmq_and_the_cluster(start_worker, make_client, base_env,
+                                                                                 tmp_path):
+    """The operators' tools as shipped, each in its own process, on RabbitMQ + Redis Cluster: the
+    exporter's scrape (RabbitMQ's counts, the cluster's 1024 shards), ``rerankq inspect`` (queues
+    from RabbitMQ, workers by remote control over it, cards from the cluster) and a rerank
+    request through the gateway, answered by a worker."""
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+    from cli_helpers import rerankq
+    from conftest import ROOT
+    from gateway_helpers import GatewayProcess, write_keys
+
+    client = make_client()
+    for i in range(2):  # a backlog, no worker yet: 2 streams x 2 windows wait in RabbitMQ
+        client.open(f"nightly {i}", make_candidates(20, prefix=f"n{i}-"), window_size=10, first_windows=2)
+    once = subprocess.run([sys.executable, "-m", "producer.exporter", "--once"], env=base_env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert once.returncode == 0, once.stderr
+    metrics = [line for line in once.stdout.splitlines() if line and not line.startswith("#")]
+    assert "rerankq_exporter_redis_up 1.0" in metrics
+    assert f'rerankq_queue_messages{{device="cpu",queue="{base_env["RERANKQ_CPU_QUEUE"]}"}} 4.0' in metrics, metrics
+    assert 'rerankq_windows_uncommitted{device="cpu"} 4.0' in metrics and "rerankq_streams_active 2.0" in metrics
+
+    start_worker(provider_env("FastProvider"))
+    wait_for(lambda: client.store.counters().get("windows_committed") == 4, 60, "the backlog scored")
+    keys = write_keys(tmp_path / "keys.json", [{"name": "ops", "tenant": "ops"}])
+    gateway = GatewayProcess({**base_env, "RERANKQ_GATEWAY_KEYS_FILE": str(tmp_path / "keys.json")},
+                             tmp_path / "gateway.log").start()
+    try:
+        answer = httpx.post(gateway.url + "/v2/rerank", timeout=60, headers={"Authorization": f"Bearer {keys['ops']}"},
+                            json={"model": "m", "query": "checkout 502", "documents": ["a cat", "checkout 502 fix"]})
+        assert answer.status_code == 200, (answer.text, gateway.log()[-3000:])
+        assert sorted(r["index"] for r in answer.json()["results"]) == [0, 1]
+    finally:
+        gateway.stop()
+
+    done = rerankq(["inspect", "--json"], base_env)
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    queues = {(q["device"], q["lane"]): q for q in view["queues"]}
+    assert queues["cpu", "interactive"]["waiting"] == 0 and queues["cpu", "interactive"]["oldest_age_s"] is None
+    [worker] = view["workers"]
+    assert worker["kind"] == "cpu" and worker["processed"] >= 5 and worker["processes"], worker
+    assert view["counters"]["windows_committed"] == 5

@@ -8,8 +8,18 @@ every shape alike):
 - ``redis``: one redis-server is store and broker;
 - ``cluster``: the store on a private Redis Cluster (three masters, three replicas), the
   broker on one redis-server;
-- ``amqp``: RabbitMQ as the broker (``--amqp-url``, e.g. the machine's
-  ``amqp://guest:guest@127.0.0.1:5672//``), the store on one redis-server. Left out without it.
+- ``amqp``: RabbitMQ as the broker, the store on one redis-server;
+- ``amqp+cluster``: RabbitMQ as the broker, the store on a second private Redis Cluster.
+
+The RabbitMQ shapes run rerankq's own amqp configuration (``producer.amqp_broker``: durable
+quorum lane queues, publisher confirms, per-consumer prefetch 1) on a private RabbitMQ node
+(``worker.embedded.rabbitmq_server``) unless ``--amqp-url`` names a broker to use instead.
+
+Then the cost of ``open`` itself: a stream of the same candidates opened with 1 and with
+``--windows`` first windows, one open at a time, workers stopped, per shape: the extra windows
+show what sending their messages costs (a Redis push each, or RabbitMQ publishes and confirms).
+On RabbitMQ both ways of publishing are timed in the same run: rerankq's bursts (publish all,
+wait once for their confirms) and Celery's own publish (a confirm wait per message).
 
 A round opens ``--streams`` streams from ``--clients`` threads at once, every window of each
 sent at open (25 candidates a window), and pulls each until it is complete; the provider does
@@ -24,7 +34,8 @@ window). From that: shards (and Redis broker instances, each holding its share o
 queues) for 1,000,000 pairs/s = 40,000 windows of 25 a second, kept at half their ceiling.
 
     python ops/bench/deployments.py --quick
-    python ops/bench/deployments.py --amqp-url amqp://guest:guest@127.0.0.1:5672// --json /tmp/deployments.json
+    python ops/bench/deployments.py --json /tmp/deployments.json
+    python ops/bench/deployments.py --amqp-url amqp://guest:guest@127.0.0.1:5672//   # a broker of your own
 """
 
 from __future__ import annotations
@@ -49,7 +60,9 @@ import redis  # noqa: E402
 from common import p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
 
 from producer import RerankClient  # noqa: E402
+from producer.dispatch import Dispatcher  # noqa: E402
 from producer.settings import load_settings  # noqa: E402
+from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary  # noqa: E402
 from worker.embedded.redis_cluster import EmbeddedRedisCluster  # noqa: E402
 from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
 
@@ -66,7 +79,7 @@ class Shape:
     def __init__(self, name: str, store_url: str, broker_url: str, store_nodes: list[redis.Redis],
                  broker_node: redis.Redis | None, logs: Path, args: argparse.Namespace) -> None:
         self.name = name
-        namespace = f"bd-{name}-{uuid.uuid4().hex[:6]}"
+        namespace = f"bd-{name.replace('+', '-')}-{uuid.uuid4().hex[:6]}"
         self.env = {**worker_env(store_url, namespace), "RERANKQ_BROKER_URL": broker_url,
                     "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider", "RERANKQ_RERANKER_MODEL": "",
                     "RERANKQ_PAIR_CACHE": "false"}
@@ -99,6 +112,19 @@ class Shape:
         with ThreadPoolExecutor(len(self.clients)) as pool:
             list(pool.map(one, range(streams)))
         return time.perf_counter() - start
+
+    def open_ms(self, tag: str, windows: int, opens: int, n_candidates: int, client: RerankClient | None = None
+                ) -> list[float]:
+        """Milliseconds per ``open`` of a stream of ``n_candidates`` with ``windows`` first windows,
+        one at a time."""
+        client = client or self.clients[0]
+        out = []
+        for i in range(opens):
+            rows = candidates(n_candidates, f"{tag}-{i}")
+            start = time.perf_counter()
+            client.open(f"{tag} open {i}", rows, window_size=WINDOW, first_windows=windows, allow_shallow=True)
+            out.append((time.perf_counter() - start) * 1000)
+        return out
 
     def reset_stats(self) -> None:
         for node in [*self.store_nodes, *([self.broker_node] if self.broker_node else [])]:
@@ -150,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16, help="producer threads opening and pulling")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--amqp-url", default=None, help="a RabbitMQ broker for the amqp shape (else it is left out)")
+    parser.add_argument("--amqp-url", default=None,
+                        help="a RabbitMQ broker for the amqp shapes (default: a private node started here)")
+    parser.add_argument("--opens", type=int, default=None, help="opens timed per shape and window count")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
@@ -170,11 +198,21 @@ def main(argv: list[str] | None = None) -> int:
         servers += [cluster_broker, cluster]
         shapes["cluster"] = Shape("cluster", cluster.url, cluster_broker.url, masters_of(cluster),
                                   redis.Redis.from_url(cluster_broker.url), logs, args)
-        if args.amqp_url:
+        amqp_url = args.amqp_url
+        if amqp_url is None and rabbitmq_server_binary() is not None:
+            node = EmbeddedRabbitMQ()
+            servers.append(node)
+            amqp_url = node.start().url
+        if amqp_url is None:
+            print("deployments: rabbitmq-server is not installed and no --amqp-url: the amqp shapes are left out")
+        else:
             amqp_store = EmbeddedRedis().start()
-            servers.append(amqp_store)
-            shapes["amqp"] = Shape("amqp", amqp_store.url, args.amqp_url, [redis.Redis.from_url(amqp_store.url)],
+            amqp_cluster = EmbeddedRedisCluster().start()
+            servers += [amqp_store, amqp_cluster]
+            shapes["amqp"] = Shape("amqp", amqp_store.url, amqp_url, [redis.Redis.from_url(amqp_store.url)],
                                    None, logs, args)
+            shapes["amqp+cluster"] = Shape("amqp+cluster", amqp_cluster.url, amqp_url, masters_of(amqp_cluster),
+                                           None, logs, args)
         for shape in shapes.values():
             shape.start()
             shape.round("warm", 4, args.windows)
@@ -222,14 +260,53 @@ def main(argv: list[str] | None = None) -> int:
                 "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
                     ["shape", "windows/s p50", "windows/s all", "ratio to redis", "Lua calls/window",
                      "µs/Lua call", "store µs/window", "broker µs/window"], rows)
+        figures["open_ms"] = open_costs(shapes, args.windows, args.opens or (60 if args.quick else 200))
         figures["estimate"] = estimate(figures["shapes"])
         write_json(args.json, figures)
     finally:
         for shape in shapes.values():
             shape.stop()
         for server in servers:
-            server.stop()
+            server.remove() if isinstance(server, EmbeddedRabbitMQ) else server.stop()
     return 0
+
+
+def open_costs(shapes: dict[str, Shape], windows: int, opens: int) -> dict[str, Any]:
+    """p50 ms per open with 1 and with ``windows`` first windows, shapes interleaved in chunks of
+    ten opens so that machine noise hits each alike; the difference per extra window is what one
+    more message costs the producer (a Redis push, or a RabbitMQ publish and its confirm)."""
+    # The workers are stopped first (their scoring would compete for the CPU and blur the
+    # difference), and every stream has the same candidates: only the messages sent differ.
+    for shape in shapes.values():
+        for worker in shape.workers:
+            worker.stop()
+    # On RabbitMQ also Celery's own publish, one confirm wait per message, beside the bursts.
+    variants: dict[str, tuple[Shape, RerankClient | None]] = {name: (shape, None) for name, shape in shapes.items()}
+    extra: list[RerankClient] = []
+    for name in [n for n in shapes if n.startswith("amqp")]:
+        settings = shapes[name].clients[0].settings
+        extra.append(RerankClient(settings, dispatcher=Dispatcher(settings, confirm_bursts=False)))
+        variants[f"{name} (a confirm per message)"] = (shapes[name], extra[-1])
+    samples: dict[str, dict[int, list[float]]] = {name: {1: [], windows: []} for name in variants}
+    chunk = 10
+    for c in range(0, opens, chunk):
+        for name, (shape, client) in variants.items():
+            for n in dict.fromkeys((1, windows)):
+                samples[name][n] += shape.open_ms(f"o{c}-{n}", n, min(chunk, opens - c), windows * WINDOW, client)
+    for client in extra:
+        client.close()
+    out: dict[str, Any] = {}
+    rows = []
+    for name in variants:
+        one, many = p50(samples[name][1]), p50(samples[name][windows])
+        per_window = (many - one) / (windows - 1) if windows > 1 else float("nan")
+        out[name] = {"open_ms_p50_1_window": one, f"open_ms_p50_{windows}_windows": many,
+                     "ms_per_extra_window": per_window}
+        rows.append([name, one, many, per_window, many / p50(samples["redis"][windows])])
+    print_table(f"open() of {windows * WINDOW} candidates: ms per call, p50 of {opens}, one at a time, workers stopped "
+                f"(ratio: to redis at {windows} windows)",
+                ["shape", "1 window", f"{windows} windows", "ms per extra window", f"ratio at {windows}"], rows)
+    return out
 
 
 def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
@@ -259,6 +336,15 @@ def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
         print(f"  broker (Redis): {broker_usec:.0f} µs of server time per window (send, fetch, unacked bookkeeping, "
               f"ack): about {per_broker:,.0f} windows/s per instance: {brokers} Redis broker instances, each "
               f"holding its share of the device queues (rerankq.gpu split {brokers} ways)")
+    if "amqp+cluster" in shapes:
+        # With RabbitMQ as the broker the store does the same work; its figure is a second measurement.
+        amqp_store = shapes["amqp+cluster"]["per_window"]["store_usec"]
+        amqp_shards = math.ceil(windows_per_s / (1e6 / amqp_store * HEADROOM))
+        out["amqp_cluster_store_usec_per_window"] = amqp_store
+        out["amqp_cluster_store_shards"] = amqp_shards
+        print(f"  store with RabbitMQ as the broker (amqp+cluster): {amqp_store:.0f} µs per window: {amqp_shards} "
+              "cluster masters; RabbitMQ's own server time is not measured here (no access to its accounting), "
+              "so the queues it needs are not estimated")
     print(f"  one Redis as store and broker: about {one_redis:,.0f} windows/s of store time alone; "
           f"the ceiling this run measured end to end is the workers' CPU, not Redis")
     return out

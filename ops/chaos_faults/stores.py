@@ -131,14 +131,19 @@ def _slots_of(cluster: EmbeddedRedisCluster, port: int) -> set[int]:
     return slots
 
 
-def start_shape(name: str, log_dir: Path) -> StoreShape:
+def start_shape(name: str, log_dir: Path, *, redis_broker: bool = True) -> StoreShape:
+    """The store's servers, and for ``cluster`` a redis-server as the broker unless the broker is
+    RabbitMQ (``redis_broker=False``): then there is no broker Redis, and no Redis restart fault
+    acting on a server nothing uses."""
     (log_dir / "redis").mkdir(exist_ok=True)
     if name == "single":
         server = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
         return StoreShape(name, server.url, server.url, server)
     if name == "cluster":
-        broker = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
         cluster = EmbeddedRedisCluster(directory=str(log_dir / "cluster")).start()
+        if not redis_broker:
+            return StoreShape(name, cluster.url, "", None, cluster=cluster)
+        broker = EmbeddedRedis(appendonly=True, directory=str(log_dir / "redis")).start()
         return StoreShape(name, cluster.url, broker.url, broker, cluster=cluster)
     if name == "sentinel":
         sentinel = EmbeddedSentinel(directory=str(log_dir / "sentinel")).start()
