@@ -19,57 +19,75 @@ leaves the Redis side to recover on its own:
 Selected for ``redis://``, ``rediss://`` brokers by ``producer.celery_config``; the same QoS
 on kombu's Sentinel channel (``SentinelTransport``) for ``redis+sentinel://`` brokers, where a
 failover adds one more way to meet these errors (a demoted master answers READONLY, which
-redis-py turns into a reconnect to the new master).
+redis-py turns into a reconnect to the new master). A master run with
+``min-replicas-to-write`` refuses the same steps with ``NOREPLICAS`` while its replicas are
+out of sync - in a Sentinel failover, from the moment its replica is promoted until the
+sentinels demote it: its connections raise ``NoReplicasError`` (dropping themselves, so the
+next command asks Sentinel for the master again), and each step above treats it as it treats
+a full Redis.
 """
 
 from __future__ import annotations
 
 import logging
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.exceptions import OutOfMemoryError
+from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
+
+from producer.redis_clients import NoReplicasError, refusal_reconnects
 
 log = logging.getLogger("rerankq.broker")
 
+#: What keeps a bookkeeping write from landing for a while; the message is handled locally.
+REFUSED = (OutOfMemoryError, NoReplicasError)
+
 TRANSPORT = "producer.redis_transport:Transport"
 SENTINEL_TRANSPORT = "producer.redis_transport:SentinelTransport"
+
+
+def _event(exc: Exception) -> str:
+    return "redis_no_replicas" if isinstance(exc, NoReplicasError) else "redis_full"
 
 
 class QoS(kombu_redis.QoS):
     def append(self, message, delivery_tag):  # type: ignore[no-untyped-def]
         try:
             super().append(message, delivery_tag)
-        except OutOfMemoryError:
-            log.warning("redis_full: delivery %s not recorded as unacked; the sweep covers it", delivery_tag)
+        except REFUSED as exc:
+            log.warning("%s: delivery %s not recorded as unacked; the sweep covers it", _event(exc), delivery_tag)
             virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag):  # type: ignore[no-untyped-def]
         try:
             self._remove_from_indices(delivery_tag).execute()
-        except OutOfMemoryError:
-            log.warning("redis_full: ack of %s kept locally; its unacked entry is restored later and turned away",
-                        delivery_tag)
+        except REFUSED as exc:
+            log.warning("%s: ack of %s kept locally; its unacked entry is restored later and turned away",
+                        _event(exc), delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag, requeue=False):  # type: ignore[no-untyped-def]
         try:
             super().reject(delivery_tag, requeue=requeue)
-        except OutOfMemoryError:
-            log.warning("redis_full: reject of %s kept locally; the message stays unacked until restored",
-                        delivery_tag)
+        except REFUSED as exc:
+            log.warning("%s: reject of %s kept locally; the message stays unacked until restored",
+                        _event(exc), delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
 
     def restore_visible(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         try:
             return super().restore_visible(*args, **kwargs)
-        except OutOfMemoryError:
-            log.warning("redis_full: restore of old unacked messages skipped until the next period")
+        except REFUSED as exc:
+            log.warning("%s: restore of old unacked messages skipped until the next period", _event(exc))
             return None
 
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    connection_class = refusal_reconnects(redis.Connection)
+    connection_class_ssl = refusal_reconnects(redis.SSLConnection)
 
 
 class Transport(kombu_redis.Transport):
@@ -78,6 +96,8 @@ class Transport(kombu_redis.Transport):
 
 class SentinelChannel(kombu_redis.SentinelChannel):
     QoS = QoS
+    connection_class = refusal_reconnects(SentinelManagedConnection)
+    connection_class_ssl = refusal_reconnects(SentinelManagedSSLConnection)
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
