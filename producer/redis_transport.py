@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 
+import kombu.transport as kombu_transport
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
@@ -102,3 +103,11 @@ class SentinelChannel(kombu_redis.SentinelChannel):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+
+# kombu moves to the next of the ``sentinel://h1;sentinel://h2`` URLs when one fails, and then
+# takes the transport from that URL's scheme (``kombu.Connection.switch``), which would swap this
+# transport for kombu's own for good: no QoS above, no NOREPLICAS handling, and a worker that
+# dies of the first refusal ("Unrecoverable error: NOREPLICAS", found by the Sentinel chaos run).
+# The scheme names this transport instead; it is kombu's with the above added.
+kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
