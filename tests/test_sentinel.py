@@ -2,13 +2,14 @@
 
 One Sentinel set (a master, a replica, three sentinels) holds both the stream keys and the
 Celery queues, as ``redis+sentinel://`` URLs. A worker scores streams while the master fails
-over, by hand (``SENTINEL FAILOVER``) and by a SIGKILL of the master. Either way writes can be
-lost that the old master acknowledged: after a SIGKILL those it had not yet sent to its
-replica; after a manual failover those it took between its replica's promotion and its own
-demotion by the sentinels, seconds later (found by this test). The assertions allow exactly
-what the README says can happen then (a stream's open lost and opened again under its
-idempotency key; a commit lost and the window scored again by the sweep) and nothing more:
-every stream completes, every window committed once in the surviving log.
+over, by hand (``SENTINEL FAILOVER``) and by a SIGKILL of the master. Every server runs with
+``min-replicas-to-write 1``: without it a manual failover lost what the old master took between
+its replica's promotion and its own demotion by the sentinels, seconds later (found by this
+test; ``test_a_manual_failover_under_steady_writes...`` shows both). With it a manual failover
+loses nothing; a SIGKILL can still lose what the master had not yet sent to its replica. The
+assertions allow exactly what the README says can happen then (a stream's open lost and opened
+again under its idempotency key; a commit lost and the window scored again by the sweep) and
+nothing more: every stream completes, every window committed once in the surviving log.
 """
 
 from __future__ import annotations

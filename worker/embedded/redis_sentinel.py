@@ -38,10 +38,14 @@ class EmbeddedSentinel:
         self.binary = binary or redis_server_binary()
         self.service = service
         self.down_after_ms = down_after_ms
+        self._own_directory = directory is None  # a caller's directory (the chaos run's logs) is kept
         self.directory = directory or tempfile.mkdtemp(prefix="rerankq-sentinel-")
         # Every server, replicas too: any of them may be promoted.
         guard = ["--min-replicas-to-write", str(min_replicas_to_write),
-                 "--min-replicas-max-lag", str(min_replicas_max_lag)]
+                 "--min-replicas-max-lag", str(min_replicas_max_lag),
+                 # A replica joining a new master starts its full sync at once, not 5 s later (7.x's
+                 # default): with the guard on, the master refuses writes until that sync is done.
+                 "--repl-diskless-sync-delay", "0"]
         self.servers = [EmbeddedRedis(appendonly=appendonly, binary=self.binary, directory=self._dir(f"data{i}"),
                                       extra_args=guard) for i in range(1 + replicas)]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
@@ -198,7 +202,8 @@ class EmbeddedSentinel:
         self.sentinel_processes = []
         for server in self.servers:
             server.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._own_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedSentinel:
         return self.start()
