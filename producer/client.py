@@ -21,7 +21,7 @@ from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationE
 from producer.logs import get_logger
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
-from producer.redis_clients import UNAVAILABLE_ERRORS
+from producer.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
 from producer.settings import Settings, load_settings
 from producer.store import Snapshot, Store, connect
 from producer.validation import (
@@ -89,11 +89,17 @@ def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool) -> I
             + ("nothing was written, a retry is safe" if written is False else "the stream exists; retry later"),
             stream_id=stream_id, stream_written=written, retry_safe=True,
         ) from None
-    except UNAVAILABLE_ERRORS as exc:
+    except (*UNAVAILABLE_ERRORS, redis.ResponseError) as exc:
+        if isinstance(exc, redis.ResponseError) and not is_no_replicas(exc):
+            raise
+        # A NOREPLICAS refusal itself writes nothing, but the client's own retries may have met a
+        # broken connection mid-write first: what is known stays what the caller knew.
         known = True if written else None
         safe = retry_safe or known is True
+        refused = isinstance(exc, (NoReplicasError, redis.ResponseError))
         raise StoreUnavailable(
-            f"Redis unreachable ({type(exc).__name__}); "
+            ("Redis refused the write: too few replicas in sync (NOREPLICAS: a failover under way, or a "
+             "replica down); " if refused else f"Redis unreachable ({type(exc).__name__}); ")
             + ("the stream exists, a retry is safe" if known else
                "the stream may or may not have been written; "
                + ("a retry with the same idempotency_key is safe" if safe else

@@ -38,8 +38,59 @@ MIN_REDIS_VERSION = (6, 2)
 #: The longest blocking read a client makes (``XREAD BLOCK`` on a stream's event log).
 BLOCK_CHUNK_S = 5.0
 
-#: What a store raises while it cannot serve for a moment: unreachable, timed out, or, on a
-#: cluster, a slot without a master during a failover (CLUSTERDOWN, TRYAGAIN, not covered).
+
+class NoReplicasError(redis.ConnectionError):
+    """The master refused a write with ``NOREPLICAS``: fewer replicas in sync than its
+    ``min-replicas-to-write`` (its replica was promoted, is resyncing, or is cut off). Redis
+    refuses before the command runs - a script, at its first write, so it wrote nothing. A
+    connection error, so the client drops the connection and its retry asks Sentinel again for
+    the master: after a failover that finds the promoted replica."""
+
+
+def is_no_replicas(exc: BaseException) -> bool:
+    """Whether a Redis error is a ``NOREPLICAS`` refusal: plain, inside a script's error (Redis
+    6.2: ``Error running script ... -NOREPLICAS``), or a pipeline's (``... caused error: NOREPLICAS``)."""
+    return isinstance(exc, redis.ResponseError) and "NOREPLICAS" in str(exc)
+
+
+class _RefusalReconnects:
+    """A connection that turns ``NOREPLICAS`` into ``NoReplicasError`` after dropping itself
+    (the way redis-py's Sentinel connection treats READONLY): the old master of a failover
+    refuses writes as soon as its replica leaves it, seconds before the sentinels demote it."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis.ResponseError as exc:
+            if not is_no_replicas(exc):
+                raise
+            self.disconnect()  # type: ignore[attr-defined]
+            raise NoReplicasError("the master refused a write: not enough replicas in sync (NOREPLICAS); "
+                                  "nothing was written") from exc
+
+
+_REFUSAL_CLASSES: dict[type, type] = {}
+
+
+def refusal_reconnects(connection_class: type) -> type:
+    """``connection_class`` with ``NOREPLICAS`` handled as ``_RefusalReconnects`` says (cached per class)."""
+    if issubclass(connection_class, _RefusalReconnects):
+        return connection_class
+    if connection_class not in _REFUSAL_CLASSES:
+        _REFUSAL_CLASSES[connection_class] = type(f"RefusalReconnects{connection_class.__name__}",
+                                                  (_RefusalReconnects, connection_class), {})
+    return _REFUSAL_CLASSES[connection_class]
+
+
+def _reconnect_on_refusal(client: redis.Redis) -> redis.Redis:
+    pool = client.connection_pool
+    pool.connection_class = refusal_reconnects(pool.connection_class)
+    return client
+
+
+#: What a store raises while it cannot serve for a moment: unreachable, timed out, a master
+#: refusing writes for want of replicas in sync (``NoReplicasError``, a ``ConnectionError``), or,
+#: on a cluster, a slot without a master during a failover (CLUSTERDOWN, TRYAGAIN, not covered).
 #: Callers treat them alike: wait within their deadline, or report the store unavailable.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
@@ -204,7 +255,7 @@ def store_client(url: str, **overrides: Any) -> Any:
         return _sentinel_client(url, **overrides)
     options = _common(health_check_interval=30, redis_connect_func=_check_version_on_connect)
     options.update(overrides)
-    return redis.Redis.from_url(url, **options)
+    return _reconnect_on_refusal(redis.Redis.from_url(url, **options))
 
 
 def broker_client(url: str, **overrides: Any) -> redis.Redis:
@@ -231,8 +282,8 @@ def _sentinel_client(url: str, **overrides: Any) -> redis.Redis:
         sentinel_kwargs={"socket_timeout": 2, "socket_connect_timeout": 2,
                          **({"password": sentinel_password} if sentinel_password else {})},
     )
-    return sentinel.master_for(parsed.service, redis_class=redis.Redis, db=parsed.db, username=parsed.username,
-                               password=parsed.password, **options)
+    return _reconnect_on_refusal(sentinel.master_for(parsed.service, redis_class=redis.Redis, db=parsed.db,
+                                                     username=parsed.username, password=parsed.password, **options))
 
 
 def _cluster_client(url: str, **overrides: Any) -> redis.cluster.RedisCluster:

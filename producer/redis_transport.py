@@ -21,52 +21,69 @@ It also reuses one Redis client per channel where kombu makes one per message.
 Selected for ``redis://``, ``rediss://`` brokers by ``producer.celery_config``; the same QoS
 on kombu's Sentinel channel (``SentinelTransport``) for ``redis+sentinel://`` brokers, where a
 failover adds one more way to meet these errors (a demoted master answers READONLY, which
-redis-py turns into a reconnect to the new master).
+redis-py turns into a reconnect to the new master). A master run with
+``min-replicas-to-write`` refuses the same steps with ``NOREPLICAS`` while its replicas are
+out of sync - in a Sentinel failover, from the moment its replica is promoted until the
+sentinels demote it: its connections raise ``NoReplicasError`` (dropping themselves, so the
+next command asks Sentinel for the master again), and each step above treats it as it treats
+a full Redis.
 """
 
 from __future__ import annotations
 
 import logging
 
+import kombu.transport as kombu_transport
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.exceptions import OutOfMemoryError
+from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
+
+from producer.redis_clients import NoReplicasError, refusal_reconnects
 
 log = logging.getLogger("rerankq.broker")
 
+#: What keeps a bookkeeping write from landing for a while; the message is handled locally.
+REFUSED = (OutOfMemoryError, NoReplicasError)
+
 TRANSPORT = "producer.redis_transport:Transport"
 SENTINEL_TRANSPORT = "producer.redis_transport:SentinelTransport"
+
+
+def _event(exc: Exception) -> str:
+    return "redis_no_replicas" if isinstance(exc, NoReplicasError) else "redis_full"
 
 
 class QoS(kombu_redis.QoS):
     def append(self, message, delivery_tag):  # type: ignore[no-untyped-def]
         try:
             super().append(message, delivery_tag)
-        except OutOfMemoryError:
-            log.warning("redis_full: delivery %s not recorded as unacked; the sweep covers it", delivery_tag)
+        except REFUSED as exc:
+            log.warning("%s: delivery %s not recorded as unacked; the sweep covers it", _event(exc), delivery_tag)
             virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag):  # type: ignore[no-untyped-def]
         try:
             self._remove_from_indices(delivery_tag).execute()
-        except OutOfMemoryError:
-            log.warning("redis_full: ack of %s kept locally; its unacked entry is restored later and turned away",
-                        delivery_tag)
+        except REFUSED as exc:
+            log.warning("%s: ack of %s kept locally; its unacked entry is restored later and turned away",
+                        _event(exc), delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag, requeue=False):  # type: ignore[no-untyped-def]
         try:
             super().reject(delivery_tag, requeue=requeue)
-        except OutOfMemoryError:
-            log.warning("redis_full: reject of %s kept locally; the message stays unacked until restored",
-                        delivery_tag)
+        except REFUSED as exc:
+            log.warning("%s: reject of %s kept locally; the message stays unacked until restored",
+                        _event(exc), delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
 
     def restore_visible(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         try:
             return super().restore_visible(*args, **kwargs)
-        except OutOfMemoryError:
-            log.warning("redis_full: restore of old unacked messages skipped until the next period")
+        except REFUSED as exc:
+            log.warning("%s: restore of old unacked messages skipped until the next period", _event(exc))
             return None
 
 
@@ -94,6 +111,8 @@ class _OneClientPerChannel:
 
 class Channel(_OneClientPerChannel, kombu_redis.Channel):
     QoS = QoS
+    connection_class = refusal_reconnects(redis.Connection)
+    connection_class_ssl = refusal_reconnects(redis.SSLConnection)
 
 
 class Transport(kombu_redis.Transport):
@@ -102,7 +121,17 @@ class Transport(kombu_redis.Transport):
 
 class SentinelChannel(_OneClientPerChannel, kombu_redis.SentinelChannel):
     QoS = QoS
+    connection_class = refusal_reconnects(SentinelManagedConnection)
+    connection_class_ssl = refusal_reconnects(SentinelManagedSSLConnection)
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+
+# kombu moves to the next of the ``sentinel://h1;sentinel://h2`` URLs when one fails, and then
+# takes the transport from that URL's scheme (``kombu.Connection.switch``), which would swap this
+# transport for kombu's own for good: no QoS above, no NOREPLICAS handling, and a worker that
+# dies of the first refusal ("Unrecoverable error: NOREPLICAS", found by the Sentinel chaos run).
+# The scheme names this transport instead; it is kombu's with the above added.
+kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT

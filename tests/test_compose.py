@@ -201,3 +201,9 @@ def test_deployment_profiles_run_workers_on_their_shape(profile, service):
         conf = " ".join(SERVICES["redis-sentinel-1"]["command"])
         assert "sentinel monitor rerankq redis 6379 2" in conf
         assert all(f"{n}:26379" in settings.redis_url for n in sentinels)
+        # Both servers that can be master refuse writes without a replica in sync (the first one
+        # when the profile's documented REDIS_MIN_REPLICAS_TO_WRITE=1 is set).
+        replica = " ".join(SERVICES["redis-replica"]["command"])
+        assert "--min-replicas-to-write 1 --min-replicas-max-lag 5" in replica
+        master = " ".join(SERVICES["redis"]["command"])
+        assert "--min-replicas-to-write ${REDIS_MIN_REPLICAS_TO_WRITE:-0} --min-replicas-max-lag 5" in master

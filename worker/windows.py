@@ -11,7 +11,7 @@ import redis
 import structlog
 
 from producer import store as codes
-from producer.redis_clients import UNAVAILABLE_ERRORS
+from producer.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
 from producer.settings import Settings
 from producer.store import Begun, Store
 from producer.validation import MAX_EMBEDDING_DIMS
@@ -99,7 +99,7 @@ class WindowScorer:
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
-        master, a Sentinel master being replaced), until the monotonic instant ``until``. Each
+        master, a Sentinel master being replaced or refusing writes with NOREPLICAS), until the monotonic instant ``until``. Each
         store call is safe to repeat (``commit`` writes once; ``begin`` takes over its own lease,
         at worst counting one attempt more, as the client's own reconnect retries always could)."""
         pause = 0.1
@@ -107,7 +107,12 @@ class WindowScorer:
         while True:
             try:
                 return call()
-            except (redis.exceptions.OutOfMemoryError, *UNAVAILABLE_ERRORS) as exc:
+            except (redis.exceptions.ResponseError, *UNAVAILABLE_ERRORS) as exc:
+                # A full Redis; or a master refusing writes for want of replicas in sync
+                # (NOREPLICAS, raw where no rerankq connection class converted it: a cluster node).
+                if isinstance(exc, redis.exceptions.ResponseError) and not (
+                        isinstance(exc, redis.exceptions.OutOfMemoryError) or is_no_replicas(exc)):
+                    raise
                 if time.monotonic() + pause > until:
                     raise
                 if not warned:

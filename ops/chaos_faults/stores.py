@@ -5,13 +5,14 @@
 - ``cluster``: the store on a private Redis Cluster (three masters, three replicas), the broker
   on one redis-server with AOF (restarted as in ``single``); the store's fault is a master
   SIGKILLed, its replica promoted, the old master started again (it rejoins as a replica).
-- ``sentinel``: store and broker on one Sentinel set (a master, a replica, three sentinels);
-  the fault is a failover, by hand (``SENTINEL FAILOVER``) or by a SIGKILL of the master,
+- ``sentinel``: store and broker on one Sentinel set (a master, a replica, three sentinels,
+  every server with ``min-replicas-to-write 1``); the fault is a failover, by hand (``SENTINEL FAILOVER``) or by a SIGKILL of the master,
   which is started again and rejoins as a replica.
 
 A failover can lose writes the old master acknowledged: after a SIGKILL those it had not yet
-sent to its replica; after a Sentinel failover also those it took between its replica's
-promotion and its own demotion. README says so ("What is not"). The run does not repair such
+sent to its replica (after a manual Sentinel failover too: those in flight at the promotion;
+without ``min-replicas-to-write`` also all it took between its replica's promotion and its own
+demotion, seconds later). README says so ("Redis Sentinel"). The run does not repair such
 a loss and does not hide it: each failover is recorded with what it could have touched (a
 cluster master's slots; all of a Sentinel master), the canary counts acknowledged writes lost
 across failovers, and ``attribute`` moves only findings a failover can explain (a stream

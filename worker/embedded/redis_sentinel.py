@@ -1,5 +1,5 @@
 """A private Sentinel set on free loopback ports: a master, a replica and three sentinels,
-for tests and the chaos run. Sentinels are ``redis-server --sentinel`` (the same binary, the
+for tests and the chaos run, every server run with ``min-replicas-to-write`` (see below). Sentinels are ``redis-server --sentinel`` (the same binary, the
 system's or the 6.2 the dev extra ships), so nothing else needs installing.
 """
 
@@ -16,6 +16,15 @@ import redis
 from worker.embedded.redis_server import EmbeddedRedis, free_port, redis_server_binary
 
 SERVICE = "rerankq"
+#: A master refuses writes (NOREPLICAS) unless this many replicas are in sync: the old master of
+#: a failover stops taking writes the moment its replica is promoted, instead of ~10 s later
+#: when the sentinels demote it (writes that its resync then drops). 0 turns the guard off.
+MIN_REPLICAS_TO_WRITE = 1
+#: "In sync": acknowledged the replication stream within this many seconds (replicas ack once a
+#: second). It bounds how long a master cut off from its replica (a partition) keeps taking
+#: writes it cannot pass on; kept under Sentinel's down-after time, so an isolated master stops
+#: writing before its successor is chosen, and above a few missed acks of a busy host.
+MIN_REPLICAS_MAX_LAG = 5
 
 
 class EmbeddedSentinel:
@@ -23,13 +32,22 @@ class EmbeddedSentinel:
     by hand (``SENTINEL FAILOVER``) or by killing the master; stop."""
 
     def __init__(self, *, replicas: int = 1, sentinels: int = 3, service: str = SERVICE, down_after_ms: int = 1000,
-                 appendonly: bool = False, binary: str | None = None, directory: str | None = None) -> None:
+                 appendonly: bool = False, binary: str | None = None, directory: str | None = None,
+                 min_replicas_to_write: int = MIN_REPLICAS_TO_WRITE,
+                 min_replicas_max_lag: int = MIN_REPLICAS_MAX_LAG) -> None:
         self.binary = binary or redis_server_binary()
         self.service = service
         self.down_after_ms = down_after_ms
+        self._own_directory = directory is None  # a caller's directory (the chaos run's logs) is kept
         self.directory = directory or tempfile.mkdtemp(prefix="rerankq-sentinel-")
-        self.servers = [EmbeddedRedis(appendonly=appendonly, binary=self.binary,
-                                      directory=self._dir(f"data{i}")) for i in range(1 + replicas)]
+        # Every server, replicas too: any of them may be promoted.
+        guard = ["--min-replicas-to-write", str(min_replicas_to_write),
+                 "--min-replicas-max-lag", str(min_replicas_max_lag),
+                 # A replica joining a new master starts its full sync at once, not 5 s later (7.x's
+                 # default): with the guard on, the master refuses writes until that sync is done.
+                 "--repl-diskless-sync-delay", "0"]
+        self.servers = [EmbeddedRedis(appendonly=appendonly, binary=self.binary, directory=self._dir(f"data{i}"),
+                                      extra_args=guard) for i in range(1 + replicas)]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.sentinel_processes: list[subprocess.Popen[bytes]] = []
 
@@ -184,7 +202,8 @@ class EmbeddedSentinel:
         self.sentinel_processes = []
         for server in self.servers:
             server.stop()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._own_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedSentinel:
         return self.start()

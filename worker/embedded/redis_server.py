@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -48,8 +49,10 @@ class EmbeddedRedis:
 
     def __init__(self, *, appendonly: bool = False, port: int | None = None, directory: str | None = None,
                  password: str | None = None, tls: tuple[str, str] | None = None,
-                 binary: str | None = None) -> None:
+                 binary: str | None = None, extra_args: Sequence[str] = ()) -> None:
         self.binary = binary or redis_server_binary()
+        #: More ``--option value`` pairs for redis-server, kept across restarts.
+        self.extra_args = list(extra_args)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
@@ -77,6 +80,7 @@ class EmbeddedRedis:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.extra_args
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
