@@ -45,11 +45,8 @@ class SideWrite:
         restart, a blip) is run once more on its own; if that fails too, the write is lost:
         a count missed or a score not cached, never the window."""
         if isinstance(reply, Exception):
-            try:
-                reply = self._run()
-            except redis.RedisError:
-                return
-        if self._done is not None:
+            self.run_now()
+        elif self._done is not None:
             self._done(reply)
 
     def run_now(self) -> None:

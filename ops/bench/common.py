@@ -113,6 +113,12 @@ def windows_of(pairs: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(pairs[i:i + size]) for i in range(0, len(pairs), size)]
 
 
+def candidates(n: int, tag: str) -> list[dict[str, str]]:
+    """``n`` short candidates of one shape, told apart by ``tag`` (the queue benches' input)."""
+    return [{"id": f"c{i}", "text": f"{tag} incident note {i}: the gateway returned 502 after a certificate expired"}
+            for i in range(n)]
+
+
 def p50(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

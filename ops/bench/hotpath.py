@@ -40,14 +40,9 @@ from collections import Counter, defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
-from common import p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
+from common import candidates, p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
 
 WINDOW = 25
-
-
-def candidates(n: int, tag: str) -> list[dict[str, str]]:
-    return [{"id": f"c{i}", "text": f"{tag} incident note {i}: the gateway returned 502 after a certificate expired"}
-            for i in range(n)]
 
 
 class StepClock:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, bench_model, p50, percentile, print_table, rerankq_worker, worker_env, write_json
+from common import ROOT, bench_model, candidates, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 
 from producer import RerankClient
 from producer.settings import load_settings
@@ -35,11 +35,6 @@ from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 
 WINDOW = 25
-
-
-def candidates(n: int, tag: str) -> list[dict[str, str]]:
-    return [{"id": f"c{i}", "text": f"{tag} incident note {i}: the gateway returned 502 after a certificate expired"}
-            for i in range(n)]
 
 
 def timed_stream(client: RerankClient, query: str, n: int) -> float:
