@@ -26,7 +26,7 @@ from producer.client import RerankClient
 from producer.errors import StoreError, StreamNotFound
 from producer.redis_clients import UNAVAILABLE_ERRORS, store_client
 from producer.settings import load_settings
-from worker.embedded.redis_sentinel import EmbeddedSentinel
+from worker.embedded.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,8 @@ def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(gua
     and the clients reconnect to the new master: every write acknowledged from then on is there
     afterwards. ``SENTINEL FAILOVER`` does not pause the master, so what it acknowledged in the
     instant before the promotion, still on its way to the replica, can be lost (replication is
-    asynchronous): milliseconds' worth. Without the guard (``off``: the check is shown to catch
+    asynchronous): milliseconds' worth on an idle host, at most the replica's lag (bounded by
+    ``min-replicas-max-lag``) on a loaded one. Without the guard (``off``: the check is shown to catch
     the loss) the old master keeps acknowledging writes until the sentinels demote it, seconds
     later, and its resync drops them."""
     sentinels = EmbeddedSentinel(min_replicas_to_write=1 if guard == "on" else 0).start()
@@ -208,7 +209,11 @@ def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(gua
             refusal = min(seen.first_refused.values())  # the old master's first NOREPLICAS
             late = [item for item in lost if seen.acknowledged[item] >= refusal]
             assert late == [], "a write acknowledged after the old master began refusing was lost"
-            assert all(seen.acknowledged[item] > refusal - 1.0 for item in lost), "only the last instant's"
+            # A client sees its first refusal only after redis-py's own retries (up to a few
+            # seconds on a loaded host), and a replica may lag its master by up to the guard's
+            # max lag: what was lost was acknowledged within that much before the refusal seen.
+            window = MIN_REPLICAS_MAX_LAG + 1.0
+            assert all(seen.acknowledged[item] > refusal - window for item in lost), "only the last moments' writes"
         else:
             assert len(lost) > acknowledged / 4, "without the guard the old master's writes are lost (the check has teeth)"
     finally:
