@@ -102,3 +102,12 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def stdlib_host_logging(level: str) -> None:
+    """Plain stdlib records on stderr at ``level``, for the gateway and the exporter run as
+    ``rerankq serve`` / ``rerankq exporter`` (the host decides; their producer modules never do)."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    if logging.getLevelName(level) != logging.DEBUG:
+        # The library logs every stream it opens at INFO: behind the gateway, a line per request.
+        logging.getLogger("rerankq.producer").setLevel(logging.WARNING)

@@ -9,7 +9,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from producer.errors import ConfigError
@@ -41,7 +41,8 @@ def healthz(port: int, *, timeout_s: float = 3.0) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None, *,
+         host_logging: Callable[[str], None] | None = None) -> int:
     """Serve the queues' backlog per device for Prometheus and autoscalers (no workers needed)."""
     args = build_parser().parse_args(argv)
     from producer.settings import load_settings
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         checks = {"redis": reachable(store_probe), "broker": broker_reachable()}
         return all(checks.values()), checks
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if host_logging is not None:  # the host renders records (``rerankq exporter``); never this module
+        host_logging("INFO")
     server = MetricsServer(args.host, port, {"/metrics": metrics_route(lambda: registry),
                                              "/healthz": check_route(health)})
 

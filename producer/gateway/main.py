@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from producer.errors import ConfigError
@@ -60,8 +60,12 @@ def keygen(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve the Cohere- and TEI-compatible rerank HTTP gateway over the queue (`keygen` makes a key)."""
+def main(argv: list[str] | None = None, *, host_logging: Callable[[str], None] | None = None) -> int:
+    """Serve the Cohere- and TEI-compatible rerank HTTP gateway over the queue (`keygen` makes a key).
+
+    ``host_logging(level)`` is the host's way to render records (``rerankq serve`` passes one);
+    this module never configures logging itself.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["keygen"]:
         return keygen(argv[1:])
@@ -71,10 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {name: getattr(args, name) for name in ("host", "port", "workers", "keys_file", "insecure_no_auth",
                                                         "device", "timeout_s", "access_log", "log_level")}
     level = (args.log_level or os.environ.get(variable("log_level")) or "INFO").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    if logging.getLevelName(level) != logging.DEBUG:
-        # The library logs every stream it opens at INFO: here that is a line per request.
-        logging.getLogger("rerankq.producer").setLevel(logging.WARNING)
+    if host_logging is not None:
+        host_logging(level)
     try:
         settings = load_settings()
         config = load_gateway_settings(**overrides)

@@ -19,6 +19,8 @@ from typing import Any
 
 import click
 
+from worker.logs import stdlib_host_logging
+
 #: name -> "module:attribute". Adding a command is one line here.
 COMMANDS: dict[str, str] = {
     "worker": "worker.cli.worker_command:worker",
@@ -33,6 +35,8 @@ COMMANDS: dict[str, str] = {
 }
 #: Commands whose target is a ``main(argv) -> int`` that parses its own arguments.
 PASSTHROUGH: set[str] = {"serve", "exporter", "eval"}
+#: Passthrough commands whose ``main`` takes the host's logging setup (producer modules never configure it).
+HOST_LOGGING: set[str] = {"serve", "exporter"}
 
 EPILOG = """\b
 Examples:
@@ -61,6 +65,8 @@ def _passthrough(name: str, main: Any) -> click.Command:
                                                 "help_option_names": []}, add_help_option=False)
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def command(args: tuple[str, ...]) -> int:
+        if name in HOST_LOGGING:
+            return int(main(list(args), host_logging=stdlib_host_logging) or 0)
         return int(main(list(args)) or 0)
 
     command.help = (getattr(main, "__doc__", None) or f"Run {COMMANDS[name]}.").strip().splitlines()[0]
