@@ -164,6 +164,7 @@ class RerankClient:
         strategy_boosts: str | Mapping[str, str] | None = None,
         document_budget: int | None = None,
         lane: Lane = "interactive",
+        instruction: str | None = None,
     ) -> str:
         """Validate, write the stream, and enqueue its first window(s). Returns the stream id.
 
@@ -186,7 +187,7 @@ class RerankClient:
             reference_time=reference_time, query_range=query_range, ttl_s=ttl_s, idempotency_key=idempotency_key,
             budget=budget, keep=keep, allow_shallow=allow_shallow, max_rerank_candidates=max_rerank_candidates,
             max_candidates_per_source=max_candidates_per_source, strategy_boosts=strategy_boosts,
-            document_budget=document_budget, lane=lane,
+            document_budget=document_budget, lane=lane, instruction=instruction,
         )
         stream_id = "k_" + check_idempotency_key(idempotency_key) if idempotency_key is not None else "s_" + uuid.uuid4().hex
         items = check_candidates(to_candidates(candidates), self.settings)
@@ -214,6 +215,7 @@ class RerankClient:
                 document_budget=document_budget if document_budget is not None else self.settings.document_budget,
                 ttl_s=ttl_s if ttl_s is not None else self.settings.stream_ttl_s,
                 n_candidates=len(items),
+                instruction=instruction,
             ),
             self.settings,
         )

@@ -25,6 +25,8 @@ _STREAM_ID_RE = re.compile(r"s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64}")
 MAX_ID_CHARS = 256
 MAX_TTL_S = 7 * 24 * 3600
 MAX_EMBEDDING_DIMS = 8192
+# An instruction rides in every pair sent to a model: a few sentences, not a document.
+MAX_INSTRUCTION_CHARS = 2000
 # How deep any argument may nest (a candidate's metadata, counted from metadata itself).
 # Deeper input would end in a RecursionError in msgspec or in the encoder, not in an error.
 MAX_NESTING_DEPTH = 32
@@ -316,6 +318,12 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
         raise ValidationError("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
     if spec.chain is not None and not _TOKEN_RE.fullmatch(spec.chain):
         raise ValidationError("chain", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    if spec.instruction is not None:
+        if not spec.instruction.strip():
+            raise ValidationError("instruction", "must not be empty or whitespace (leave it out instead)")
+        if len(spec.instruction) > MAX_INSTRUCTION_CHARS:
+            raise ValidationError("instruction", f"{len(spec.instruction)} characters exceeds the limit of "
+                                                 f"{MAX_INSTRUCTION_CHARS}")
     return spec
 
 
@@ -347,6 +355,7 @@ def check_open_arguments(
     strategy_boosts: Any,
     document_budget: Any,
     lane: Any = "interactive",
+    instruction: Any = None,
 ) -> None:
     """What open() must refuse before its arguments are used at all (candidates: ``to_candidates``).
 
@@ -361,6 +370,7 @@ def check_open_arguments(
         "idempotency_key": idempotency_key, "budget": budget, "keep": keep, "allow_shallow": allow_shallow,
         "max_rerank_candidates": max_rerank_candidates, "max_candidates_per_source": max_candidates_per_source,
         "strategy_boosts": strategy_boosts, "document_budget": document_budget, "lane": lane,
+        "instruction": instruction,
     }
     for name, value in arguments.items():
         _plain(value, name, name)

@@ -79,6 +79,9 @@ class StreamSpec(Base):
     document_budget: int = 2048
     ttl_s: int = 3600
     n_candidates: int = 0
+    # The stream's instruction: sentence-transformers' ``prompt`` for an instruction-aware
+    # reranker, passed on to a remote member whose API takes one.
+    instruction: str | None = None
 
 
 # -- decisions ---------------------------------------------------------------

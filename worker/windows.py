@@ -171,7 +171,8 @@ class WindowScorer:
         documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
         scorable = [i for i, c in enumerate(candidates) if has_text(c)]
         request = ScoreRequest(query=spec.query, documents=[documents[i] for i in scorable],
-                               stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain)
+                               stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain,
+                               instruction=spec.instruction)
         outcome = self.chain.run(request)
         if outcome.scores is not None:
             # Re-spread the member's scores over the whole window (text-less rows get none).

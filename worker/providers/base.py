@@ -67,6 +67,8 @@ class ScoreRequest:
     tenant: str | None = None
     #: The chain profile the stream asked for (StreamSpec.chain); None for the whole chain.
     chain: str | None = None
+    #: The stream's instruction (StreamSpec.instruction): the model's prompt, where it takes one.
+    instruction: str | None = None
 
 
 @runtime_checkable
