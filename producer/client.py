@@ -114,10 +114,10 @@ class RerankClient:
     """A producer: light (no torch), safe to share across threads of one process."""
 
     def __init__(self, settings: Settings, *, dispatcher: Dispatcher | None = None) -> None:
-        if not settings.redis_url:
+        if not settings.store.redis_url:
             raise ValidationError("redis_url", "RERANKQ_REDIS_URL is not set")
         self.settings = settings
-        self.store = Store(connect(settings.redis_url), settings.namespace, event_log_maxlen=settings.event_log_maxlen)
+        self.store = Store(connect(settings.store.redis_url), settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen)
         self.dispatcher = dispatcher or Dispatcher(settings)
         # Streams this client just created, as their open left them (nothing committed, the
         # event log empty): the usual open-then-pull skips a read that could only find that.
@@ -202,18 +202,18 @@ class RerankClient:
         spec = check_spec(
             StreamSpec(
                 query=query,
-                window_size=window_size if window_size is not None else self.settings.window_size,
+                window_size=window_size if window_size is not None else self.settings.streams.window_size,
                 device=device,
-                min_score=min_score if min_score is not None else self.settings.min_score,
-                min_final_score=min_final_score if min_final_score is not None else self.settings.min_final_score,
+                min_score=min_score if min_score is not None else self.settings.streams.min_score,
+                min_final_score=min_final_score if min_final_score is not None else self.settings.streams.min_final_score,
                 chain=chain,
                 tenant=tenant,
                 boosts=boosts or Boosts(),
                 reference_time=reference_time or dt.datetime.now(dt.timezone.utc),
                 query_range=query_range,
                 strategy_boosts=dict(limits.strategy_boosts),
-                document_budget=document_budget if document_budget is not None else self.settings.document_budget,
-                ttl_s=ttl_s if ttl_s is not None else self.settings.stream_ttl_s,
+                document_budget=document_budget if document_budget is not None else self.settings.streams.document_budget,
+                ttl_s=ttl_s if ttl_s is not None else self.settings.streams.stream_ttl_s,
                 n_candidates=len(items),
                 instruction=instruction,
             ),
@@ -222,7 +222,7 @@ class RerankClient:
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=reference_time)
         with store_errors(stream_id, written=False, retry_safe=idempotency_key is not None):
             created, admitted = self.store.open(
-                stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
+                stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.queues.redeliver_after_s,
                 fingerprint=fingerprint, lane=lane,
             )
         if created:
@@ -296,7 +296,7 @@ class RerankClient:
                 if target < 0:
                     return page
                 if target > snapshot.admitted:
-                    admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
+                    admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.queues.redeliver_after_s)
                     if admitted:
                         self._send(stream_id, admitted, snapshot.device, snapshot.lane)  # type: ignore[arg-type]
                         log.info("windows_admitted", stream=stream_id, windows=admitted)

@@ -46,7 +46,7 @@ def windows(n: int, size: int, *, seed: int) -> list[list[tuple[str, str]]]:
 
 def local_provider(model: Path, **env: str) -> LocalProvider:
     settings = load_settings({"RERANKQ_RERANKER_MODEL": str(model), **FP32, **env})
-    return LocalProvider(settings.chain()[0], settings)
+    return LocalProvider(settings.chain.effective_members()[0], settings)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,7 @@ def test_a_bad_backend_setting_names_its_variable(environ, variable):
 
 def test_backend_settings_are_per_member():
     settings = load_settings({"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_1_PROVIDER": "local"})
-    first, second = settings.chain()
+    first, second = settings.chain.effective_members()
     assert (first.backend, second.backend) == ("onnx", "auto")
 
 

@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 
 from worker.embedded.worker_process import WorkerProcess  # noqa: E402
 
-CACHE_DIR = Path(os.environ.get("RERANKQ_BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
+CACHE_DIR = Path(os.environ.get("BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
 
 # Sizes of a randomly initialised encoder for --size (GPU runs report "larger models").
 SIZES = {

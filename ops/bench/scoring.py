@@ -214,7 +214,7 @@ def embedding_subject(settings: Any, device: str) -> Subject:
                                show_progress_bar=False).float()
         return (vectors[1:] @ vectors[0]).tolist()
 
-    return Subject(f"embedding engine ({settings.precision} -> {engine.precision})", engine.precision,
+    return Subject(f"embedding engine ({settings.engine.precision} -> {engine.precision})", engine.precision,
                    engine.score_pairs, executed, useful_tokens=useful, reference=library)
 
 
@@ -306,7 +306,7 @@ def main() -> None:
                        baseline_executed)
     # The engine as a worker runs it: the precision and backend settings, with the parity probe.
     configured = BackendChoice(args.backend, onnx_optimization=args.onnx_optimization)
-    engine = engine_subject("engine", settings.precision, verify=True, choice=configured)
+    engine = engine_subject("engine", settings.engine.precision, verify=True, choice=configured)
     configured = engine.choice or configured
     engine.name = f"engine ({args.backend} -> {configured.name}, {args.precision} -> {engine.precision})"
     subjects = [baseline, engine]

@@ -65,9 +65,9 @@ class Gateway:
     def check_query(self, query: str) -> None:
         if not query.strip():
             raise Problem("invalid", "query must not be empty or be only whitespace", field="query")
-        if len(query) > self.settings.max_query_chars:
+        if len(query) > self.settings.streams.max_query_chars:
             raise Problem("invalid", f"query: {len(query)} characters, over the limit of "
-                                     f"{self.settings.max_query_chars}", field="query")
+                                     f"{self.settings.streams.max_query_chars}", field="query")
 
     def check_documents(self, texts: list[str], field: str) -> None:
         """Count and size of the documents: each API names ``field`` its own way (documents, texts)."""
@@ -87,14 +87,14 @@ class Gateway:
 
     def job(self, query: str, texts: list[str], device: str, principal: Principal, *,
             max_tokens_per_doc: int | None = None) -> RerankJob:
-        budget = self.settings.document_budget
+        budget = self.settings.streams.document_budget
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
         return RerankJob(
             query=query, texts=texts, device=device, chain=principal.chain, tenant=principal.tenant,
-            window_size=min(len(texts), self.settings.max_window_size), document_budget=budget,
-            ttl_s=self.config.stream_ttl_s or self.settings.stream_ttl_s,
-            min_score=self.settings.min_score, min_final_score=self.settings.min_final_score,
+            window_size=min(len(texts), self.settings.streams.max_window_size), document_budget=budget,
+            ttl_s=self.config.stream_ttl_s or self.settings.streams.stream_ttl_s,
+            min_score=self.settings.streams.min_score, min_final_score=self.settings.streams.min_final_score,
         )
 
 

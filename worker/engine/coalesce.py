@@ -133,7 +133,7 @@ def shared_coalescer(engine: object, score_pairs: ScorePairs[R], settings: Setti
     with _coalescers_lock:
         coalescer = _coalescers.get(id(engine))
         if coalescer is None:
-            coalescer = Coalescer(score_pairs, max_pairs=settings.coalesce_max_pairs,
-                                  max_delay_s=settings.coalesce_delay_ms / 1000.0)
+            coalescer = Coalescer(score_pairs, max_pairs=settings.engine.coalesce_max_pairs,
+                                  max_delay_s=settings.engine.coalesce_delay_ms / 1000.0)
             _coalescers[id(engine)] = coalescer
         return coalescer

@@ -39,14 +39,14 @@ class ForwardEngine:
 
         self.settings = settings
         self.device = torch.device(device)
-        self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
+        self.token_budget = token_budget or settings.engine.token_budget or default_token_budget(self.device.type)
         self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
         self.real_tokens = 0
         #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
         self.on_batch: Callable[[int, int], None] | None = None
         self.probe_spearman: float | None = None
         self.precision = "fp32"
-        self._choose_precision(precision or settings.precision, verify=verify_parity)
+        self._choose_precision(precision or settings.engine.precision, verify=verify_parity)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         raise NotImplementedError
@@ -133,12 +133,12 @@ def shared(kind: str, model_name: str, *, device: str, settings: Settings, build
     ``variant`` is whatever else makes two engines of one model differ (the cross-encoder's
     backend choice): members asking for different ones get an engine each.
     """
-    key = (kind, model_name, device, settings.precision, settings.token_budget, variant)
+    key = (kind, model_name, device, settings.engine.precision, settings.engine.token_budget, variant)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
             if device == "cpu":
-                configure_threads(settings.torch_threads)
+                configure_threads(settings.worker.torch_threads)
             engine = build()
             _engines[key] = engine
         return engine  # type: ignore[return-value]

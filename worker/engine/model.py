@@ -59,7 +59,7 @@ class ScoringEngine(ForwardEngine):
         self.backend: Backend = self.torch
         asked = backend or BackendChoice()
         choice = replace(asked, name=auto_backend(self.torch.device.type)) if asked.name == "auto" else asked
-        requested = precision or settings.precision
+        requested = precision or settings.engine.precision
         exported = choice.name != "torch"
         # An exported backend is adopted against torch fp32, so torch's own precision is not tried first.
         super().__init__(device=model.device, settings=settings, precision="fp32" if exported else precision,

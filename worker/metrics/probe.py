@@ -3,7 +3,6 @@ worker on this host answers 200 on ``RERANKQ_METRICS_PORT``, 1 otherwise (the re
 
 from __future__ import annotations
 
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -12,8 +11,15 @@ import urllib.request
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path = args[0] if args else "/healthz"
-    port = os.environ.get("RERANKQ_METRICS_PORT")
-    if not port:
+    from producer.errors import ConfigError
+    from producer.settings import load_settings
+
+    try:
+        port = load_settings().metrics.port
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if port is None:
         print("RERANKQ_METRICS_PORT is not set: the worker serves no health endpoint", file=sys.stderr)
         return 1
     url = f"http://127.0.0.1:{port}{path}"

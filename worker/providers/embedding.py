@@ -24,12 +24,14 @@ from producer.settings import PACKAGED_EMBEDDING_MODULE, MemberSettings, Setting
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.engine.embedding import Scored
 from worker.providers.base import (
+    MemberConfigError,
     ProviderStartError,
     ProviderUnavailable,
     Remedy,
     Scale,
     ScoreRequest,
     cache_identity,
+    check_device,
 )
 from worker.providers.local import resolve_device
 
@@ -58,6 +60,14 @@ class EmbeddingProvider:
     kind = "embedding"
     scale: Scale | None = "cosine"
 
+    @staticmethod
+    def check_config(member: MemberSettings) -> None:
+        """What can be wrong before the model loads (MemberConfigError naming the field)."""
+        if member.scale is not None:
+            raise MemberConfigError("scale", f"{member.scale!r} given; an embedding member's scores are cosine "
+                                             "similarities, read on the 'cosine' scale: unset it")
+        check_device(member)
+
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine.embedding import shared_embedding_engine
 
@@ -69,7 +79,7 @@ class EmbeddingProvider:
             path, self.model_name = member.model, member.model
         else:
             path, self.model_name = packaged_model()
-        device = resolve_device(member.device or settings.device, allow_mps=member.allow_mps)
+        device = resolve_device(member.device or settings.worker.device, allow_mps=member.allow_mps)
         try:
             self.engine = shared_embedding_engine(path, device=device, settings=settings)
         except Exception as exc:  # a missing model is an OSError, a bad one anything
@@ -78,7 +88,7 @@ class EmbeddingProvider:
         self.cache_identity = cache_identity(self.kind, model=self.model_name, precision=self.engine.precision,
                                              device=device.split(":")[0], scale=self.scale)
         self.coalescer = (shared_coalescer(self.engine, self.engine.score_and_embed, settings)
-                          if settings.coalesce else None)
+                          if settings.engine.coalesce else None)
         # The embeddings of the window this thread scored last, for embed(): a window's
         # task asks for them right after its scores, so they are not computed twice.
         self._last = threading.local()

@@ -23,6 +23,7 @@ from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse,
 from worker.providers.remote import (
     RemoteClient,
     check_base_url,
+    check_member_numbers,
     check_subset_size,
     expected_subset,
     scores_from_pairs,
@@ -35,6 +36,12 @@ _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 class HttpProvider:
     kind = "http"
     remote = True
+
+    @staticmethod
+    def check_config(member: MemberSettings) -> None:
+        """What can be wrong before anything is called (MemberConfigError naming the field)."""
+        check_base_url(member.url)
+        check_member_numbers(member)
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         url = check_base_url(member.url)

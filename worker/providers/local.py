@@ -8,7 +8,7 @@ import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
-from worker.providers.base import ProviderStartError, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
+from worker.providers.base import ProviderStartError, check_device, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
 
 if TYPE_CHECKING:
     from worker.engine import BackendChoice
@@ -53,11 +53,16 @@ class LocalProvider:
 
     kind = "local"
 
+    @staticmethod
+    def check_config(member: MemberSettings) -> None:
+        """What can be wrong before the model loads (MemberConfigError naming the field)."""
+        check_device(member)
+
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine import BackendChoice, shared_engine
 
         self.model_name = member.model or DEFAULT_MODEL
-        device = resolve_device(member.device or settings.device, allow_mps=member.allow_mps)
+        device = resolve_device(member.device or settings.worker.device, allow_mps=member.allow_mps)
         choice = BackendChoice.from_member(member)
         try:
             self.engine = shared_engine(self.model_name, device=device, settings=settings, backend=choice)
@@ -74,7 +79,7 @@ class LocalProvider:
         self.cache_identity = cache_identity(self.kind, model=self.model_name, backend=backend.name,
                                              precision=self.engine.precision, artifact=backend.artifact,
                                              device=device.split(":")[0], scale=self.scale)
-        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.coalesce else None
+        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.engine.coalesce else None
         log.info("model_loaded", model=self.model_name, device=device, scale=self.scale, backend=backend.name,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)
 

@@ -13,6 +13,7 @@ from worker.providers.base import Remedy, Scale, ScoreRequest, cache_identity
 from worker.providers.remote import (
     RemoteClient,
     check_base_url,
+    check_member_numbers,
     check_subset_size,
     scores_from_pairs,
 )
@@ -24,6 +25,12 @@ TRUNCATE = True
 class TeiProvider:
     kind = "tei"
     remote = True
+
+    @staticmethod
+    def check_config(member: MemberSettings) -> None:
+        """What can be wrong before anything is called (MemberConfigError naming the field)."""
+        check_base_url(member.url)
+        check_member_numbers(member)
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         base = check_base_url(member.url)
