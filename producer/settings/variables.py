@@ -126,7 +126,7 @@ def type_text(annotation: Any) -> str:
                     if bound is not None:
                         limits.append(f"{sign} {bound}")
                 if meta.pattern:
-                    limits.append("a name: 1-64 of A-Z a-z 0-9 _ . -")
+                    return "name (1-64 of A-Z a-z 0-9 _ . -)"
         annotation = typing.get_args(annotation)[0]
     origin = typing.get_origin(annotation)
     if origin in (Union, UnionType):
