@@ -74,12 +74,17 @@ def main(argv: list[str] | None = None, *, host_logging: Callable[[str], None] |
     args = serve_parser().parse_args(argv)
     overrides = {name: getattr(args, name) for name in ("host", "port", "workers", "keys_file", "insecure_no_auth",
                                                         "device", "timeout_s", "access_log", "log_level")}
-    level = (args.log_level or os.environ.get(variable("log_level")) or "INFO").upper()
-    if host_logging is not None:
-        host_logging(level)
     try:
         settings = load_settings()
         config = load_gateway_settings(**overrides)
+    except ConfigError as exc:
+        if host_logging is not None:
+            host_logging((args.log_level or "INFO").upper())
+        log.error("gateway_config_error", variable=exc.variable, problem=exc.message)
+        return CONFIG_ERROR
+    if host_logging is not None:
+        host_logging(config.log_level.upper())
+    try:
         keyring = load_keyring(config, settings)
     except ConfigError as exc:
         log.error("gateway_config_error", variable=exc.variable, problem=exc.message)

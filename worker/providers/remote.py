@@ -29,7 +29,6 @@ import structlog
 from producer.settings import MemberSettings
 from worker.providers.base import (
     MemberConfigError,
-    ProviderStartError,
     ProviderUnavailable,
     Remedy,
     ScoreRequest,
