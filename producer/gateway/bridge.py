@@ -123,8 +123,8 @@ class QueueBridge:
                 unserved = await self.blocking(self.client.unserved_warning, snapshot.device)
                 if unserved is not None:
                     raise Problem("timeout", f"the reranking did not finish in time ({committed} of "
-                                             f"{snapshot.n_windows} windows committed): {unserved}",
-                                  stream_id=stream_id)
+                                             f"{snapshot.n_windows} windows committed): {unserved}. Once one "
+                                             f"runs, read GET /v1/streams/{stream_id}/page", stream_id=stream_id)
                 raise Problem("timeout", f"the reranking did not finish in time ({committed} of {snapshot.n_windows} "
                                          f"windows committed); it goes on: repeat the request, or read "
                                          f"GET /v1/streams/{stream_id}/page", stream_id=stream_id)
