@@ -23,7 +23,6 @@ from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 from worker.logs import configure_logging
 
-
 LEGEND = """\
 How to read a row:
   score     the model's relevance of the document to the query, in [0, 1]. It is absolute, never

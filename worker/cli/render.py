@@ -8,7 +8,6 @@ from typing import Any
 
 from producer.wire import Page, StreamStatus
 
-
 #: The header ``worker.scoring.documents`` puts before a document's words: an optional date, then a
 #: heading path ending in a blank line.
 _DATE = re.compile(r"^\[Date: [^\]]*\] ")
