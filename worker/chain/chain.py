@@ -140,7 +140,7 @@ class Member:
             self._start_failed(error)
             raise error from None
         self._failed_at = None
-        if not self.uses_instructions and self._provider.scale is not None:  # type: ignore[union-attr]
+        if not self.uses_instructions and self._provider is not None and self._provider.scale is not None:
             # Once per start; each window it serves with an instruction records it too.
             log.info("member_ignores_instructions", member=self.label, provider=self.settings.provider)
         return self._provider  # type: ignore[return-value]
