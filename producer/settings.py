@@ -73,8 +73,8 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     device: str | None = None
     allow_mps: bool = False
     send_tenant: bool = False
-    # The vllm provider: which of vLLM's APIs it calls (rerank: POST /v1/rerank, Cohere-like;
-    # score: POST /v1/score, text_1 against text_2) and vLLM's truncate_prompt_tokens (the
+    # The vllm provider: which of vLLM's APIs it calls (rerank: POST /rerank, Cohere-like;
+    # score: POST /score, text_1 against text_2) and vLLM's truncate_prompt_tokens (the
     # tokens each pair is cut to, -1 for the model's limit; unset: an over-long pair is refused).
     endpoint: Literal["rerank", "score"] = "rerank"
     truncate_prompt_tokens: int | None = None

@@ -11,7 +11,7 @@ serves ``/rerank`` only and answers 404 elsewhere; a 422 echoes the request it r
 (``/rerank``, ``/v1/rerank``, ``/v2/rerank``) and score (``/score``, ``/v1/score``) APIs,
 answers raw logits for ``use_activation: false``, and scores a document under the request's
 ``instruction`` differently (``expected_score``), as an instruction-aware reranker would.
-It is stricter than vLLM, which logs and ignores a field it does not know: it answers 400
+It is stricter than vLLM, which accepts and ignores a field it does not know: it answers 400
 to any field outside vLLM's protocol, so a field vLLM would drop silently fails the test.
 """
 

@@ -56,7 +56,7 @@ def test_rerank_request_and_answer_as_vllm_defines_them(server):
     assert outcome.served_by == "0:vllm" and outcome.scale == "probability", outcome.failovers
     assert outcome.scores == pytest.approx([expected_score(d) for d in documents(6)])
     seen = endpoint.requests[0]
-    assert seen.path == "/v1/rerank"
+    assert seen.path == "/rerank"
     assert seen.headers["authorization"] == f"Bearer {KEY}"
     # Only what the member set: no top_n, truncation or activation the server did not ask for.
     assert seen.body == {"query": QUERY, "documents": documents(6), "model": "Qwen/Qwen3-Reranker-0.6B"}
@@ -65,17 +65,17 @@ def test_rerank_request_and_answer_as_vllm_defines_them(server):
 
 def test_score_api_sends_text_1_against_text_2(server):
     endpoint = server("vllm")
-    outcome = run(vllm(endpoint.url + "/v1", endpoint="score", model="BAAI/bge-reranker-v2-m3"), n=7)
+    outcome = run(vllm(endpoint.url, endpoint="score", model="BAAI/bge-reranker-v2-m3"), n=7)
     assert outcome.served_by == "0:vllm", outcome.failovers
     assert outcome.scores == pytest.approx([expected_score(d) for d in documents(7)])
     seen = endpoint.requests[0]
-    assert seen.path == "/v1/score"
+    assert seen.path == "/score"
     assert seen.body == {"text_1": QUERY, "text_2": documents(7), "model": "BAAI/bge-reranker-v2-m3"}
 
 
 @pytest.mark.parametrize(("suffix", "endpoint_kind", "path"), [
     ("/rerank", "rerank", "/rerank"), ("/v2/rerank", "rerank", "/v2/rerank"), ("/score", "score", "/score"),
-    ("", "score", "/v1/score"), ("/v1", "rerank", "/v1/rerank"),
+    ("", "score", "/score"), ("/v1", "rerank", "/v1/rerank"), ("/v1", "score", "/v1/score"),
 ])
 def test_a_url_naming_the_endpoint_is_used_as_given(server, suffix, endpoint_kind, path):
     endpoint = server("vllm")

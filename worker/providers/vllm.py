@@ -1,22 +1,24 @@
 """vLLM's rerank and score APIs, as its protocol (``vllm.entrypoints.pooling.scoring``) defines them.
 
-``endpoint=rerank`` (the default): ``POST {url}/v1/rerank`` with ``query``, ``documents`` and,
+``endpoint=rerank`` (the default): ``POST {url}/rerank`` with ``query``, ``documents`` and,
 when set, ``top_n``, answered ``{"id", "model", "usage", "results": [{"index", "document",
 "relevance_score"}]}`` in score order (a ``top_n`` answer holds that many results).
-``endpoint=score``: ``POST {url}/v1/score`` with ``text_1`` (the query) against ``text_2`` (the
+``endpoint=score``: ``POST {url}/score`` with ``text_1`` (the query) against ``text_2`` (the
 documents), answered ``{"id", "object": "list", "created", "model", "data": [{"index", "object":
-"score", "score"}], "usage"}``. A URL already ending in ``/rerank`` or ``/score`` is used as it
-is; one ending in ``/v1`` (an OpenAI-style base URL) gets the endpoint's name added.
+"score", "score"}], "usage"}``. Those are vLLM's own paths (its ``/v1/score`` logs on every call
+that the API has moved to ``/score``). A URL already ending in ``/rerank`` or ``/score`` is
+used as it is; one ending in ``/v1`` (an OpenAI-style base URL) gets the endpoint's name added.
 
 Both take the same options, each sent only when the member sets it: ``model``,
 ``truncate_prompt_tokens`` (vLLM cuts the whole pair to that many tokens, -1 for the model's
 limit; unset, an over-long pair is refused with a 400), ``max_tokens_per_doc`` (the document
 alone is cut), ``use_activation: false`` for a member declared ``logit``, and ``instruction``:
 the stream's instruction, which vLLM folds into ``chat_template_kwargs`` for the score template
-of an instruction-aware reranker (Qwen3-Reranker's ``<Instruct>``). vLLM ignores a field it does
-not know with only a log line of its own, so a server older than a field, or a model served
-without a template that reads the instruction, would drop it silently: such a member is
-configured with ``INSTRUCTION_FIELD=`` (empty) and then says it ignores instructions.
+of an instruction-aware reranker (Qwen3-Reranker's ``<Instruct>``). vLLM accepts a field it does
+not know and ignores it (its own log says so, at DEBUG in recent versions), so a server older
+than a field, or a model served without a template that reads the instruction, would drop it
+silently: such a member is configured with ``INSTRUCTION_FIELD=`` (empty) and then says it
+ignores instructions.
 
 Scale: vLLM's pooler applies the model's own activation unless asked not to, so the number is
 what ``CrossEncoder.predict`` returns: the sigmoid of a one-logit cross-encoder (bge-reranker,
@@ -46,16 +48,14 @@ _ENDPOINT_NAMES = ("rerank", "score")
 
 
 def endpoint_url(base: str, endpoint: str) -> str:
-    """The URL to POST to: as given when it names an endpoint, else the base plus ``/v1/<endpoint>``."""
+    """The URL to POST to: as given when it names an endpoint, else the base plus ``/<endpoint>``."""
     last = base.rsplit("/", 1)[-1]
     if last in _ENDPOINT_NAMES:
         if last != endpoint:
             raise MemberConfigError("url", f"ends in /{last} but the member's endpoint is {endpoint}: set the"
                                     f" member's ENDPOINT={last}, or give the server's base URL")
         return base
-    if last in ("v1", "v2"):
-        return f"{base}/{endpoint}"
-    return f"{base}/v1/{endpoint}"
+    return f"{base}/{endpoint}"
 
 
 def instruction_field(member: MemberSettings) -> str | None:
@@ -97,7 +97,7 @@ class VllmProvider:
             truncate_prompt_tokens=member.truncate_prompt_tokens, max_tokens_per_doc=member.max_tokens_per_doc,
             scale=self.scale, raw=self._raw, instruction_field=self.instruction_field)
         self.client = RemoteClient(member, not_found=Remedy(
-            "url", "check {variable}: vLLM serves POST /v1/rerank and /v1/score under its base URL"
+            "url", "check {variable}: vLLM serves POST /rerank and /score under its base URL"
                    " (http://host:8000), for a model it serves as a reranker"))
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
