@@ -36,6 +36,7 @@ PROVIDERS = {
     "tei": "a TEI server",
     "cohere": "a Cohere-compatible API",
     "http": "an HTTP reranker",
+    "vllm": "a vLLM server",
 }
 
 
