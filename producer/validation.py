@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import msgspec
 
+from producer.budget import parse_strategy_boosts
 from producer.errors import ValidationError
 from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
 from producer.options import MAX_TTL_S, OPTION_NAMES, StreamOptions
@@ -296,9 +297,13 @@ def check_options(options: Mapping[str, Any]) -> StreamOptions:
                                                                            else ""))
     plain = {name: _plain(value, name, name) for name, value in options.items()}
     try:
-        return msgspec.convert(plain, StreamOptions)
+        chosen = msgspec.convert(plain, StreamOptions)
     except msgspec.ValidationError as exc:
         raise from_msgspec(exc) from None
+    # What a type cannot state: a finite number, and the text form of strategy boosts.
+    _finite("min_final_score", chosen.min_final_score)
+    parse_strategy_boosts(chosen.strategy_boosts)
+    return chosen
 
 
 def check_query(query: Any) -> str:

@@ -77,7 +77,7 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
     try:
         check_options(open_options)
     except ValidationError as exc:
-        raise click.BadParameter(exc.message, param_hint=flag_of(exc.field)) from None
+        raise click.BadParameter(f"{exc.field}: {exc.message}", param_hint=f"'{flag_of(exc.field)}'") from None
     run_id = open_options.pop("idempotency_key", None)
     keep = open_options.get("keep")
     # The output is part of the identity: the same command resumes; another --out reranks afresh

@@ -94,12 +94,13 @@ def jsonl_jobs(path: Path) -> Iterator[Job | BadLine]:
                 continue
             try:
                 line = _decode_line(raw)
-            except msgspec.DecodeError as exc:
-                yield BadLine(file=name, line=number, field="line", message=f"not a JSON object: {exc}")
-                continue
+            # ValidationError first: it is a DecodeError too.
             except msgspec.ValidationError as exc:
                 error = from_msgspec(exc, known=JobLine.__struct_fields__)
                 yield BadLine(file=name, line=number, field=error.field or "line", message=error.message)
+                continue
+            except msgspec.DecodeError as exc:
+                yield BadLine(file=name, line=number, field="line", message=f"not a JSON object: {exc}")
                 continue
             try:
                 job_id = check_job_id(line.id)
