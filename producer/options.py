@@ -36,9 +36,9 @@ Token = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 #: The ``instruction`` option's type, reused as is by the Cohere and TEI routes' own field.
 InstructionOption = Annotated[
     Optional[Annotated[str, Meta(min_length=1, max_length=MAX_INSTRUCTION_CHARS, pattern=NOT_BLANK_PATTERN)]],
-    Meta(description="what the model is asked to do, given to an instruction-aware reranker as its prompt "
-                     "for every pair of the stream (and to a remote member whose API takes one); up to "
-                     f"{MAX_INSTRUCTION_CHARS} characters  [default: none]"),
+    Meta(description="what the model is asked to do, sent with every pair of the stream to a member that takes "
+                     "one (its prompt); a window served by a member that cannot names it in "
+                     f"instruction_ignored_by; up to {MAX_INSTRUCTION_CHARS} characters  [default: none]"),
 ]
 
 
