@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
-import inspect
 import time
 import uuid
 from collections import OrderedDict
@@ -20,12 +19,12 @@ from producer.budget import apply_budget, check_over_fetch, limits_for, required
 from producer.dispatch import Dispatcher
 from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
 from producer.logs import get_logger
+from producer.options import takes_stream_options
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
 from producer.settings import Settings, load_settings
 from producer.store import Snapshot, Store, connect
-from producer.options import open_signature, options_help
 from producer.validation import (
     check_candidates,
     check_options,
@@ -138,6 +137,7 @@ class RerankClient:
 
     # -- open ----------------------------------------------------------------
 
+    @takes_stream_options
     def open(self, query: str, candidates: Iterable[Candidate | Mapping[str, Any]], **options: Any) -> str:
         """Validate, write the stream, and enqueue its first window(s). Returns the stream id.
 
@@ -368,8 +368,3 @@ class RerankClient:
             found = self.store.progress(stream_ids)
         return dict(zip(stream_ids, found))
 
-
-# open's options are StreamOptions' fields: help() and inspect.signature show them as the
-# struct states them (types, None meaning "not given"), and its docstring lists each one.
-RerankClient.open.__signature__ = open_signature(inspect.signature(RerankClient.open))  # type: ignore[attr-defined]
-RerankClient.open.__doc__ = (RerankClient.open.__doc__ or "").rstrip(" ") + options_help(" " * 12)

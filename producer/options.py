@@ -18,13 +18,16 @@ choice. Limits that depend on the settings (``window_size`` up to ``RERANKQ_MAX_
 import datetime as dt
 import inspect
 import typing
-from typing import Annotated, Any, Optional, Union
+from collections.abc import Callable
+from typing import Annotated, Any, Optional, TypeVar, Union
 
 import msgspec
 from msgspec import Meta
 
 from producer.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
 from producer.wire import Boosts, BudgetLevel, Device, Lane, TimeRange
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: The longest a stream may be kept.
 MAX_TTL_S = 7 * 24 * 3600
@@ -131,14 +134,19 @@ def given(options: StreamOptions) -> dict[str, Any]:
             if (value := getattr(options, name)) is not None}
 
 
-def open_signature(head: inspect.Signature, options: type[StreamOptions] = StreamOptions) -> inspect.Signature:
-    """``head`` (self, query, candidates) with every option as a keyword-only parameter, so
-    ``help()`` and ``inspect.signature`` show ``open``'s options as the struct states them."""
-    hints = typing.get_type_hints(options)
+def takes_stream_options(function: F) -> F:
+    """Marks ``function(..., **options)`` as taking ``StreamOptions``: ``help()`` and
+    ``inspect.signature`` show every option as a keyword-only parameter, typed as the struct
+    types it (``None`` meaning "not given"), and its docstring lists each with its description."""
+    hints = typing.get_type_hints(StreamOptions)
+    head = inspect.signature(function)
     parameters = [p for p in head.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hints[name])
-                   for name in options.__struct_fields__]
-    return head.replace(parameters=parameters)
+                   for name in StreamOptions.__struct_fields__]
+    vars(function)["__signature__"] = head.replace(parameters=parameters)
+    indent = " " * 8
+    function.__doc__ = (function.__doc__ or "").rstrip(" ") + options_help(indent + "    ") + indent
+    return function
 
 
 def options_help(indent: str, options: type[StreamOptions] = StreamOptions) -> str:

@@ -41,7 +41,7 @@ from producer.validation import check_idempotency_key
 _EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
-class OpenStreamRequest(StreamOptions):
+class OpenStreamRequest(StreamOptions, frozen=True):
     """The arguments of RerankClient.open: the query, the candidates, and the stream's options."""
 
     query: str

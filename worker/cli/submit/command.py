@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import tempfile
 from collections.abc import Iterator

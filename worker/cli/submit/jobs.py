@@ -50,7 +50,7 @@ class BadLine(msgspec.Struct, kw_only=True):
         return f"{self.file}:{self.line}: {self.field}: {self.message}"
 
 
-class JobLine(StreamOptions):
+class JobLine(StreamOptions, frozen=True):
     """One JSONL line: the job, how deep to rerank it, and any of its stream's options."""
 
     id: str | int
