@@ -210,18 +210,16 @@ class QueueBridge:
     def _open(self, job: RerankJob, key: str) -> bool:
         """Open the job's stream (in a pool thread); True when this call created it and sent its windows."""
         self.dispatcher.take_thread_sent()
-        self.client.open(job.query, job.candidates(), window_size=job.window_size, first_windows=job.n_windows,
-                         device=job.device, chain=job.chain, tenant=job.tenant, ttl_s=job.ttl_s,
-                         idempotency_key=key, max_rerank_candidates=len(job.texts),
-                         document_budget=job.document_budget)
+        self.client.open(job.query, job.candidates(), **job.open_options(key))
         return self.dispatcher.take_thread_sent() > 0
 
     # -- the stream API -------------------------------------------------------
 
-    async def open_stream(self, principal: Principal, arguments: dict[str, Any]) -> str:
-        device = arguments["device"]
+    async def open_stream(self, principal: Principal, query: str, candidates: list[dict[str, Any]],
+                          options: dict[str, Any]) -> str:
+        device = options["device"]
         self.backlog.check(device)
-        stream_id = await self.blocking(self.client.open, **arguments)
+        stream_id = await self.blocking(self.client.open, query, candidates, **options)
         log.info("gateway_stream_opened", stream=stream_id, tenant=principal.tenant, device=device)
         return stream_id
 
