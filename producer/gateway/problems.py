@@ -14,7 +14,8 @@ from typing import Literal
 import msgspec
 
 from producer.errors import ValidationError
-from producer.validation import msgspec_error
+from producer.gateway.nesting import too_deep_field
+from producer.validation import MAX_NESTING_DEPTH, msgspec_error
 
 Kind = Literal[
     "invalid",          # a field is wrong (named)
@@ -68,3 +69,8 @@ def decode(body: bytes, type_: type) -> object:
         raise Problem.from_validation(msgspec_error(exc)) from None
     except msgspec.DecodeError as exc:
         raise Problem("malformed", f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        field = too_deep_field(body)
+        where = field or "the body"
+        raise Problem("invalid", f"{where}: is nested more than {MAX_NESTING_DEPTH} levels deep",
+                      field=field) from None
