@@ -57,9 +57,12 @@ def too_deep_field(body: bytes, limit: int = MAX_NESTING_DEPTH) -> str | None:
 
 
 def _path(stack: list[list[object]]) -> str:
-    out = ""
+    """The labels down to the last named field: indexes past it only count the nesting."""
+    labels = []
     for is_object, label in stack:
         if label is None:
             break
-        out += f".{label}" if is_object else f"[{label}]"
-    return out.lstrip(".") or "$"
+        labels.append(f".{label}" if is_object else f"[{label}]")
+    while labels and labels[-1].startswith("["):
+        labels.pop()
+    return "".join(labels).lstrip(".") or "$"
