@@ -319,11 +319,11 @@ def async_store_client(url: str, *, max_connections: int | None = None, pool_tim
     options: dict[str, Any] = {"socket_timeout": BLOCK_CHUNK_S + 10, "socket_connect_timeout": 5}
     if kind == CLUSTER_SCHEME:
         parsed = parse_multi_host(url)
-        bound = {"max_connections": max_connections} if max_connections else {}
+        bound: dict[str, Any] = {"max_connections": max_connections} if max_connections else {}
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.hosts],
             username=parsed.username, password=parsed.password, **options, **bound)
-    blocking = {"max_connections": max_connections or 2**31, "timeout": pool_timeout_s}
+    blocking: dict[str, Any] = {"max_connections": max_connections or 2**31, "timeout": pool_timeout_s}
     if kind == SENTINEL_SCHEME:
         parsed = parse_multi_host(url)
         sentinel_password = parsed.query.get("sentinel_password")

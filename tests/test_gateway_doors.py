@@ -21,7 +21,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_helpers import GatewayProcess, queue_env, read_until_closed, rss_bytes, send_until_answered, write_keys
+from gateway_helpers import (
+    GatewayProcess,
+    queue_env,
+    read_until_closed,
+    rss_bytes,
+    send_until_answered,
+    write_keys,
+)
 
 from producer.errors import ConfigError
 from producer.gateway.config import load_gateway_settings
@@ -251,7 +258,7 @@ def test_a_tenant_past_its_share_of_streams_gets_429_and_another_tenant_is_serve
 
 
 @contextlib.asynccontextmanager
-async def _streaming(client: httpx.AsyncClient, request: httpx.Request):  # noqa: ANN202
+async def _streaming(client: httpx.AsyncClient, request: httpx.Request):
     response = await client.send(request, stream=True)
     try:
         yield response

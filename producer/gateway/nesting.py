@@ -47,12 +47,11 @@ def too_deep_field(body: bytes, limit: int = MAX_NESTING_DEPTH) -> str | None:
             if stack:
                 stack.pop()
             expect_key = False
-        elif first == b",":
-            if stack:
-                if stack[-1][0]:
-                    expect_key = True
-                elif isinstance(stack[-1][1], int):
-                    stack[-1][1] += 1  # type: ignore[operator]
+        elif first == b"," and stack:
+            if stack[-1][0]:
+                expect_key = True
+            elif isinstance(stack[-1][1], int):
+                stack[-1][1] += 1  # type: ignore[operator]
     return None
 
 

@@ -25,6 +25,7 @@ from producer.gateway.auth import KeyRing, Principal
 from producer.gateway.config import GatewaySettings
 from producer.gateway.problems import Problem
 from producer.gateway.service import PRINCIPAL_STATE
+
 #: Routes no tenant's share covers: they hold no wait, and /ready must answer for everyone.
 UNCOUNTED = frozenset({"/health", "/ready", "/openapi.json"})
 #: A refused request may come back as soon as any of the tenant's own requests ends.
