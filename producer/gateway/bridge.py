@@ -78,7 +78,7 @@ def window_status(result: WindowResult) -> WindowStatus:
     return WindowStatus(window=result.window, start=start, end=end, state="committed", attempts=result.attempts,
                         served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
                         omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
-                        failovers=list(result.failovers))
+                        failovers=list(result.failovers), instruction_ignored_by=result.instruction_ignored_by)
 
 
 class QueueBridge:
