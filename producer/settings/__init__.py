@@ -26,7 +26,8 @@ worker     DEVICE, WORKER_PROCESSES, TORCH_THREADS, SOFT_SHUTDOWN_S,  ``worker.d
 engine     PRECISION, TOKEN_BUDGET, COALESCE, COALESCE_DELAY_MS,      ``engine.precision``
            COALESCE_MAX_PAIRS
 chain      FLAT_MIN_WINDOW, FLAT_RANGE, MEMBER_RESTART_S,             ``chain.flat_range``
-           PAIR_CACHE, CACHE_TTL_S; CHAIN_<NAME> (profiles);          ``chain.profiles``
+           PAIR_CACHE, PAIR_CACHE_SHARED_ACROSS_TENANTS, CACHE_TTL_S;
+           CHAIN_<NAME> (profiles);                                   ``chain.profiles``
            RERANKER_[<n>_]<FIELD> (members, ``members.py``)           ``chain.members[n].url``
 breaker    BREAKER_FAILURES, BREAKER_COOLDOWN_S                       ``breaker.failures``
 metrics    METRICS_PORT, METRICS_HOST, METRICS_DIR                    ``metrics.port``

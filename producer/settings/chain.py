@@ -29,6 +29,10 @@ class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                                    "again after this long")] = 30.0
     pair_cache: Annotated[bool, doc("keep each (member, query, document) score in Redis, so a repeat is "
                                     "not paid for twice")] = True
+    # Where a stream has a tenant its pair scores are that tenant's own: a hit would tell one
+    # tenant what another sent. A member with send_tenant stays per tenant either way.
+    pair_cache_shared_across_tenants: Annotated[bool, doc("share cached pair scores across tenants (one fleet, "
+                                                          "one trust domain)")] = False
     cache_ttl_s: Annotated[PositiveInt, doc("how long a cached pair score is kept")] = 86400
 
     def effective_members(self) -> list[MemberSettings]:

@@ -38,6 +38,11 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
     if gateway.timeout_s > gateway.max_timeout_s:
         raise ConfigError(variable("gateway.timeout_s"),
                           f"exceeds RERANKQ_GATEWAY_MAX_TIMEOUT_S={gateway.max_timeout_s}")
+    if gateway.tenant_max_streams + gateway.tenant_max_requests >= gateway.redis_max_connections:
+        raise ConfigError(variable("gateway.redis_max_connections"),
+                          f"must exceed RERANKQ_GATEWAY_TENANT_MAX_STREAMS + _TENANT_MAX_REQUESTS "
+                          f"({gateway.tenant_max_streams + gateway.tenant_max_requests}), so one tenant "
+                          "cannot take every connection")
     if gateway.keys_file and gateway.keys:
         raise ConfigError(variable("gateway.keys"), "give the keys in a file or in the variable, not both")
 

@@ -50,6 +50,23 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                                     "(default: RERANKQ_STREAM_TTL_S)")] = None
     threads: Annotated[PositiveInt, doc("threads for the blocking parts of a request (opening a stream, "
                                         "reading a status)")] = 32
+    # Every wait holds a connection while it blocks.
+    redis_max_connections: Annotated[PositiveInt, doc("Redis connections this process's asyncio pool may "
+                                                      "open")] = 256
+    redis_pool_timeout_s: Annotated[PositiveFloat, doc("how long a request that finds every connection taken "
+                                                       "waits for one, instead of failing at once")] = 10.0
+    # Past its share a tenant gets 429 with Retry-After, so one tenant cannot hold the
+    # connections another needs (their sum stays under the Redis pool).
+    tenant_max_streams: Annotated[PositiveInt, doc("per tenant and process: open event streams (GET "
+                                                   "/v1/streams/{id}/events)")] = 32
+    tenant_max_requests: Annotated[PositiveInt, doc("per tenant and process: other requests in flight")] = 160
+    sse_heartbeat_s: Annotated[PositiveFloat, doc("an event stream with nothing to say sends a comment this "
+                                                  "often, so proxies keep it open")] = 10.0
+    max_header_bytes: Annotated[PositiveInt, doc("a connection's request line and headers, at most (431 past "
+                                                 "it)")] = 32 * 1024
+    header_timeout_s: Annotated[PositiveFloat, doc("the headers must arrive within this long of the connection "
+                                                   "opening or of its previous response (408)")] = 10.0
+    keep_alive_s: Annotated[PositiveInt, doc("an idle keep-alive connection is closed after this long")] = 5
     access_log: Annotated[bool, doc("log every request (uvicorn's access log)")] = False
     log_level: Annotated[str, doc("the gateway's log level")] = "INFO"
 

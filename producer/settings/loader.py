@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from producer.errors import ConfigError
+from producer.field_errors import from_msgspec
 from producer.settings.checks import check
 from producer.settings.members import MemberSettings
 from producer.settings.model import SECTIONS, Settings
@@ -26,6 +27,7 @@ from producer.settings.secret import Secret
 from producer.settings.variables import (
     CHAIN_PROFILE_PREFIX,
     CONFIG_FILE,
+    DEPLOYMENT_NAMES,
     MEMBER_FIELDS,
     MEMBER_PREFIX,
     OVERRIDES,
@@ -74,7 +76,8 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         for name, value in _read_file(path).items():
             given[name] = (value, FILE)
     for name, value in environ.items():
-        if name.startswith(PREFIX) and name != CONFIG_FILE and _IDENTIFIER.fullmatch(name):
+        if (name.startswith(PREFIX) and name != CONFIG_FILE and name not in DEPLOYMENT_NAMES
+                and _IDENTIFIER.fullmatch(name)):
             given[name] = (value, ENVIRONMENT)
 
     raw: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
@@ -94,8 +97,8 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
                                         f"{index}'s {member_field.upper()} (RERANKQ_RERANKER_0_* is member 0): "
                                         "set one")
             member_names[index, member_field] = name
-            nullable = MEMBER_FIELDS[member_field].nullable
-            member_raw.setdefault(index, {})[member_field] = None if value == "" and nullable else value
+            # Kept as given: an empty member value may mean something (INSTRUCTION_FIELD= is "none").
+            member_raw.setdefault(index, {})[member_field] = value
             key = f"chain.members[{index}].{member_field}"
             loaded.sources[key], loaded.names[key] = source, name
         elif match := _PROFILE.fullmatch(name):
@@ -235,11 +238,9 @@ def _convert(raw: Mapping[str, Any], type_: type, variable_of: Any) -> Any:
     except msgspec.ValidationError as exc:
         # msgspec says "... - at `$.field`"; name the variable instead. The value is not
         # repeated: it may be a secret.
-        text = str(exc)
-        match = re.search(r"at `\$\.(\w+)", text)
-        message = text.split(" - at ")[0]
-        if "matching regex" in message:
-            message = "must be 1-64 of A-Z a-z 0-9 _ . -"
-        elif message.startswith("Expected "):
+        error = from_msgspec(exc)
+        field = error.field.split(".", 1)[0].split("[", 1)[0]
+        message = error.message
+        if message.startswith("Expected "):
             message = "must be " + message[len("Expected "):].replace("`", "")
-        raise ConfigError(variable_of(match.group(1)) if match else "RERANKQ_*", message) from None
+        raise ConfigError(variable_of(field) if field else "RERANKQ_*", message) from None

@@ -35,6 +35,13 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     allow_mps: Annotated[bool, doc("local, embedding: let the member run on mps (opt-in: MPS never "
                                    "frees its per-shape kernels)")] = False
     send_tenant: Annotated[bool, doc("send the stream's tenant as X-Rerankq-Tenant")] = False
+    endpoint: Annotated[Literal["rerank", "score"],
+                        doc("vllm: which API it calls, POST /rerank (Cohere-like) or POST /score "
+                            "(text_1 against text_2)")] = "rerank"
+    truncate_prompt_tokens: Annotated[int | None, doc("vllm: the tokens each pair is cut to, -1 for the model's "
+                                                      "limit (unset: an over-long pair is refused)")] = None
+    instruction_field: Annotated[str | None, doc("the request field a remote member sends the stream's "
+                                                 "instruction in (unset: the provider's own; empty: none)")] = None
     # torch runs the transformers model; onnx (ONNX Runtime) and openvino run an export of it,
     # made once beside the model and reused, adopted only if it ranks a parity probe as torch
     # fp32 does; an export that fails or falls short of parity falls back to torch.

@@ -10,6 +10,8 @@ from typing import Annotated
 
 import msgspec
 
+from producer.field_errors import TOKEN_PATTERN
+
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 #: 0 means "off" (or "use the general limit"); never negative.
@@ -17,8 +19,7 @@ CountOrOff = Annotated[int, msgspec.Meta(ge=0)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 #: Key namespaces and queue names: spliced into Redis keys and broker names, so a short token.
-#: ``\Z``, not ``$``: "$" also matches before a trailing newline.
-Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.\-]{1,64}\Z")]
+Name = Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)]
 
 
 def doc(description: str) -> msgspec.Meta:

@@ -25,6 +25,12 @@ PREFIX = "RERANKQ_"
 CONFIG_FILE = PREFIX + "CONFIG_FILE"
 MEMBER_PREFIX = PREFIX + MemberSettings.prefix
 CHAIN_PROFILE_PREFIX = PREFIX + "CHAIN_"
+#: ``RERANKQ_*`` names that are no setting of rerankq's but the deployment's own: the loader
+#: accepts and ignores them, so a shell that exports them for docker compose still runs rerankq.
+DEPLOYMENT_NAMES = {
+    PREFIX + "REDIS_PASSWORD": "docker-compose.yml: the password of its Redis (its store URL carries it)",
+    PREFIX + "RABBITMQ_PASSWORD": "docker-compose.yml: the password of its RabbitMQ (its broker URL carries it)",
+}
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,7 @@ def type_text(annotation: Any) -> str:
                     if bound is not None:
                         limits.append(f"{sign} {bound}")
                 if meta.pattern:
-                    return "name (1-64 of A-Z a-z 0-9 _ . -)"
+                    return "name (1-64 of A-Z a-z 0-9 _ . -)"  # field_errors.TOKEN_PATTERN
         annotation = typing.get_args(annotation)[0]
     origin = typing.get_origin(annotation)
     if origin in (Union, UnionType):
@@ -140,6 +146,6 @@ def type_text(annotation: Any) -> str:
     return f"{text} {' '.join(limits)}" if limits else text
 
 
-__all__ = ["BY_PATH", "CHAIN_PROFILE_PREFIX", "CONFIG_FILE", "MEMBER_FIELDS", "MEMBER_PREFIX", "OVERRIDES",
+__all__ = ["BY_PATH", "CHAIN_PROFILE_PREFIX", "CONFIG_FILE", "DEPLOYMENT_NAMES", "MEMBER_FIELDS", "MEMBER_PREFIX", "OVERRIDES",
            "PREFIX", "VARIABLES", "Field", "Settings", "Variable", "chain_profile_variable", "member_variable",
            "struct_fields", "type_text", "variable", "variable_name"]
