@@ -172,3 +172,8 @@ def test_the_sections_hold_what_the_flat_struct_held():
     settings = Settings()
     assert settings.queues.all_queues() == ["rerankq.cpu", "rerankq.gpu", "rerankq.any"]
     assert settings.store.broker_kind == "redis"
+
+
+def test_the_compose_files_own_names_are_accepted_and_ignored():
+    # A shell that exports RERANKQ_REDIS_PASSWORD for docker compose still runs rerankq.
+    assert load_settings({"RERANKQ_REDIS_PASSWORD": "pw", "RERANKQ_RABBITMQ_PASSWORD": "pw"}) == Settings()
