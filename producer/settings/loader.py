@@ -41,6 +41,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MEMBER = re.compile(rf"{MEMBER_PREFIX}(?:(0|[1-9][0-9]*)_)?([A-Za-z0-9_]+)")
 _PROFILE = re.compile(rf"{CHAIN_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})")
 
+#: Sections where an empty variable means "unset" (the default), as the gateway has always read them.
+_BLANK_IS_UNSET = {"gateway"}
 #: Keyword overrides for the fields read from a family of variables.
 FAMILIES = {"members": "chain.members", "chain_profiles": "chain.profiles"}
 
@@ -88,6 +90,8 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     for name, (value, source) in given.items():
         if name in VARIABLES:
             var = VARIABLES[name]
+            if value == "" and var.section in _BLANK_IS_UNSET:
+                continue
             raw[var.section][var.field.name] = None if value == "" and var.field.nullable else value
             loaded.sources[var.path], loaded.names[var.path] = source, name
         elif (match := _MEMBER.fullmatch(name)) and match.group(2).lower() in MEMBER_FIELDS:
