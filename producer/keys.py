@@ -118,5 +118,10 @@ class Keys:
         return f"{self.namespace}:worker:{hostname}"
 
     @property
+    def worker_cards_pattern(self) -> str:
+        """SCAN pattern matching every worker's card."""
+        return f"{self.namespace}:worker:*"
+
+    @property
     def sweep_lock(self) -> str:
         return f"{self.namespace}:sweep-lock"

@@ -54,6 +54,8 @@ def describe(runtime: Any) -> dict[str, Any]:
             "model": model,
             "precision": getattr(engine, "precision", None),
             "started": member.started,
+            # What its scores depend on besides the pair: what a calibration map is fitted for.
+            "identity": member.identity,
             # Only a remote member goes through the shared breaker.
             "breaker": member.breaker_id if member.remote else None,
         })
