@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import structlog
@@ -74,9 +75,22 @@ _decoder = msgspec.json.Decoder(CalibrationFile)
 _encoder = msgspec.json.Encoder(order="sorted")
 
 
+def _without_credentials(value: object) -> object:
+    """A URL without user info and query (where a key may ride); anything else as it is."""
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    parts = urlsplit(value)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def calibration_identity(cache_identity: str) -> str:
     """A member's cache identity without the parts that only move last digits, as canonical JSON.
 
+    It is written to files, worker cards and logs, so a URL in it loses its user info and query.
     A custom provider's identity that is not a JSON object is kept whole.
     """
     try:
@@ -85,7 +99,7 @@ def calibration_identity(cache_identity: str) -> str:
         return cache_identity
     if not isinstance(parts, dict):
         return cache_identity
-    kept = {k: v for k, v in parts.items() if k not in RUN_ONLY_PARTS}
+    kept = {k: _without_credentials(v) for k, v in parts.items() if k not in RUN_ONLY_PARTS}
     return json.dumps(kept, sort_keys=True, separators=(",", ":"))
 
 
