@@ -274,6 +274,8 @@ class StreamStatus(Base):
     n_candidates: int
     window_size: int
     windows: list[WindowStatus]
+    #: The device queue the stream's windows go to.
+    device: Device | None = None
 
 
 class StreamProgress(Base):
