@@ -24,7 +24,12 @@ from producer.wire import Filtered, Ranked
 from worker.chain.cache import pair_digest
 from worker.embedded.worker_process import WorkerProcess
 from worker.evaluation.calibration import Pairs, fit_map
-from worker.scoring.calibration import Calibrations, calibration_identity, interpolate, read_file
+from worker.scoring.calibration import (
+    Calibrations,
+    calibration_identity,
+    interpolate,
+    read_file,
+)
 
 SKEWED = "tests.calibration_providers:SkewedProvider"
 SKEWED_LABEL = f"0:{SKEWED}"
@@ -148,7 +153,7 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     try:
         done = subprocess.run([sys.executable, "-m", "worker.cli", "calibrate", *(f"--{k}={v}" for k, v in files.items()),
                                "--out", str(out)], env=_env(base), cwd=ROOT, capture_output=True, text=True,
-                              timeout=240)
+                              timeout=240, check=False)
     finally:
         fitting.stop()
     assert done.returncode == 0, done.stdout + done.stderr + fitting.log()[-4000:]
@@ -172,7 +177,7 @@ def test_calibrate_writes_one_map_per_member_keyed_by_its_identity(calibrated):
     calibration = read_file(str(calibrated["file"]), variable="test")
     by_label = {m.label: (identity, m) for identity, m in calibration.members.items()}
     assert set(by_label) == {SKEWED_LABEL, EMBEDDING_LABEL}
-    skewed_identity, skewed = by_label[SKEWED_LABEL]
+    skewed_identity = by_label[SKEWED_LABEL][0]
     assert json.loads(skewed_identity) == {"provider": "skewed", "model": "skewed-1", "scale": "probability"}
     embedding_identity = json.loads(by_label[EMBEDDING_LABEL][0])
     assert embedding_identity["provider"] == "embedding" and embedding_identity["scale"] == "cosine"

@@ -119,7 +119,7 @@ class Member:
     def identity(self) -> str | None:
         """The started provider's cache identity (``worker.chain.cache.provider_identity``)."""
         if self._identity is None and self._provider is not None:
-            self._identity = provider_identity(self.settings, self.checked or self._provider)
+            self._identity = provider_identity(self.settings, self._provider)
         return self._identity
 
     @property

@@ -12,7 +12,14 @@ from typing import Any
 
 import click
 
-from worker.scoring.calibration import FORMAT, CalibrationFile, MemberMap, calibration_identity, decode, encode
+from worker.scoring.calibration import (
+    FORMAT,
+    CalibrationFile,
+    MemberMap,
+    calibration_identity,
+    decode,
+    encode,
+)
 
 
 @dataclass(frozen=True)
@@ -160,5 +167,6 @@ def render(calibration: CalibrationFile) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [header, *rows]]
-    return "\n".join([f"Calibration maps (errors on the pairs they were fitted on; relevant: grade >= "
-                      f"{calibration.relevant_grade}, unjudged {calibration.unjudged})", *lines])
+    title = (f"Calibration maps (errors on the pairs they were fitted on; relevant: grade >= "
+             f"{calibration.relevant_grade}, unjudged {calibration.unjudged})")
+    return "\n".join([title, *lines])

@@ -18,6 +18,7 @@ import bisect
 import json
 import math
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -121,9 +122,9 @@ def _check_map(identity: str, member: MemberMap, where: str) -> None:
         raise ConfigError(field, "scores and probabilities must be non-empty and of one length")
     if not all(math.isfinite(v) for v in (*xs, *ys)):
         raise ConfigError(field, "breakpoints must be finite numbers")
-    if any(b <= a for a, b in zip(xs, xs[1:])):
+    if any(b <= a for a, b in pairwise(xs)):
         raise ConfigError(field, "scores must increase")
-    if any(b < a for a, b in zip(ys, ys[1:])) or ys[0] < 0 or ys[-1] > 1:
+    if any(b < a for a, b in pairwise(ys)) or ys[0] < 0 or ys[-1] > 1:
         raise ConfigError(field, "probabilities must be non-decreasing, within [0, 1]")
 
 

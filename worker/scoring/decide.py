@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import math
 
-from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
+from producer.wire import (
+    Candidate,
+    Decision,
+    Failed,
+    Filtered,
+    Omitted,
+    Ranked,
+    StreamSpec,
+)
 from worker.chain import ChainOutcome
-from worker.scoring.calibration import ScoreMap
 from worker.scoring import boosts
+from worker.scoring.calibration import ScoreMap
 from worker.scoring.documents import has_text
 
 
@@ -118,14 +126,13 @@ def decide(
                 raw, score = score, calibrate(score)
             final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
-        marks = {"raw_score": raw, "calibrated": True} if calibrate is not None and raw is not None else {}
         decision: Decision
         if reason:
             decision = Filtered(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                                served_by=served_by, reason=reason, **marks)
+                                served_by=served_by, reason=reason, raw_score=raw, calibrated=raw is not None)
         else:
             decision = Ranked(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                              served_by=served_by, **marks)
+                              served_by=served_by, raw_score=raw, calibrated=raw is not None)
         # Uncalibrated, equal final scores keep fusion order, as they always have.
         scored.append((final, raw if raw is not None else 0.0, i, decision))
     scored.sort(key=lambda item: (-item[0], -item[1], item[2]))
