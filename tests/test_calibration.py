@@ -167,7 +167,7 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
         candidates = [{"id": d["id"], "text": d["text"]} for d in
                       map(json.loads, files["documents"].read_text().splitlines())]
         yield {"file": out, "stdout": done.stdout, "client": client, "worker": serving, "namespace": namespace,
-               "candidates": candidates}
+               "candidates": candidates, "files": files, "env": serving_env}
     finally:
         client.close()
         serving.stop()
@@ -262,3 +262,23 @@ def test_the_pair_cache_keeps_the_members_raw_scores(calibrated):
         raw = client.store.client.get(keys.pair_score(pair_digest(identity, query, d.document)))
         assert raw is not None and struct.unpack("<d", raw)[0] == d.raw_score != d.score
     assert calibration_identity(identity) == identity
+
+
+def test_eval_reports_each_members_ece_raw_and_calibrated_with_a_reliability_plot(calibrated, tmp_path):
+    env = {**calibrated["env"], "RERANKQ_CALIBRATION": str(calibrated["file"])}
+    plots = tmp_path / "plots"
+    done = subprocess.run([sys.executable, "-m", "worker.cli", "eval", *(f"--{k}={v}" for k, v in
+                                                                         calibrated["files"].items()),
+                           "--depths=24", "--json", str(tmp_path / "eval.json"), "--plots", str(plots)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "eval.json").read_text())
+    for member in report["members"]:
+        calibration = member["calibration"]
+        assert calibration["calibrated"] and calibration["pairs"] == 192 and calibration["positives"] == 24
+        assert calibration["served"]["ece"] < calibration["raw"]["ece"], member["label"]
+        assert sum(b["pairs"] for b in calibration["raw"]["bins"]) == 192
+    skewed = next(m for m in report["members"] if m["label"] == SKEWED_LABEL)
+    assert skewed["calibration"]["raw"]["ece"] > 0.4  # unrelated documents at 0.6, relevant none of the time
+    assert "ECE calibrated" in done.stdout
+    assert (plots / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
