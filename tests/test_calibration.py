@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from conftest import ROOT
@@ -282,3 +283,24 @@ def test_eval_reports_each_members_ece_raw_and_calibrated_with_a_reliability_plo
     assert skewed["calibration"]["raw"]["ece"] > 0.4  # unrelated documents at 0.6, relevant none of the time
     assert "ECE calibrated" in done.stdout
     assert (plots / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_gateway_answers_calibrated_scores(calibrated, tmp_path):
+    from gateway_helpers import GatewayProcess
+
+    gateway = GatewayProcess(calibrated["env"], tmp_path / "gateway.log", "--insecure-no-auth").start()
+    query, answers = TOPICS["t7"]
+    texts = [c["text"] for c in calibrated["candidates"]]
+    try:
+        answered = httpx.post(gateway.url + "/v2/rerank", json={"model": "m", "query": query, "documents": texts},
+                              timeout=60)
+    finally:
+        gateway.stop()
+    assert answered.status_code == 200, answered.text
+    results = answered.json()["results"]
+    by_text = {texts[r["index"]]: r["relevance_score"] for r in results}
+    # Member 0 (the default chain's first) scores every unrelated text 0.6 or more; calibrated,
+    # they read as nearly never relevant, and the answers as likely.
+    assert max(score for text, score in by_text.items() if text not in answers) < 0.2
+    assert min(by_text[text] for text in answers) > 0.5
+    assert {texts[r["index"]] for r in results[:3]} == set(answers)
