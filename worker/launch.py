@@ -15,9 +15,9 @@ import structlog
 from celery import Celery
 
 from producer.settings import Settings, load_settings
-from worker.scoring.calibration import Calibrations
 from worker.app import create_app
 from worker.logs import configure_logging
+from worker.scoring.calibration import Calibrations
 
 log = structlog.get_logger("rerankq.worker")
 
