@@ -11,7 +11,8 @@ ETA, JSON ``[[stream_id, window], {}, {no callbacks, chain or chord}]``. Anythin
 refused: rejected without requeue (the Redis broker drops it; RabbitMQ dead-letters it to
 ``<queue>.dead``), logged at WARNING and counted on ``rerankq_task_messages_refused_total``
 by ``reason`` (``envelope``, ``headers``, ``task``, ``eta``, ``content``, ``body``); the worker
-goes on serving. What the arguments name (a real stream, a window in range) the task checks.
+goes on serving. What the two arguments name (a real stream, a window in range) the task
+checks, refusing the same way (``arguments``).
 
 Two layers, because the Redis transport parses each list entry before Celery sees it:
 
@@ -44,7 +45,7 @@ log = structlog.get_logger("rerankq.door")
 
 #: The task names a worker runs; every other name is refused.
 RERANKQ_TASKS = frozenset({TASK_NAME})
-REASONS = ("envelope", "headers", "task", "eta", "content", "body")
+REASONS = ("envelope", "headers", "task", "eta", "content", "body", "arguments")
 REDIS_TRANSPORT = "worker.message_door:RedisTransport"
 SENTINEL_TRANSPORT = "worker.message_door:SentinelTransport"
 
@@ -74,9 +75,10 @@ class Embed(msgspec.Struct):
 
 
 class TaskBody(msgspec.Struct, array_like=True):
-    """``[[stream_id, window], {}, embed]``: what ``producer.dispatch`` sends."""
+    """``[[stream_id, window], {}, embed]``: what ``producer.dispatch`` sends. What the two
+    arguments name the task checks (``arguments`` when they name no window)."""
 
-    args: tuple[str, int]
+    args: tuple[Any, Any]
     kwargs: dict[str, Any]
     embed: Embed | None
 
@@ -194,7 +196,9 @@ class GuardedMessage(virtual.Message):
         try:
             msgspec.convert(payload, Envelope)
             super().__init__(payload, channel=channel, **kwargs)
-        except (msgspec.ValidationError, binascii.Error, ValueError, TypeError, KeyError) as exc:
+        except binascii.Error as exc:
+            raise UnreadableEnvelope(f"a body that is not base64: {str(exc)[:200]}") from None
+        except (msgspec.ValidationError, ValueError, TypeError, KeyError) as exc:
             raise UnreadableEnvelope(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 

@@ -182,18 +182,26 @@ class RedisQueue:
         return lambda: not self.held()
 
     def held(self) -> list[bytes]:
+        """Delivery tags of this queue's messages in kombu's unacked hash."""
         out = []
-        for value in self.raw.hvals(UNACKED_HASH):
+        for tag, value in self.raw.hgetall(UNACKED_HASH).items():
             try:
                 _, _, routing_key = json.loads(value)
             except (ValueError, TypeError):
                 continue
             if routing_key == self.queue:
-                out.append(value)
+                out.append(tag)
         return out
 
     def reset(self) -> None:
-        self.raw.delete(self.queue, UNACKED_HASH, UNACKED_HASH + "_index")
+        """Forget what a crashed worker left: the queue and its unacked messages (which would
+        otherwise be handed back to the next worker)."""
+        tags = self.held()
+        with self.raw.pipeline(transaction=True) as pipe:
+            pipe.delete(self.queue)
+            if tags:
+                pipe.hdel(UNACKED_HASH, *tags).zrem(UNACKED_HASH + "_index", *tags)
+            pipe.execute()
 
     def close(self) -> None:
         pass
@@ -252,10 +260,15 @@ class AmqpQueue:
 class QueueProbe:
     """One private Redis (and RabbitMQ), one worker; probes run one at a time against them."""
 
-    def __init__(self, directory: Path, timeout_s: float, broker: str = "redis") -> None:
+    def __init__(self, directory: Path, timeout_s: float, broker: str = "redis", *, redis_url: str | None = None,
+                 broker_url: str | None = None) -> None:
+        """``redis_url``, ``broker_url``: servers already running (the tests'), else private ones."""
         self.directory = directory
         self.timeout_s = timeout_s
         self.broker = broker
+        self.redis_url = redis_url
+        self.broker_url = broker_url
+        self.redis: EmbeddedRedis | None = None
         self.namespace = "probe" + uuid.uuid4().hex[:8]
         self.queue_name = f"{self.namespace}.cpu"
         self.metrics_port = free_port()
@@ -264,18 +277,21 @@ class QueueProbe:
         self.starts = 0
 
     def __enter__(self) -> QueueProbe:
-        (self.directory / "redis").mkdir(parents=True, exist_ok=True)
-        self.redis = EmbeddedRedis(directory=str(self.directory / "redis")).start()
-        broker_url = None
-        if self.broker == "amqp":
+        redis_url = self.redis_url
+        if redis_url is None:
+            (self.directory / "redis").mkdir(parents=True, exist_ok=True)
+            self.redis = EmbeddedRedis(directory=str(self.directory / "redis")).start()
+            redis_url = self.redis.url
+        broker_url = self.broker_url
+        if self.broker == "amqp" and broker_url is None:
             from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ
 
             self.rabbitmq = EmbeddedRabbitMQ(directory=str(self.directory / "rabbitmq")).start()
             broker_url = self.rabbitmq.url
-        self.env = worker_env(self.redis.url, self.namespace, self.metrics_port, broker_url)
-        self.raw = redis.Redis.from_url(self.redis.url)
+        self.env = worker_env(redis_url, self.namespace, self.metrics_port, broker_url if self.broker == "amqp" else None)
+        self.raw = redis.Redis.from_url(redis_url)
         self.client = RerankClient(load_settings(self.env))
-        self.queue: RedisQueue | AmqpQueue = (AmqpQueue(broker_url, self.queue_name) if broker_url
+        self.queue: RedisQueue | AmqpQueue = (AmqpQueue(broker_url, self.queue_name) if self.broker == "amqp"
                                               else RedisQueue(self.raw, self.queue_name))
         return self
 
@@ -287,7 +303,8 @@ class QueueProbe:
         self.raw.close()
         if self.rabbitmq is not None:
             self.rabbitmq.remove()
-        self.redis.stop()
+        if self.redis is not None:
+            self.redis.stop()
 
     def entries(self) -> list[tuple[str, Any]]:
         """Every hostile message, built from a real one: a stream opened with no worker

@@ -88,7 +88,7 @@ class WorkerMetrics(Recorder):
                                     registry=None)
         self.refused = Counter("rerankq_task_messages_refused",
                                "Queue messages the worker refused and dropped: not a rerankq task message "
-                               "(reason: envelope, headers, task, eta, content, body)", ["device", "reason"],
+                               "(reason: envelope, headers, task, eta, content, body, arguments)", ["device", "reason"],
                                registry=None)
         self.redelivered = Counter("rerankq_windows_redelivered", "Windows the sweep re-sent (no message was queued)",
                                    registry=None)
