@@ -124,7 +124,6 @@ def worker_env(redis_url: str, namespace: str, metrics_port: int, broker_url: st
         "RERANKQ_ANY_QUEUE": f"{namespace}.any",
         "RERANKQ_RERANKER_PROVIDER": "rrf",
         "RERANKQ_METRICS_PORT": str(metrics_port),
-        "RERANKQ_METRICS_HOST": "127.0.0.1",
         "RERANKQ_SWEEP_INTERVAL_S": "1",
         "PYTHONPATH": str(ROOT),
     })

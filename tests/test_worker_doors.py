@@ -98,3 +98,49 @@ def test_the_worker_stops_with_nothing_to_hand_back(redis_probe):
     assert "Restoring" not in probe.worker.log()
     assert probe.queue.held() == [] and probe.raw.llen(probe.queue_name) == 0  # type: ignore[union-attr]
     probe.start_worker()
+
+
+# -- the metrics port ------------------------------------------------------------------------
+
+
+def test_the_metrics_port_listens_on_loopback_unless_told_otherwise(redis_probe):
+    import psutil
+
+    probe, _ = redis_probe
+    assert probe.worker is not None and probe.worker.proc is not None
+    listening = [c.laddr for c in psutil.Process(probe.worker.proc.pid).net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == probe.metrics_port]
+    assert [address.ip for address in listening] == ["127.0.0.1"]
+
+
+def test_idle_connections_to_the_metrics_port_cost_no_threads_and_are_closed(redis_probe):
+    """300 connections that never send a request once made 300 threads that never ended."""
+    import socket
+    import time
+
+    import psutil
+
+    from producer.exporter.http import REQUEST_TIMEOUT_S
+
+    probe, _ = redis_probe
+    assert probe.worker is not None and probe.worker.proc is not None
+    worker = psutil.Process(probe.worker.proc.pid)
+    threads_before = worker.num_threads()
+    idle = [socket.create_connection(("127.0.0.1", probe.metrics_port), timeout=REQUEST_TIMEOUT_S + 5)
+            for _ in range(300)]
+    try:
+        time.sleep(0.5)
+        assert worker.num_threads() <= threads_before + 4
+        started = time.monotonic()
+        assert scrape(probe.metrics_port)  # a scraper still gets its answer, at once
+        assert time.monotonic() - started < 2.0
+        # The server closes what never sends a request (EOF, or reset for the displaced).
+        time.sleep(REQUEST_TIMEOUT_S + 0.5)
+        for sock in idle:
+            try:
+                assert sock.recv(1) == b""
+            except ConnectionResetError:
+                pass
+    finally:
+        for sock in idle:
+            sock.close()
