@@ -178,7 +178,7 @@ def test_usage_errors_exit_2_and_help_shows_an_example(base_env, tmp_path):
 
 def test_a_resumed_output_keeps_whole_jobs_only(tmp_path):
     jsonl = tmp_path / "out.jsonl"
-    a, b = ('{"id": "%s", "stream": "s_1", "rows": []}\n' % job for job in "ab")
+    a, b = (f'{{"id": "{job}", "stream": "s_1", "rows": []}}\n' for job in "ab")
     jsonl.write_text(a + b + '{"id": "c", "ro')
     assert list(Output(jsonl, "jsonl").resume()) == ["a", "b"]
     assert jsonl.read_text() == a + b

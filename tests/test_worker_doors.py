@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 from metrics_helpers import scrape
 
-from ops.probe.queue_messages import REFUSED_METRIC, QueueProbe, TaskMessage, hostile_envelopes, hostile_messages
+from ops.probe.queue_messages import (
+    REFUSED_METRIC,
+    QueueProbe,
+    TaskMessage,
+    hostile_envelopes,
+    hostile_messages,
+)
 from worker.embedded.rabbitmq_server import rabbitmq_server_binary
 from worker.message_door import REASONS
 

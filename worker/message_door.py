@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import binascii
 import json
-from queue import Empty
 from collections.abc import Callable
+from queue import Empty
 from typing import Any
 
 import kombu.transport as kombu_transport
@@ -220,9 +220,9 @@ class _GuardedChannel:
             self._drop_entry(f"a list entry that is not JSON: {type(exc).__name__}")
         return True
 
-    def _get(self, queue: str) -> Any:
+    def _get(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super()._get(queue)  # type: ignore[misc]
+            return super()._get(queue, *args, **kwargs)  # type: ignore[misc]
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._drop_entry(f"a list entry that is not JSON: {type(exc).__name__}")
             raise Empty() from None

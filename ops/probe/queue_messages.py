@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import redis
 
@@ -180,7 +180,7 @@ class RedisQueue:
         """Whether the injected message is no longer held unacknowledged."""
         return lambda: not self.held()
 
-    def held(self) -> list[bytes]:
+    def held(self) -> list[Any]:
         """Delivery tags of this queue's messages in kombu's unacked hash."""
         out = []
         for tag, value in self.raw.hgetall(UNACKED_HASH).items():
@@ -199,7 +199,8 @@ class RedisQueue:
         with self.raw.pipeline(transaction=True) as pipe:
             pipe.delete(self.queue)
             if tags:
-                pipe.hdel(UNACKED_HASH, *tags).zrem(UNACKED_HASH + "_index", *tags)
+                pipe.hdel(UNACKED_HASH, *tags)
+                pipe.zrem(UNACKED_HASH + "_index", *tags)
             pipe.execute()
 
     def close(self) -> None:
@@ -275,7 +276,7 @@ class QueueProbe:
         self.rabbitmq: Any = None
         self.starts = 0
 
-    def __enter__(self) -> QueueProbe:
+    def __enter__(self) -> Self:
         redis_url = self.redis_url
         if redis_url is None:
             (self.directory / "redis").mkdir(parents=True, exist_ok=True)
@@ -290,8 +291,8 @@ class QueueProbe:
         self.env = worker_env(redis_url, self.namespace, self.metrics_port, broker_url if self.broker == "amqp" else None)
         self.raw = redis.Redis.from_url(redis_url)
         self.client = RerankClient(load_settings(self.env))
-        self.queue: RedisQueue | AmqpQueue = (AmqpQueue(broker_url, self.queue_name) if self.broker == "amqp"
-                                              else RedisQueue(self.raw, self.queue_name))
+        self.queue: RedisQueue | AmqpQueue = (AmqpQueue(broker_url, self.queue_name) if broker_url is not None
+                                              and self.broker == "amqp" else RedisQueue(self.raw, self.queue_name))
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -126,7 +126,11 @@ class MetricsServer:
         self._ready.wait(10)
         stop = self._stop
         if stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(lambda: stop.done() or stop.set_result(None))
+            def finish() -> None:
+                if not stop.done():
+                    stop.set_result(None)
+
+            self._loop.call_soon_threadsafe(finish)
             self._done.wait(10)
         self._socket.close()
 
