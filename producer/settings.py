@@ -143,6 +143,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     coalesce_max_pairs: int = 256
     # Pair-score cache: (provider and model, query, document) -> score, kept cache_ttl_s.
     pair_cache: bool = True
+    # Where a stream has a tenant its pair scores are that tenant's own: a hit would tell one
+    # tenant what another sent. True shares them across tenants (one fleet, one trust domain);
+    # a member with send_tenant stays per tenant either way.
+    pair_cache_shared_across_tenants: bool = False
     max_attempts: int = 3
     redeliver_after_s: int = 300
     visibility_timeout_s: int = 3600
