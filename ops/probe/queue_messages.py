@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -368,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="run only these probes (names as printed)")
     parser.add_argument("--keep", action="store_true", help="print where the logs are even when every probe passed")
     args = parser.parse_args(argv)
+    # The template stream is opened before any worker runs, on purpose: the client's warning
+    # about that is not a finding.
+    logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
     directory = Path(tempfile.mkdtemp(prefix="rerankq-probe-queue-"))
     failures = 0
     with QueueProbe(directory, args.timeout_s, args.broker) as probe:
