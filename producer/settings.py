@@ -181,9 +181,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (off when unset); its pool processes share one directory of prometheus-client files
     # under metrics_dir (default: the system's temporary folder). The backlog exporter
     # (python -m producer.exporter) listens on exporter_port. task_events turns on Celery's
-    # task events, for Flower.
+    # task events, for Flower. metrics_host is the address the worker's metrics port listens
+    # on: loopback unless said otherwise (a container sets 0.0.0.0 so Prometheus reaches it).
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_dir: str | None = None
     exporter_port: int = 9808
     task_events: bool = False
