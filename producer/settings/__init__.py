@@ -27,7 +27,8 @@ engine     PRECISION, TOKEN_BUDGET, COALESCE, COALESCE_DELAY_MS,      ``engine.p
            COALESCE_MAX_PAIRS
 chain      FLAT_MIN_WINDOW, FLAT_RANGE, MEMBER_RESTART_S,             ``chain.flat_range``
            PAIR_CACHE, PAIR_CACHE_SHARED_ACROSS_TENANTS, CACHE_TTL_S;
-           CHAIN_<NAME> (profiles);                                   ``chain.profiles``
+           CALIBRATION; CHAIN_<NAME> (profiles);                      ``chain.profiles``
+           CALIBRATION_<PROFILE> (a profile's calibration file)       ``chain.calibration_profiles``
            RERANKER_[<n>_]<FIELD> (members, ``members.py``)           ``chain.members[n].url``
 breaker    BREAKER_FAILURES, BREAKER_COOLDOWN_S                       ``breaker.failures``
 metrics    METRICS_PORT, METRICS_HOST, METRICS_DIR                    ``metrics.port``
@@ -61,10 +62,12 @@ from producer.settings.secret import Secret
 from producer.settings.store import StoreSettings
 from producer.settings.streams import StreamSettings
 from producer.settings.variables import (
+    CALIBRATION_PROFILE_PREFIX,
     CHAIN_PROFILE_PREFIX,
     CONFIG_FILE,
     MEMBER_PREFIX,
     PREFIX,
+    calibration_profile_variable,
     chain_profile_variable,
     member_variable,
     variable,
@@ -72,7 +75,7 @@ from producer.settings.variables import (
 from producer.settings.worker import WorkerSettings
 
 __all__ = [
-    "CHAIN_PROFILE_PREFIX", "CONFIG_FILE", "DEFAULT_MODEL", "MEMBER_PREFIX", "PACKAGED_EMBEDDING_MODULE", "PREFIX",
+    "CALIBRATION_PROFILE_PREFIX", "calibration_profile_variable", "CHAIN_PROFILE_PREFIX", "CONFIG_FILE", "DEFAULT_MODEL", "MEMBER_PREFIX", "PACKAGED_EMBEDDING_MODULE", "PREFIX",
     "SECTIONS", "BreakerSettings", "BudgetSettings", "ChainSettings", "EngineSettings", "ExporterSettings",
     "GatewaySettings", "Loaded", "MemberSettings", "MetricsSettings", "QueueSettings", "Secret", "Settings",
     "StoreSettings", "StreamSettings", "WorkerSettings", "chain_profile_variable", "default_members",

@@ -14,7 +14,7 @@ from producer.settings.types import NonNegativeFloat, PositiveFloat, PositiveInt
 class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prefix: ClassVar[str] = ""
     #: Fields read from a family of variables rather than one each (the loader reads them).
-    families: ClassVar[tuple[str, ...]] = ("members", "profiles")
+    families: ClassVar[tuple[str, ...]] = ("members", "profiles", "calibration_profiles")
 
     #: Configured members in order (RERANKQ_RERANKER_*, RERANKQ_RERANKER_<n>_*); empty: the default chain.
     members: list[MemberSettings] = []
@@ -34,6 +34,12 @@ class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pair_cache_shared_across_tenants: Annotated[bool, doc("share cached pair scores across tenants (one fleet, "
                                                           "one trust domain)")] = False
     cache_ttl_s: Annotated[PositiveInt, doc("how long a cached pair score is kept")] = 86400
+
+    # Written by rerankq calibrate: per-member maps from score to P(relevant).
+    calibration: Annotated[str | None, doc("a calibration file (rerankq calibrate writes one): each member's "
+                                           "scores mapped to the probability of relevance")] = None
+    #: A chain profile's own calibration file: RERANKQ_CALIBRATION_<PROFILE>=path -> {"profile": path}.
+    calibration_profiles: dict[str, str] = {}
 
     def effective_members(self) -> list[MemberSettings]:
         """The members a worker runs: the configured ones, else the default chain."""

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from producer.errors import ConfigError
 from producer.settings.model import Settings
-from producer.settings.variables import chain_profile_variable, member_variable, variable
+from producer.settings.variables import (
+    calibration_profile_variable,
+    chain_profile_variable,
+    member_variable,
+    variable,
+)
 
 
 def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = None) -> None:
@@ -31,6 +36,10 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
         if not indexes or len(set(indexes)) != len(indexes) or not all(0 <= i < n_members for i in indexes):
             raise ConfigError(chain_profile_variable(name),
                               f"must name distinct members 0..{n_members - 1} of the chain, got {indexes}")
+    for name in settings.chain.calibration_profiles:
+        if name not in settings.chain.profiles:
+            raise ConfigError(calibration_profile_variable(name),
+                              f"names no chain profile ({chain_profile_variable(name)} is not set)")
     _check_budget(settings)
     _check_members(settings, names)
     _check_urls(settings)

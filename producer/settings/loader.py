@@ -25,6 +25,7 @@ from producer.settings.members import MemberSettings
 from producer.settings.model import SECTIONS, Settings
 from producer.settings.secret import Secret
 from producer.settings.variables import (
+    CALIBRATION_PROFILE_PREFIX,
     CHAIN_PROFILE_PREFIX,
     CONFIG_FILE,
     DEPLOYMENT_NAMES,
@@ -40,11 +41,13 @@ from producer.settings.variables import (
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MEMBER = re.compile(rf"{MEMBER_PREFIX}(?:(0|[1-9][0-9]*)_)?([A-Za-z0-9_]+)")
 _PROFILE = re.compile(rf"{CHAIN_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})")
+_CALIBRATION_PROFILE = re.compile(rf"{CALIBRATION_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})")
 
 #: Sections where an empty variable means "unset" (the default), as the gateway has always read them.
 _BLANK_IS_UNSET = {"gateway"}
 #: Keyword overrides for the fields read from a family of variables.
-FAMILIES = {"members": "chain.members", "chain_profiles": "chain.profiles"}
+FAMILIES = {"members": "chain.members", "chain_profiles": "chain.profiles",
+            "calibration_profiles": "chain.calibration_profiles"}
 
 DEFAULT = "default"
 ENVIRONMENT = "environment"
@@ -85,6 +88,7 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     raw: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     member_raw: dict[int, dict[str, Any]] = {}
     profiles: dict[str, list[int]] = {}
+    calibration_profiles: dict[str, str] = {}
     loaded = Loaded(settings=Settings(), file=path)
     member_names: dict[tuple[int, str], str] = {}
     for name, (value, source) in given.items():
@@ -109,6 +113,11 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
             profiles[match.group(1).lower()] = _profile(name, value)
             key = f"chain.profiles.{match.group(1).lower()}"
             loaded.sources[key], loaded.names[key] = source, name
+        elif match := _CALIBRATION_PROFILE.fullmatch(name):
+            if value:
+                calibration_profiles[match.group(1).lower()] = str(value)
+            key = f"chain.calibration_profiles.{match.group(1).lower()}"
+            loaded.sources[key], loaded.names[key] = source, name
         else:
             raise ConfigError(name, unknown_message(name))
 
@@ -123,12 +132,15 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         elif key == "chain_profiles":
             profiles = dict(value)
             loaded.sources["chain.profiles"] = OVERRIDE
+        elif key == "calibration_profiles":
+            calibration_profiles = dict(value)
+            loaded.sources["chain.calibration_profiles"] = OVERRIDE
         elif key in OVERRIDES:
             section, _, name = OVERRIDES[key].partition(".")
             raw[section][name] = value
             loaded.sources[OVERRIDES[key]] = OVERRIDE
         else:
-            close = difflib.get_close_matches(key, [*OVERRIDES, *SECTIONS, "members", "chain_profiles"], n=1)
+            close = difflib.get_close_matches(key, [*OVERRIDES, *SECTIONS, *FAMILIES], n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise TypeError(f"load_settings() got an unknown setting {key!r}{hint}")
 
@@ -139,7 +151,7 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
             continue
         values = raw[section]
         if section == "chain":
-            values = {**values, "profiles": profiles,
+            values = {**values, "profiles": profiles, "calibration_profiles": calibration_profiles,
                       "members": members if members is not None else _members(member_raw, member_names)}
         sections[section] = _convert(values, struct, lambda f, s=section: _field_variable(s, f, loaded))
     settings = Settings(**sections)

@@ -12,6 +12,7 @@ from typing import Any
 from producer.settings.model import SECTIONS
 from producer.settings.secret import Secret
 from producer.settings.variables import (
+    CALIBRATION_PROFILE_PREFIX,
     CHAIN_PROFILE_PREFIX,
     CONFIG_FILE,
     DEPLOYMENT_NAMES,
@@ -116,6 +117,8 @@ def _members() -> list[str]:
         f"`{CHAIN_PROFILE_PREFIX}<NAME>`: the member indexes a stream asking for chain `<name>` is served by,",
         f"in the order tried (`{CHAIN_PROFILE_PREFIX}PRIVATE=0,2`). A stream naming a profile that is not",
         "configured fails rather than falling back to the whole chain.", "",
+        f"`{CALIBRATION_PROFILE_PREFIX}<PROFILE>`: a calibration file of the chain profile's own, used for",
+        "streams of that profile instead of `RERANKQ_CALIBRATION`; the profile must be configured.", "",
     ]
     return lines
 

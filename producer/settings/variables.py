@@ -25,6 +25,7 @@ PREFIX = "RERANKQ_"
 CONFIG_FILE = PREFIX + "CONFIG_FILE"
 MEMBER_PREFIX = PREFIX + MemberSettings.prefix
 CHAIN_PROFILE_PREFIX = PREFIX + "CHAIN_"
+CALIBRATION_PROFILE_PREFIX = PREFIX + "CALIBRATION_"
 #: ``RERANKQ_*`` names that are no setting of rerankq's but the deployment's own: the loader
 #: accepts and ignores them, so a shell that exports them for docker compose still runs rerankq.
 DEPLOYMENT_NAMES = {
@@ -121,6 +122,10 @@ def chain_profile_variable(name: str) -> str:
     return CHAIN_PROFILE_PREFIX + name.upper()
 
 
+def calibration_profile_variable(name: str) -> str:
+    return CALIBRATION_PROFILE_PREFIX + name.upper()
+
+
 def type_text(annotation: Any) -> str:
     """A field's type as the reference prints it: ``int > 0``, ``v1 | v2``, ``float | unset``."""
     limits: list[str] = []
@@ -146,6 +151,6 @@ def type_text(annotation: Any) -> str:
     return f"{text} {' '.join(limits)}" if limits else text
 
 
-__all__ = ["BY_PATH", "CHAIN_PROFILE_PREFIX", "CONFIG_FILE", "DEPLOYMENT_NAMES", "MEMBER_FIELDS", "MEMBER_PREFIX", "OVERRIDES",
+__all__ = ["BY_PATH", "CALIBRATION_PROFILE_PREFIX", "CHAIN_PROFILE_PREFIX", "calibration_profile_variable", "CONFIG_FILE", "DEPLOYMENT_NAMES", "MEMBER_FIELDS", "MEMBER_PREFIX", "OVERRIDES",
            "PREFIX", "VARIABLES", "Field", "Settings", "Variable", "chain_profile_variable", "member_variable",
            "struct_fields", "type_text", "variable", "variable_name"]
