@@ -177,3 +177,12 @@ def test_the_sections_hold_what_the_flat_struct_held():
 def test_the_compose_files_own_names_are_accepted_and_ignored():
     # A shell that exports RERANKQ_REDIS_PASSWORD for docker compose still runs rerankq.
     assert load_settings({"RERANKQ_REDIS_PASSWORD": "pw", "RERANKQ_RABBITMQ_PASSWORD": "pw"}) == Settings()
+
+
+def test_a_bad_member_is_named_by_the_variable_it_was_given_as():
+    from worker.chain.member_config import check_member_configs
+
+    loaded = read_settings({"RERANKQ_RERANKER_0_PROVIDER": "tei", "RERANKQ_RERANKER_0_URL": "ftp://tei"})
+    with pytest.raises(ConfigError) as err:
+        check_member_configs(loaded.settings, loaded.names)
+    assert err.value.variable == "RERANKQ_RERANKER_0_URL"

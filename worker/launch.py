@@ -13,7 +13,7 @@ import socket
 import structlog
 from celery import Celery
 
-from producer.settings import Settings, load_settings, override
+from producer.settings import Settings, override, read_settings
 from worker.app import create_app
 from worker.chain.member_config import check_member_configs
 from worker.logs import configure_logging
@@ -44,10 +44,11 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
     with no URL), raises ConfigError naming the variable before anything starts; a member
     that cannot load (a model that is not there) is the chain's to retry.
     """
-    settings = load_settings()
+    loaded = read_settings()
+    settings = loaded.settings
     loglevel = (loglevel or settings.worker.log_level).upper()
     configure_logging(level=loglevel, json=json_logs)
-    check_member_configs(settings)
+    check_member_configs(settings, loaded.names)
     quota = cpu_quota()
     if device == "gpu":
         target = f"cuda:{gpu_index}" if gpu_index is not None else "cuda"
