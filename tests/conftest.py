@@ -14,7 +14,7 @@ import redis
 
 from producer import RerankClient, load_settings
 from producer.settings import Settings
-from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
+from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 
@@ -92,6 +92,14 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, 
     return env
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every case on RabbitMQ is a deployment shape, whichever file parametrises it."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("broker") == "amqp":
+            item.add_marker(pytest.mark.deployment)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -117,8 +125,11 @@ def start_worker(
         return worker.start()
 
     yield start
+    # Killed, not shut down warm: each test has its own namespace and queues, so nothing a
+    # worker leaves behind reaches another test, and a warm shutdown costs 2-5 s a worker
+    # (Celery's pool threads poll). A test about shutdown stops its worker itself.
     for worker in started:
-        worker.stop()
+        worker.kill()
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         for worker in started:

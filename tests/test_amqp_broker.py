@@ -1,5 +1,5 @@
 """RabbitMQ as the broker, Redis as the store: the guarantees that depend on the broker, on a
-private RabbitMQ node (``worker.embedded.rabbitmq_server``) and real workers.
+private RabbitMQ node (``devservers.rabbitmq_server``) and real workers.
 
 The flow, kill, duplicate and lane tests of test_flow / test_delivery / test_lanes run on both
 brokers (parametrised); these are the ones only RabbitMQ has: its queues, the sweep without a
@@ -25,10 +25,10 @@ from producer.errors import ConfigError
 from producer.exporter.backlog import BacklogReader
 from producer.settings import load_settings
 from worker.cli.inspect import queue_view
-from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ
+from devservers.rabbitmq_server import EmbeddedRabbitMQ
 from worker.sweep import sweep_once
 
-pytestmark = pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+pytestmark = [pytest.mark.deployment, pytest.mark.parametrize("broker", ["amqp"], indirect=True)]
 
 
 def test_the_amqp_settings_configure_rabbitmq_and_nothing_redis_only(base_env):

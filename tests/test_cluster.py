@@ -32,7 +32,9 @@ from test_flow import (  # noqa: F401
 from producer.errors import StoreError, StreamNotFound
 from producer.keys import SHARDS, Keys, shard_tag
 from producer.redis_clients import store_client
-from worker.embedded.redis_cluster import EmbeddedRedisCluster
+from devservers.redis_cluster import EmbeddedRedisCluster
+
+pytestmark = pytest.mark.deployment
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,9 @@ from producer.client import RerankClient
 from producer.errors import StoreError, StreamNotFound
 from producer.redis_clients import UNAVAILABLE_ERRORS, store_client
 from producer.settings import load_settings
-from worker.embedded.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
+from devservers.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
+
+pytestmark = pytest.mark.deployment
 
 
 @pytest.fixture(scope="module")
