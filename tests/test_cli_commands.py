@@ -123,3 +123,13 @@ def test_keygen_without_a_file_prints_the_entry_to_add(tmp_path: Path) -> None:
     assert entry["tenant"] == "acme" and entry["chain"] == "private" and key not in done.stderr
     refused = keygen("--tenant", "acme", "--chain", "nope")
     assert refused.returncode == 2 and "RERANKQ_CHAIN_NOPE" in refused.stderr and refused.stdout == ""
+
+
+def test_keygen_appends_beside_entries_bound_to_profiles_this_host_does_not_define(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.json"
+    bound = {"key_sha256": "ab" * 32, "tenant": "acme", "chain": "private", "devices": ["gpu"]}
+    keys_file.write_text(json.dumps([bound]))
+    done = keygen("--tenant", "ops", "--keys-file", str(keys_file))  # no RERANKQ_CHAIN_PRIVATE here
+    assert done.returncode == 0, done.stderr
+    assert [e["tenant"] for e in json.loads(keys_file.read_text())] == ["acme", "ops"]
+    assert json.loads(keys_file.read_text())[0] == bound  # kept as it was written

@@ -131,9 +131,10 @@ def load_keyring(gateway: GatewaySettings, settings: Settings) -> KeyRing:
     return KeyRing(parse_entries(raw, source=source, settings=settings))
 
 
-def parse_entries(raw: bytes, *, source: str, settings: Settings) -> list[KeyEntry]:
+def parse_entries(raw: bytes, *, source: str, settings: Settings | None) -> list[KeyEntry]:
     """The entries of a keys file's JSON, each checked; a bad one raises ``ConfigError(source)``
-    naming its index and field, never its digest."""
+    naming its index and field, never its digest. Each entry's chain must be one of the
+    settings' profiles; with no settings (a file edited away from the gateway) it is not checked."""
     try:
         entries = msgspec.json.decode(raw, type=list[KeyEntry])
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -153,7 +154,7 @@ def parse_entries(raw: bytes, *, source: str, settings: Settings) -> list[KeyEnt
             raise ConfigError(source, f"{at}.tenant must be 1-64 characters of A-Z a-z 0-9 _ . -")
         if entry.chain is not None:
             entry.chain = entry.chain.lower()
-            if entry.chain not in settings.chain_profiles:
+            if settings is not None and entry.chain not in settings.chain_profiles:
                 raise ConfigError(source, f"{at}.chain names no chain profile; "
                                           f"set {chain_profile_variable(entry.chain)}")
         if not entry.devices or len(set(entry.devices)) != len(entry.devices):
