@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
+from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from producer import RerankClient, load_settings
 from producer.settings import Settings
-from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 

@@ -19,13 +19,13 @@ from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
 from kombu import Connection
 
+from devservers.rabbitmq_server import EmbeddedRabbitMQ
 from producer.amqp_broker import AmqpQueueProbe, AsyncAmqpBroker, dead_letter_queue, lane_queue
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ConfigError
 from producer.exporter.backlog import BacklogReader
 from producer.settings import load_settings
 from worker.cli.inspect import queue_view
-from devservers.rabbitmq_server import EmbeddedRabbitMQ
 from worker.sweep import sweep_once
 
 pytestmark = [pytest.mark.deployment, pytest.mark.parametrize("broker", ["amqp"], indirect=True)]

@@ -21,12 +21,12 @@ import pytest
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete
 
+from devservers.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
 from producer.celery_config import celery_config
 from producer.client import RerankClient
 from producer.errors import StoreError, StreamNotFound
 from producer.redis_clients import UNAVAILABLE_ERRORS, store_client
 from producer.settings import load_settings
-from devservers.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
 
 pytestmark = pytest.mark.deployment
 

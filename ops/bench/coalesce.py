@@ -9,14 +9,12 @@ same windows scored one after another by the engine. Alternated round by round.
 
 from __future__ import annotations
 
-
 import argparse
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ops.bench.common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
-
 from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.coalesce import Coalescer
 from worker.engine.parity import max_abs_diff

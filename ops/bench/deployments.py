@@ -53,13 +53,13 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from ops.bench.common import p50, print_table, rerankq_worker, worker_env, write_json
 
+from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
+from devservers.redis_cluster import EmbeddedRedisCluster
+from ops.bench.common import p50, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
 from producer.dispatch import Dispatcher
 from producer.settings import load_settings
-from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
-from devservers.redis_cluster import EmbeddedRedisCluster
 from worker.embedded.redis_server import EmbeddedRedis
 
 WINDOW = 25

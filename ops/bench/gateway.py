@@ -27,7 +27,6 @@ import urllib.request
 from pathlib import Path
 
 from ops.bench.common import ROOT, p50, percentile, print_table, rerankq_worker, worker_env, write_json
-
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis, free_port

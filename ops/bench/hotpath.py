@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from ops.bench.common import candidates, p50, print_table, rerankq_worker, worker_env, write_json
 
+
 WINDOW = 25
 
 

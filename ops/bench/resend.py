@@ -24,7 +24,6 @@ import uuid
 from pathlib import Path
 
 from ops.bench.common import ROOT, print_table, rerankq_worker, worker_env, write_json
-
 from producer import RerankClient, load_settings
 from producer.broker_queues import QueueProbe
 from worker.embedded.redis_server import EmbeddedRedis

@@ -12,14 +12,12 @@ threads pool with coalescing, the GPU worker's code path, on the CPU.
 
 from __future__ import annotations
 
-
 import argparse
 import tempfile
 import time
 from pathlib import Path
 
 from ops.bench.common import bench_model, cpu_quota, p50, print_table, realistic_pairs, rerankq_worker, worker_env, write_json
-
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis

@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ops.bench.common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
-
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 from worker.engine.precision import cpu_has_native_bf16

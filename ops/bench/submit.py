@@ -34,7 +34,6 @@ import uuid
 from pathlib import Path
 
 from ops.bench.common import p50, percentile, print_table, rerankq_worker, worker_env, write_json
-
 from producer import RerankClient, load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from ops.bench.common import ROOT, bench_model, print_table, realistic_pairs, worker_env, write_json
-
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
