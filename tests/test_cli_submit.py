@@ -194,3 +194,27 @@ def test_a_resumed_output_keeps_whole_jobs_only(tmp_path):
     with pytest.raises(OutputError):
         list(Output(foreign, "jsonl").resume())
     assert foreign.read_text() == "my notes\n"  # a file this command did not write is left alone
+
+
+def test_job_lines_and_flags_set_every_stream_option(start_worker, base_env, tmp_path):
+    env = fast_env(base_env)
+    start_worker(env)
+    jobs = make_jobs(3, candidates=25)
+    own_key = "own-" + Path(tmp_path).name[-20:].replace("_", "-")
+    jobs[1].update(instruction="find the payment runbook", lane="interactive", first_windows=1)
+    jobs[2].update(idempotency_key=own_key)
+    source = write_jsonl(tmp_path / "jobs.jsonl", jobs)
+    out = tmp_path / "out.jsonl"
+
+    done = rerankq(["submit", str(source), "--out", str(out), "--instruction", "rank outage notes first",
+                    "--window-size", "10", "--json"], env)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    streams = {line["id"]: line["stream"] for line in read_jsonl(out)}
+    store = Store(connect(env["RERANKQ_REDIS_URL"]), env["RERANKQ_NAMESPACE"])
+    specs = {job_id: store.load_spec(stream) for job_id, stream in streams.items()}
+    assert {job_id: spec.instruction for job_id, spec in specs.items()} == {
+        "job0": "rank outage notes first", "job1": "find the payment runbook", "job2": "rank outage notes first"}
+    assert {spec.window_size for spec in specs.values()} == {10}
+    assert streams["job2"] == "k_" + own_key  # a job's own key is used as it is
+    assert streams["job0"] == "k_" + idempotency_key(json.loads(done.stdout)["run_id"], "job0")

@@ -75,7 +75,7 @@ def window_status(result: WindowResult) -> WindowStatus:
     return WindowStatus(window=result.window, start=start, end=end, state="committed", attempts=result.attempts,
                         served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
                         omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
-                        failovers=list(result.failovers))
+                        failovers=list(result.failovers), instruction_ignored_by=result.instruction_ignored_by)
 
 
 class QueueBridge:
@@ -120,6 +120,11 @@ class QueueBridge:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 committed = len(snapshot.results)
+                unserved = await self.blocking(self.client.unserved_warning, snapshot.device)
+                if unserved is not None:
+                    raise Problem("timeout", f"the reranking did not finish in time ({committed} of "
+                                             f"{snapshot.n_windows} windows committed): {unserved}. Once one "
+                                             f"runs, read GET /v1/streams/{stream_id}/page", stream_id=stream_id)
                 raise Problem("timeout", f"the reranking did not finish in time ({committed} of {snapshot.n_windows} "
                                          f"windows committed); it goes on: repeat the request, or read "
                                          f"GET /v1/streams/{stream_id}/page", stream_id=stream_id)
@@ -205,18 +210,16 @@ class QueueBridge:
     def _open(self, job: RerankJob, key: str) -> bool:
         """Open the job's stream (in a pool thread); True when this call created it and sent its windows."""
         self.dispatcher.take_thread_sent()
-        self.client.open(job.query, job.candidates(), window_size=job.window_size, first_windows=job.n_windows,
-                         device=job.device, chain=job.chain, tenant=job.tenant, ttl_s=job.ttl_s,
-                         idempotency_key=key, max_rerank_candidates=len(job.texts),
-                         document_budget=job.document_budget)
+        self.client.open(job.query, job.candidates(), **job.open_options(key))
         return self.dispatcher.take_thread_sent() > 0
 
     # -- the stream API -------------------------------------------------------
 
-    async def open_stream(self, principal: Principal, arguments: dict[str, Any]) -> str:
-        device = arguments["device"]
+    async def open_stream(self, principal: Principal, query: str, candidates: list[dict[str, Any]],
+                          options: dict[str, Any]) -> str:
+        device = options["device"]
         self.backlog.check(device)
-        stream_id = await self.blocking(self.client.open, **arguments)
+        stream_id = await self.blocking(self.client.open, query, candidates, **options)
         log.info("gateway_stream_opened", stream=stream_id, tenant=principal.tenant, device=device)
         return stream_id
 
@@ -290,7 +293,9 @@ class QueueBridge:
 def store_problem(exc: Exception) -> Problem:
     """Redis trouble as the ``unavailable`` problem; what the store error says is safe to show."""
     if isinstance(exc, StoreError):
-        return Problem("unavailable", str(exc), stream_id=exc.stream_id, retry_after_s=1 if exc.retry_safe else None)
+        # Not str(exc): that names the store's URL, which is the operator's to know, not the caller's.
+        said = f"{exc.reason}; {exc.advice}" if exc.advice else exc.reason
+        return Problem("unavailable", said, stream_id=exc.stream_id, retry_after_s=1 if exc.retry_safe else None)
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return Problem("unavailable", "Redis is full (maxmemory); retry later", retry_after_s=1)
     return Problem("unavailable", f"Redis unreachable ({type(exc).__name__}); retry later", retry_after_s=1)

@@ -8,13 +8,13 @@ where the API keys are, how long a synchronous call waits, and the request and b
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
 
 from producer.errors import ConfigError
+from producer.field_errors import from_msgspec
 from producer.settings import Settings
 
 PREFIX = "RERANKQ_GATEWAY_"
@@ -85,9 +85,9 @@ def load_gateway_settings(environ: Mapping[str, str] | None = None, **overrides:
     try:
         gateway = msgspec.convert(raw, GatewaySettings, strict=False)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = re.search(r"at `\$\.(\w+)", text)
-        raise ConfigError(variable(match.group(1)) if match else PREFIX + "*", text.split(" - at ")[0]) from None
+        error = from_msgspec(exc)
+        field = error.field.split(".", 1)[0].split("[", 1)[0]
+        raise ConfigError(variable(field) if field else PREFIX + "*", error.message) from None
     for field in _POSITIVE:
         if getattr(gateway, field) <= 0:
             raise ConfigError(variable(field), f"must be positive, got {getattr(gateway, field)}")
