@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli_helpers import rerankq
+from cli_helpers import RERANKQ, rerankq
 from conftest import ROOT
 from gateway_helpers import GatewayProcess
 
@@ -93,7 +93,7 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
     namespace = "k" + uuid.uuid4().hex[:10]
     env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_NAMESPACE=namespace,
                     RERANKQ_GATEWAY_KEYS_FILE=str(keys_file))
-    gateway = GatewayProcess(env, tmp_path / "gateway.log").start()
+    gateway = GatewayProcess(env, tmp_path / "gateway.log", program=[str(RERANKQ), "serve"]).start()
     try:
         missing = "/v1/streams/s_" + "0" * 32
         for key in (acme, ops):  # authenticated: the stream is simply not there
@@ -103,6 +103,10 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
                          timeout=10).status_code == 401
     finally:
         gateway.stop()
+    # rerankq renders the gateway's records (its modules configure no logging); no key is in them.
+    log = gateway.log()
+    assert " INFO uvicorn.error " in log and "Uvicorn running on" in log
+    assert acme not in log and ops not in log
 
 
 def test_keygen_leaves_a_file_that_is_not_a_keys_file_as_it_was(tmp_path: Path) -> None:
