@@ -143,6 +143,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     coalesce_max_pairs: int = 256
     # Pair-score cache: (provider and model, query, document) -> score, kept cache_ttl_s.
     pair_cache: bool = True
+    # Where a stream has a tenant its pair scores are that tenant's own: a hit would tell one
+    # tenant what another sent. True shares them across tenants (one fleet, one trust domain);
+    # a member with send_tenant stays per tenant either way.
+    pair_cache_shared_across_tenants: bool = False
     max_attempts: int = 3
     redeliver_after_s: int = 300
     visibility_timeout_s: int = 3600
@@ -177,9 +181,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (off when unset); its pool processes share one directory of prometheus-client files
     # under metrics_dir (default: the system's temporary folder). The backlog exporter
     # (python -m producer.exporter) listens on exporter_port. task_events turns on Celery's
-    # task events, for Flower.
+    # task events, for Flower. metrics_host is the address the worker's metrics port listens
+    # on: loopback unless said otherwise (a container sets 0.0.0.0 so Prometheus reaches it).
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_dir: str | None = None
     exporter_port: int = 9808
     task_events: bool = False

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pytest
 import redis
 import redis.asyncio
 from delivery_providers import _score
-from gateway_helpers import GatewayProcess, sse_events, write_keys
+from gateway_helpers import GatewayProcess, queue_env, sse_events, write_keys
 from test_options import BAD
 
 from producer import RerankClient, load_settings
@@ -41,20 +40,6 @@ MAX_DOCUMENTS = 40
 MAX_CHARS = 3000
 MAX_BODY = 200_000
 MAX_WINDOW = 16
-
-
-def queue_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": redis_url,
-        "RERANKQ_NAMESPACE": namespace,
-        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-        "PYTHONPATH": str(ROOT),
-        **extra,
-    })
-    return env
 
 
 @dataclass

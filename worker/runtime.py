@@ -55,6 +55,7 @@ class Runtime:
             return metered
         return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
                               ttl_s=self.settings.cache_ttl_s, count=self.count,
+                              shared_across_tenants=self.settings.pair_cache_shared_across_tenants,
                               on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses))
 
     def count(self, name: str, amount: int = 1, *, then: Callable[[], None] | None = None) -> None:

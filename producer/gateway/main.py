@@ -79,21 +79,28 @@ def run_server(settings: Settings, config: GatewaySettings, keyring: KeyRing, ov
     import uvicorn
 
     from producer.gateway.app import create_app
+    from producer.gateway.connections import GuardedHttpTools, GuardedHttpToolsFromEnvironment
 
     common = {"host": config.host, "port": config.port, "access_log": config.access_log,
               "log_level": config.log_level.lower(), "lifespan": "on", "log_config": None,
               # Behind a proxy the client address comes from it; the gateway logs no addresses anyway.
               "proxy_headers": False, "server_header": False,
               # Long-polls and event streams would hold a shutdown forever: cut them after this.
-              "timeout_graceful_shutdown": 10}
+              "timeout_graceful_shutdown": 10,
+              "timeout_keep_alive": config.keep_alive_s,
+              # Bounds h11 too, should anyone run the app under it (GuardedHttpTools bounds httptools).
+              "h11_max_incomplete_event_size": config.max_header_bytes}
     if config.workers > 1:
         # Each process builds its own app from the environment: carry the command line there.
         for name, value in overrides.items():
             if value is not None:
                 os.environ[variable(name)] = str(value).lower() if isinstance(value, bool) else str(value)
-        uvicorn.run("producer.gateway.app:app_from_environment", factory=True, workers=config.workers, **common)
+        uvicorn.run("producer.gateway.app:app_from_environment", factory=True, workers=config.workers,
+                    http=f"{GuardedHttpToolsFromEnvironment.__module__}:{GuardedHttpToolsFromEnvironment.__name__}",
+                    **common)
         return 0
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, config, keyring), **common))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, config, keyring), http=GuardedHttpTools.bounded(config),
+                                           **common))
     server.run()
     return 0 if server.started else STARTUP_FAILURE
 

@@ -15,6 +15,8 @@ import msgspec
 
 from producer.errors import ValidationError
 from producer.field_errors import from_msgspec
+from producer.gateway.nesting import too_deep_field
+from producer.validation import MAX_NESTING_DEPTH
 
 Kind = Literal[
     "invalid",          # a field is wrong (named)
@@ -70,3 +72,8 @@ def decode(body: bytes, type_: type) -> object:
         raise Problem.from_validation(from_msgspec(exc, known=known)) from None
     except msgspec.DecodeError as exc:
         raise Problem("malformed", f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        field = too_deep_field(body)
+        where = field or "the body"
+        raise Problem("invalid", f"{where}: is nested more than {MAX_NESTING_DEPTH} levels deep",
+                      field=field) from None

@@ -31,6 +31,9 @@ TIMEOUT_HEADER = "x-rerankq-timeout"
 #: as much text as the caller allowed (the operator's RERANKQ_DOCUMENT_BUDGET stays the ceiling).
 CHARS_PER_TOKEN = 4
 
+#: The key ``producer.gateway.tenants`` keeps a request's principal under in its state.
+PRINCIPAL_STATE = "rerankq_principal"
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -42,7 +45,8 @@ class Gateway:
     bridge: QueueBridge
 
     def principal(self, request: Request) -> Principal:
-        return self.keyring.authenticate(request.headers.get("authorization"))
+        known = request.scope.get("state", {}).get(PRINCIPAL_STATE)  # authenticated already (tenants.py)
+        return known if known is not None else self.keyring.authenticate(request.headers.get("authorization"))
 
     def device(self, request: Request, principal: Principal, asked: str | None = None) -> str:
         """The device asked for (a body field), else the route's (``/gpu/v2/rerank``), else the
@@ -80,8 +84,10 @@ class Gateway:
                           field=field)
         chars = self.config.document_chars(self.settings)
         for i, text in enumerate(texts):
-            if not text:
-                raise Problem("invalid", f"{field}[{i}]: must not be empty", field=f"{field}[{i}]")
+            if not text.strip():
+                # Whitespace is no text: the worker would score it minus infinity (a null score).
+                raise Problem("invalid", f"{field}[{i}]: must not be empty or only whitespace",
+                              field=f"{field}[{i}]")
             if len(text) > chars:
                 raise Problem("invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}",
                               field=f"{field}[{i}]")
@@ -120,6 +126,9 @@ def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handl
                 return _answer(render, Problem("not_found", str(error), stream_id=error.stream_id), request)
             except (StoreError, redis.RedisError, OSError) as exc:
                 return _answer(render, store_problem(exc), request)
+            except RecursionError:
+                # Input nested deeper than the interpreter can walk, found past decoding.
+                return _answer(render, Problem("invalid", "the request is nested too deeply"), request)
 
         return run
 

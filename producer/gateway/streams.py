@@ -154,8 +154,9 @@ async def read_events(request: Request) -> Response:
     principal = gateway.principal(request)
     stream_id = request.path_params["stream_id"]
     after = request.headers.get("last-event-id", "0-0")
-    if not _EVENT_ID.fullmatch(after):
-        raise Problem("invalid", "Last-Event-ID: must be an event id this stream sent (digits-digits)",
+    # Redis stream ids are two unsigned 64-bit numbers: a larger one is refused here, not by Redis.
+    if not _EVENT_ID.fullmatch(after) or any(int(part) >= 2**64 for part in after.split("-")):
+        raise Problem("malformed", "Last-Event-ID: must be an event id this stream sent (digits-digits)",
                       field="Last-Event-ID")
     await gateway.bridge.check_owner(principal, stream_id)
     return StreamingResponse(_sse(gateway, stream_id, after.encode()), media_type="text/event-stream",
