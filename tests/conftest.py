@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +10,8 @@ from typing import Any
 
 import pytest
 import redis
+from rerank_servers import RerankServer
+from tiny_model import build_tiny_cross_encoder
 
 from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from producer import RerankClient, load_settings
@@ -19,10 +20,6 @@ from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rerank_servers import RerankServer  # noqa: E402
-from tiny_model import build_tiny_cross_encoder  # noqa: E402
 
 
 @pytest.fixture(scope="session")
