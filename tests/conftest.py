@@ -90,10 +90,13 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, 
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every case on RabbitMQ is a deployment shape, whichever file parametrises it."""
+    """Every case on RabbitMQ, and every case on the oldest Redis supported (6.2), is a
+    deployment shape, whichever file parametrises it."""
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("broker") == "amqp":
+        if callspec is None:
+            continue
+        if callspec.params.get("broker") == "amqp" or callspec.params.get("redis_server") == "bundled-6.2":
             item.add_marker(pytest.mark.deployment)
 
 
