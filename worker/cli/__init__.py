@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "serve": "producer.gateway.main:serve",
     "exporter": "producer.exporter.main:exporter",
     "eval": "worker.evaluation.command:evaluate_command",
+    "calibrate": "worker.cli.calibrate_command:calibrate",
 }
 
 EPILOG = """\b
