@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import msgspec
 
-from producer.settings.types import PositiveFloat, PositiveInt, Port, doc
+from producer.settings.types import Port, PositiveFloat, PositiveInt, doc
 
 if TYPE_CHECKING:
     from producer.settings.model import Settings

@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import tomllib
 
 from producer.errors import ConfigError
 from producer.field_errors import from_msgspec
@@ -35,6 +35,7 @@ from producer.settings.variables import (
     PREFIX,
     VARIABLES,
     member_variable,
+    section_prefix,
 )
 
 #: What a shell can export; any other name (one ending in a newline) is nobody's setting.
@@ -205,7 +206,7 @@ def _read_file(path: str) -> dict[str, Any]:
     names: dict[str, Any] = {}
     for key, value in data.items():
         if key in SECTIONS and isinstance(value, dict):
-            prefix = PREFIX + SECTIONS[key].prefix  # type: ignore[attr-defined]
+            prefix = PREFIX + section_prefix(key)
             names.update({prefix + k.upper(): v for k, v in value.items()})
         else:
             names[PREFIX + key.upper()] = value

@@ -83,8 +83,14 @@ def struct_fields(struct: type[msgspec.Struct]) -> list[Field]:
             for name in struct.__struct_fields__ if name not in families]
 
 
+def section_prefix(section: str) -> str:
+    """What follows ``RERANKQ_`` in every variable of a section (``BREAKER_``; empty for most)."""
+    prefix: str = SECTIONS[section].prefix  # type: ignore[attr-defined]
+    return prefix
+
+
 def variable_name(section: str, field: str) -> str:
-    return PREFIX + SECTIONS[section].prefix + field.upper()  # type: ignore[attr-defined]
+    return PREFIX + section_prefix(section) + field.upper()
 
 
 def _variables() -> dict[str, Variable]:
@@ -151,6 +157,25 @@ def type_text(annotation: Any) -> str:
     return f"{text} {' '.join(limits)}" if limits else text
 
 
-__all__ = ["BY_PATH", "CALIBRATION_PROFILE_PREFIX", "CHAIN_PROFILE_PREFIX", "calibration_profile_variable", "CONFIG_FILE", "DEPLOYMENT_NAMES", "MEMBER_FIELDS", "MEMBER_PREFIX", "OVERRIDES",
-           "PREFIX", "VARIABLES", "Field", "Settings", "Variable", "chain_profile_variable", "member_variable",
-           "struct_fields", "type_text", "variable", "variable_name"]
+__all__ = [
+    "BY_PATH",
+    "CALIBRATION_PROFILE_PREFIX",
+    "CHAIN_PROFILE_PREFIX",
+    "CONFIG_FILE",
+    "DEPLOYMENT_NAMES",
+    "MEMBER_FIELDS",
+    "MEMBER_PREFIX",
+    "OVERRIDES",
+    "PREFIX",
+    "VARIABLES",
+    "Field",
+    "Settings",
+    "Variable",
+    "calibration_profile_variable",
+    "chain_profile_variable",
+    "member_variable",
+    "struct_fields",
+    "type_text",
+    "variable",
+    "variable_name",
+]
