@@ -98,6 +98,13 @@ class ForwardEngine:
     def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
         return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0)
 
+    def _count_prefix(self, tokens: int) -> None:
+        """A shared prefix run once: real tokens all, no padding."""
+        self.padded_tokens += tokens
+        self.real_tokens += tokens
+        if self.on_batch is not None:
+            self.on_batch(tokens, tokens)
+
     def _count(self, batch: Batch) -> None:
         real = int(batch.tensors["attention_mask"].sum())
         self.padded_tokens += batch.padded_tokens
