@@ -16,7 +16,7 @@ from tiny_model import build_tiny_causal_reranker
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.engine import ScoringEngine, load_cross_encoder, plan_batches, shared_engine
-from worker.engine.parity import EngineDisagrees, spearman
+from worker.engine.parity import spearman
 from worker.engine.precision import resolve_precision
 
 WORDS = "payment gateway checkout error outage recover restart certificate tls load balancer dns retry region".split()
@@ -210,6 +210,8 @@ def test_prefix_reuse_runs_each_querys_shared_prefix_once(causal_reranker, fp32_
 
 
 def test_a_model_whose_scores_depend_on_its_batch_padding_is_refused_at_load(tmp_path: Path, fp32_settings):
+    from worker.engine.parity import EngineDisagrees
+
     # Learned absolute positions: left padding moves every token, so predict's own number for
     # a pair depends on its batch; an engine that batches otherwise cannot give it.
     model = load_cross_encoder(str(build_tiny_causal_reranker(tmp_path / "gpt2", absolute_positions=True)),

@@ -48,11 +48,13 @@ class ForwardEngine:
         self.precision = "fp32"
         self._choose_precision(precision or settings.precision, verify=verify_parity)
 
-    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> list[float]:
+        """Scores as sentence-transformers gives them; ``prompt`` (a stream's instruction) in
+        place of the model's own, None for the model's default."""
         raise NotImplementedError
 
-    def score(self, query: str, documents: Sequence[str]) -> list[float]:
-        return self.score_pairs([(query, d) for d in documents])
+    def score(self, query: str, documents: Sequence[str], *, prompt: str | None = None) -> list[float]:
+        return self.score_pairs([(query, d) for d in documents], prompt=prompt)
 
     # -- precision --
 

@@ -228,9 +228,6 @@ class ScoringEngine(ForwardEngine):
         """Scores as ``CrossEncoder.predict(pairs, prompt=prompt)`` gives them."""
         return self._score(self.backend, pairs, prompt=prompt, reuse=self.prefix is not None)
 
-    def score(self, query: str, documents: Sequence[str], *, prompt: str | None = None) -> list[float]:
-        return self.score_pairs([(query, d) for d in documents], prompt=prompt)
-
     def _score(self, backend: Backend, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None,
                reuse: bool = False) -> list[float]:
         import torch
