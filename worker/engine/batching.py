@@ -58,19 +58,21 @@ class Batch:
 
 
 def pad_batches(encoded: dict[str, list[list[int]]], token_budget: int, *, pad_id: int,
-                left: bool = False) -> list[Batch]:
+                left: bool = False, shared_width: int = 0) -> list[Batch]:
     """Unpadded token ids (one row per pair or text) cut by ``plan_batches`` and padded per batch.
 
     Works for pairs (with ``token_type_ids``) and single texts alike: every engine batches
     the same way, whatever its model does with the rows. ``left`` pads in front, as a causal
-    LM needs so that every row's last position is a real token.
+    LM needs so that every row's last position is a real token. ``shared_width`` is a prefix
+    every row reads (a cached one, expanded per row): it counts against the budget, as its
+    keys and values are held per row.
     """
     import torch
 
     ids = encoded["input_ids"]
     types = encoded.get("token_type_ids")
     out: list[Batch] = []
-    for indices in plan_batches([len(x) for x in ids], token_budget):
+    for indices in plan_batches([len(x) + shared_width for x in ids], token_budget):
         width = len(ids[indices[0]])
         input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(indices), width), dtype=torch.long)

@@ -285,10 +285,11 @@ class ScoringEngine(ForwardEngine):
                 continue
             self._count_prefix(length)
             suffixes = {"input_ids": [row[length:] for row in rows]}
-            for batch in pad_batches(suffixes, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=True):
+            for batch in pad_batches(suffixes, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=True,
+                                     shared_width=length):
                 tensors = {k: v.to(self.device, non_blocking=True) for k, v in batch.tensors.items()}
                 logits = self.prefix.suffix_logits(cached, tensors["input_ids"], tensors["attention_mask"])
-                features: dict[str, Any] = {"causal_logits": logits}
+                features: dict[str, Any] = {self.cross_encoder[0].module_output_name: logits}
                 for module in list(self.cross_encoder)[1:]:  # LogitScore, and whatever follows it
                     features = module(features)
                 for i, value in zip(batch.indices, self._read_scores(features["scores"])):
