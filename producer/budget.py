@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from producer.errors import ValidationError
+from producer.errors import TooShallow, ValidationError
 from producer.wire import BudgetLevel, Candidate
 
 if TYPE_CHECKING:  # settings validates through this module, so no runtime import back
@@ -158,15 +158,8 @@ def check_over_fetch(n_candidates: int, keep: int | None, *, allow_shallow: bool
     needed = required_depth(keep)
     if n_candidates >= needed or allow_shallow:
         return
-    after_budget = f" ({dropped} removed by the candidate budget)" if dropped else ""
-    raise ValidationError(
-        "keep",
-        f"reranking {n_candidates} candidates{after_budget} to keep {keep} is too shallow: "
-        f"retrieve at least max({MIN_RERANK_DEPTH}, {OVER_FETCH_FACTOR} x keep) = {needed}. "
-        "The reranker cannot promote what retrieval did not return, and a shallow set still "
-        "improves precision, so the lost recall would go unnoticed. Pass allow_shallow=True "
-        "if you know the set is complete.",
-    )
+    raise TooShallow(n_candidates=n_candidates, keep=keep, needed=needed, dropped=dropped,
+                     rule=f"max({MIN_RERANK_DEPTH}, {OVER_FETCH_FACTOR} x keep)")
 
 
 def limits_for(

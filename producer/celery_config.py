@@ -1,6 +1,6 @@
 """The Celery configuration both sides share, so producer and worker agree on it.
 
-Each delivery setting is here for a reason; README's "Guarantees" explains them. The broker
+Each delivery setting is here for a reason; docs/guarantees.md explains them. The broker
 is Redis unless ``RERANKQ_BROKER_URL`` is an ``amqp://`` URL; what RabbitMQ changes is in
 ``producer.amqp_broker`` (``celery_options``), and ``delivery_summary`` says which applies.
 Checked against Celery 5.7 / kombu 5.7 (the Redis transport's ack emulation):

@@ -16,6 +16,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
+from producer.consumers import ConsumerCheck, no_worker_warning
 from producer.dispatch import Dispatcher
 from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
 from producer.logs import get_logger
@@ -74,36 +75,45 @@ def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *, explicit_r
 
 
 @contextlib.contextmanager
-def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool) -> Iterator[None]:
-    """Redis failures as the project's own errors, saying whether the stream exists and a retry is safe.
+def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool, url: str | None = None,
+                 reading: bool = False) -> Iterator[None]:
+    """Redis failures as the project's own errors, naming the URL tried (password masked) and
+    saying what is known of the stream and whether a retry is safe.
 
     ``written`` is what is known of the stream if the call fails: False before an atomic
     write (a refused script writes nothing), True once it exists. A connection that broke
-    mid-write leaves it unknown (None) unless the call was a read.
+    mid-write leaves it unknown (None). A read (``reading``: a pull, a status) says nothing
+    about the stream it could not read: only that reading again is safe.
     """
     try:
         yield
     except redis.exceptions.OutOfMemoryError:
         raise StoreFull(
-            "Redis is full (maxmemory reached, nothing is evicted): free memory or raise maxmemory; "
-            + ("nothing was written, a retry is safe" if written is False else "the stream exists; retry later"),
-            stream_id=stream_id, stream_written=written, retry_safe=True,
+            "Redis is full (maxmemory reached, nothing is evicted)", url=url,
+            advice="free memory or raise maxmemory; "
+            + ("nothing was written, a retry is safe" if written is False else
+               "a retry is safe" if reading else "the stream exists; retry later"),
+            stream_id=stream_id, stream_written=None if reading else written, retry_safe=True,
         ) from None
     except (*UNAVAILABLE_ERRORS, redis.ResponseError) as exc:
         if isinstance(exc, redis.ResponseError) and not is_no_replicas(exc):
             raise
+        refused = isinstance(exc, (NoReplicasError, redis.ResponseError))
+        problem = ("Redis refused the write: too few replicas in sync (NOREPLICAS: a failover under way, or a "
+                   "replica down)" if refused else f"Redis unreachable ({type(exc).__name__})")
+        if reading:
+            raise StoreUnavailable(problem, url=url, advice="the stream was not read; a retry is safe",
+                                   stream_id=stream_id, stream_written=None, retry_safe=True) from None
         # A NOREPLICAS refusal itself writes nothing, but the client's own retries may have met a
         # broken connection mid-write first: what is known stays what the caller knew.
         known = True if written else None
         safe = retry_safe or known is True
-        refused = isinstance(exc, (NoReplicasError, redis.ResponseError))
         raise StoreUnavailable(
-            ("Redis refused the write: too few replicas in sync (NOREPLICAS: a failover under way, or a "
-             "replica down); " if refused else f"Redis unreachable ({type(exc).__name__}); ")
-            + ("the stream exists, a retry is safe" if known else
-               "the stream may or may not have been written; "
-               + ("a retry with the same idempotency_key is safe" if safe else
-                  "retry only with an idempotency_key, or a retry may open a second job")),
+            problem, url=url,
+            advice=("the stream exists, a retry is safe" if known else
+                    "the stream may or may not have been written; "
+                    + ("a retry with the same idempotency_key is safe" if safe else
+                       "retry only with an idempotency_key, or a retry may open a second job")),
             stream_id=stream_id, stream_written=known, retry_safe=safe,
         ) from None
     except StoreError:
@@ -119,6 +129,7 @@ class RerankClient:
         self.settings = settings
         self.store = Store(connect(settings.redis_url), settings.namespace, event_log_maxlen=settings.event_log_maxlen)
         self.dispatcher = dispatcher or Dispatcher(settings)
+        self._consumers = ConsumerCheck(self.store.client, self.store.keys)
         # Streams this client just created, as their open left them (nothing committed, the
         # event log empty): the usual open-then-pull skips a read that could only find that.
         self._fresh: OrderedDict[str, tuple[float, Snapshot]] = OrderedDict()
@@ -220,7 +231,8 @@ class RerankClient:
             self.settings,
         )
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=reference_time)
-        with store_errors(stream_id, written=False, retry_safe=idempotency_key is not None):
+        with store_errors(stream_id, written=False, retry_safe=idempotency_key is not None,
+                          url=self.settings.redis_url):
             created, admitted = self.store.open(
                 stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
                 fingerprint=fingerprint, lane=lane,
@@ -232,10 +244,20 @@ class RerankClient:
         # From here the stream exists: a message that cannot be sent is the sweep's to send,
         # not the caller's to retry (a retry without an idempotency key would pay twice).
         self._send(stream_id, admitted, spec.device, lane)
+        unserved = self.unserved_warning(spec.device) if admitted else None
+        if unserved is not None:
+            log.warning("no_live_worker", stream=stream_id, device=spec.device,
+                        queue=self.settings.queue_for(spec.device), problem=unserved)
         log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
                  lane=lane, budget_dropped_per_source=budgeted.dropped_per_source,
                  budget_dropped_global=budgeted.dropped_global)
         return stream_id
+
+    def unserved_warning(self, device: str) -> str | None:
+        """What to tell a caller when no live worker consumes ``device``'s queue (the windows would
+        wait in silence); None when one does, or when that cannot be told. Cached briefly."""
+        queue = self.settings.queue_for(device)
+        return no_worker_warning(queue, device) if self._consumers.count(queue) == 0 else None
 
     def _remember_fresh(self, stream_id: str, snapshot: Snapshot) -> None:
         self._fresh[stream_id] = (time.monotonic(), snapshot)
@@ -288,7 +310,7 @@ class RerankClient:
         check_pull_arguments(stream_id, offset, limit, timeout=timeout, raise_on_failed=raise_on_failed)
         deadline = time.monotonic() + timeout
         # Reads are safe to repeat; an admit is too (it admits each window once, whoever asks).
-        with store_errors(stream_id, written=True, retry_safe=True):
+        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
             fresh = self._fresh_snapshot(stream_id)
             snapshot = fresh or self.store.snapshot(stream_id)
             while True:
@@ -340,7 +362,7 @@ class RerankClient:
         kept: dict[int, list[float]] = {}
         if options.needs_candidates and page.rows:
             end = max(row.decision.index for row in page.rows) + 1
-            with store_errors(stream_id, written=True, retry_safe=True):
+            with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
                 candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
                 if options.mmr_lambda is not None and not any(c.embedding for c in candidates.values()):
                     kept = self.store.load_embeddings(stream_id, sorted({row.window for row in page.rows}))
@@ -350,7 +372,7 @@ class RerankClient:
     def status(self, stream_id: str) -> StreamStatus:
         """Where every window of a stream stands: not admitted, admitted, or committed with counts."""
         check_stream_id(stream_id)
-        with store_errors(stream_id, written=True, retry_safe=True):
+        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
             snapshot = self.store.snapshot(stream_id)
             attempts = self.store.attempts(stream_id)
         windows = []
@@ -367,11 +389,12 @@ class RerankClient:
                     window=window, start=start, end=end, state="committed", attempts=result.attempts,
                     served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
                     omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
-                    failovers=list(result.failovers),
+                    failovers=list(result.failovers), instruction_ignored_by=result.instruction_ignored_by,
                 )
             )
         return StreamStatus(
-            stream_id=stream_id, n_candidates=snapshot.n_candidates, window_size=snapshot.window_size, windows=windows
+            stream_id=stream_id, n_candidates=snapshot.n_candidates, window_size=snapshot.window_size, windows=windows,
+            device=snapshot.device,  # type: ignore[arg-type]
         )
 
     def progress(self, stream_ids: list[str]) -> dict[str, StreamProgress | None]:
@@ -385,6 +408,6 @@ class RerankClient:
                 check_stream_id(stream_id)
             except ValidationError:
                 raise ValidationError(f"stream_ids[{i}]", "is not a rerankq stream id") from None
-        with store_errors("", written=True, retry_safe=True):
+        with store_errors("", written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
             found = self.store.progress(stream_ids)
         return dict(zip(stream_ids, found))

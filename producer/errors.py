@@ -2,6 +2,35 @@
 
 from __future__ import annotations
 
+import re
+from urllib.parse import parse_qsl, urlencode
+
+#: Query parameters of a Redis URL that hold a secret (``?sentinel_password=``, ``?password=``).
+_SECRET_PARAM = re.compile(r"pass|secret|token|key", re.IGNORECASE)
+
+
+def mask_url(url: str | None) -> str:
+    """``url`` as it may be shown: the password (and any secret query parameter) as ``***``.
+
+    Works for multi-host URLs (``redis+sentinel://:pw@h1:26379,h2:26379/svc``), which
+    ``urllib`` cannot parse whole, by splitting at the last ``@`` of the part before the path.
+    """
+    if not url:
+        return "(not set)"
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***"  # not a URL at all: it could be anything, a bare password included
+    location, slash, tail = rest.partition("/")
+    if "@" in location:
+        userinfo, _, hosts = location.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        location = (f"{user}:***" if colon else "***") + "@" + hosts
+    path, question, query = tail.partition("?")
+    if question:
+        pairs = [(k, "***" if _SECRET_PARAM.search(k) else v) for k, v in parse_qsl(query, keep_blank_values=True)]
+        query = urlencode(pairs, safe="*/:")
+    return f"{scheme}://{location}{slash}{path}{question}{query}"
+
 
 class RerankqError(Exception):
     pass
@@ -62,17 +91,46 @@ class WindowFailed(RerankqError):
 class StoreError(RerankqError):
     """Redis could not do what was asked; the message says what to do about it.
 
-    ``stream_written`` says whether the stream exists: True, False (nothing was written),
-    or None (unknown: the connection broke while the write was in flight). ``retry_safe``
-    says whether calling again can neither open a second job nor pay a provider twice.
+    ``problem`` is what went wrong, naming the URL tried (``url``, its password masked);
+    ``advice`` what a caller of the library can do. ``stream_written`` says what is known of
+    the stream: True (it exists), False (nothing was written), or None (unknown: the
+    connection broke while a write was in flight, or the call only read and never reached
+    it). ``retry_safe`` says whether calling again can neither open a second job nor pay a
+    provider twice.
     """
 
     def __init__(self, message: str, *, stream_id: str | None = None, stream_written: bool | None,
-                 retry_safe: bool) -> None:
+                 retry_safe: bool, url: str | None = None, advice: str | None = None) -> None:
         self.stream_id = stream_id
         self.stream_written = stream_written
         self.retry_safe = retry_safe
-        super().__init__(message)
+        self.url = mask_url(url) if url is not None else None
+        #: What went wrong without the URL: for an answer to someone who must not learn it (the gateway's callers).
+        self.reason = message
+        self.problem = message if self.url is None else f"{message} at {self.url}"
+        self.advice = advice
+        super().__init__(self.problem if not advice else f"{self.problem}; {advice}")
+
+
+class TooShallow(ValidationError):
+    """The over-fetch rule: too few candidates for the ``keep`` asked. ``message_for`` words the
+    opt-out as the caller's interface spells it (``allow_shallow=True``, ``--allow-shallow``)."""
+
+    def __init__(self, *, n_candidates: int, keep: int, needed: int, rule: str, dropped: int = 0,
+                 opt_out: str = "allow_shallow=True") -> None:
+        self.n_candidates = n_candidates
+        self.rule = rule
+        self.keep = keep
+        self.needed = needed
+        self.dropped = dropped
+        super().__init__("keep", self.message_for(opt_out))
+
+    def message_for(self, opt_out: str) -> str:
+        after_budget = f" ({self.dropped} removed by the candidate budget)" if self.dropped else ""
+        return (f"reranking {self.n_candidates} candidates{after_budget} to keep {self.keep} is too shallow: "
+                f"retrieve at least {self.rule} = {self.needed}. The reranker cannot promote what "
+                "retrieval did not return, and a shallow set still improves precision, so the lost recall "
+                f"would go unnoticed. Pass {opt_out} if you know the set is complete.")
 
 
 class StoreFull(StoreError):

@@ -117,6 +117,11 @@ class Keys:
         """HASH of one worker's processes (pid -> what each runs), for operators (``worker.card``)."""
         return f"{self.namespace}:worker:{hostname}"
 
+    def queue_consumers(self, queue: str) -> str:
+        """ZSET of the workers consuming ``queue`` (hostname -> when it last said so), for the
+        no-worker warning (``producer.consumers``); cold: each worker writes it every half minute."""
+        return f"{self.namespace}:consumers:{queue}"
+
     @property
     def sweep_lock(self) -> str:
         return f"{self.namespace}:sweep-lock"

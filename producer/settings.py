@@ -73,6 +73,14 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     device: str | None = None
     allow_mps: bool = False
     send_tenant: bool = False
+    # The vllm provider: which of vLLM's APIs it calls (rerank: POST /rerank, Cohere-like;
+    # score: POST /score, text_1 against text_2) and vLLM's truncate_prompt_tokens (the
+    # tokens each pair is cut to, -1 for the model's limit; unset: an over-long pair is refused).
+    endpoint: Literal["rerank", "score"] = "rerank"
+    truncate_prompt_tokens: int | None = None
+    # The request field a remote member sends the stream's instruction in. Unset: the
+    # provider's own (vllm: "instruction", its protocol's field; http: none); "" for none.
+    instruction_field: str | None = None
     # The local provider's inference backend (issue 13). torch runs the transformers model;
     # onnx (ONNX Runtime) and openvino run an export of it, made once beside the model and
     # reused, adopted only if it ranks a parity probe as torch fp32 does. auto: openvino on

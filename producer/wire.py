@@ -145,6 +145,9 @@ class WindowResult(Base):
     #: When the attempt that committed began (``time.time()`` on the worker): the time from
     #: it to ``committed_at`` is the window's scoring, the time before it the queue's.
     began_at: float | None = None
+    #: The member that served the window without the stream's instruction, because it cannot
+    #: use one (its API has no such field, or it is configured without one); None otherwise.
+    instruction_ignored_by: str | None = None
 
 
 class WindowEmbeddings(Base):
@@ -245,6 +248,8 @@ class WindowStatus(Base):
     reason: str | None = None
     #: Members skipped on the way to the one that served, as ``"1:cohere: timeout"``.
     failovers: list[str] = []
+    #: The serving member, when it could not use the stream's instruction (WindowResult's).
+    instruction_ignored_by: str | None = None
 
 
 class StreamStatus(Base):
@@ -252,6 +257,8 @@ class StreamStatus(Base):
     n_candidates: int
     window_size: int
     windows: list[WindowStatus]
+    #: The device queue the stream's windows go to.
+    device: Device | None = None
 
 
 class StreamProgress(Base):

@@ -7,7 +7,12 @@ it sees is recorded (path, headers, JSON body), so a test can count calls.
 
 Like the real servers: TEI answers raw logits when asked for ``raw_scores``; Infinity
 serves ``/rerank`` only and answers 404 elsewhere; a 422 echoes the request it refused
-(FastAPI's validation errors quote their ``input``).
+(FastAPI's validation errors quote their ``input``). ``vllm`` serves vLLM's rerank
+(``/rerank``, ``/v1/rerank``, ``/v2/rerank``) and score (``/score``, ``/v1/score``) APIs,
+answers raw logits for ``use_activation: false``, and scores a document under the request's
+``instruction`` differently (``expected_score``), as an instruction-aware reranker would.
+It is stricter than vLLM, which accepts and ignores a field it does not know: it answers 400
+to any field outside vLLM's protocol, so a field vLLM would drop silently fails the test.
 """
 
 from __future__ import annotations
@@ -22,18 +27,31 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-SHAPES = ("tei", "cohere", "infinity", "scores", "rankings")
+SHAPES = ("tei", "cohere", "infinity", "scores", "rankings", "vllm")
 MODES = (
     "ok", "hang", "500", "429", "malformed", "wrong_count", "repeated_index", "out_of_range",
     "nan", "flat", "subset", "logits", "echo_auth", "echo_422", "echo_400_code",
 )
 # The paths each shape serves; None: any path.
-PATHS: dict[str, frozenset[str] | None] = {"infinity": frozenset({"/rerank"})}
+VLLM_RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
+VLLM_SCORE_PATHS = frozenset({"/score", "/v1/score"})
+PATHS: dict[str, frozenset[str] | None] = {"infinity": frozenset({"/rerank"}),
+                                           "vllm": VLLM_RERANK_PATHS | VLLM_SCORE_PATHS}
+# vLLM's request fields (vllm/entrypoints/pooling/scoring/protocol.py and base/protocol.py):
+# those every scoring request shares, then each API's own.
+VLLM_COMMON_FIELDS = frozenset({
+    "model", "user", "truncate_prompt_tokens", "padding", "truncation_side", "request_id", "priority",
+    "mm_processor_kwargs", "cache_salt", "use_activation", "max_tokens_per_query", "max_tokens_per_doc",
+    "instruction", "chat_template_kwargs",
+})
+VLLM_RERANK_FIELDS = VLLM_COMMON_FIELDS | {"query", "documents", "top_n"}
+VLLM_SCORE_FIELDS = VLLM_COMMON_FIELDS | {"text_1", "text_2"}
 
 
-def expected_score(document: str) -> float:
-    """A score in (0.05, 0.95) that depends only on the text."""
-    return 0.05 + 0.9 * (zlib.crc32(document.encode()) % 1000) / 1000
+def expected_score(document: str, instruction: str | None = None) -> float:
+    """A score in (0.05, 0.95) that depends only on the text (and the instruction it was scored under)."""
+    text = document if instruction is None else f"{instruction}\n{document}"
+    return 0.05 + 0.9 * (zlib.crc32(text.encode()) % 1000) / 1000
 
 
 def logit(p: float) -> float:
@@ -91,7 +109,12 @@ class RerankServer:
 
     # -- answers -------------------------------------------------------------
 
-    def answer(self, mode: str, body: Any) -> tuple[int, dict[str, str], bytes]:
+    def answer(self, mode: str, body: Any, path: str = "") -> tuple[int, dict[str, str], bytes]:
+        if self.shape == "vllm":
+            refused = vllm_refusal(body, path)
+            if refused is not None:
+                return 400, {}, json.dumps({"error": {"message": refused, "type": "BadRequestError",
+                                                      "code": 400}}).encode()
         if mode == "500":
             return 500, {}, b'{"error": "internal"}'
         if mode == "429":
@@ -107,18 +130,19 @@ class RerankServer:
             query = body.get("query") if isinstance(body, dict) else None
             return 400, {}, json.dumps({"error": {"code": "too_many_tokens",
                                                   "message": f"query {query!r} is too long"}}).encode()
-        documents = body.get("texts") or body.get("documents") or []
+        documents = body.get("texts") or body.get("documents") or body.get("text_2") or []
         documents = [d if isinstance(d, str) else d.get("text", "") for d in documents]
         n = len(documents)
-        pairs = [(i, expected_score(d)) for i, d in enumerate(documents)]
+        instruction = body.get("instruction") if self.shape == "vllm" else None
+        pairs = [(i, expected_score(d, instruction)) for i, d in enumerate(documents)]
         if mode == "flat":
             pairs = [(i, 0.5) for i in range(n)]
         elif mode == "nan":
             pairs[0] = (0, float("nan"))
         elif mode == "logits":
             pairs = [(i, s * 12 - 6) for i, s in pairs]
-        elif body.get("raw_scores") is True:
-            pairs = [(i, logit(s)) for i, s in pairs]  # TEI without its sigmoid
+        elif body.get("raw_scores") is True or body.get("use_activation") is False:
+            pairs = [(i, logit(s)) for i, s in pairs]  # TEI without its sigmoid, vLLM without its activation
         ranked = sorted(pairs, key=lambda p: -p[1])
         if mode == "subset":
             ranked = ranked[: int(body.get("top_n") or self.subset_size)]
@@ -128,9 +152,12 @@ class RerankServer:
             ranked[-1] = (ranked[0][0], ranked[-1][1])
         elif mode == "out_of_range":
             ranked[-1] = (n, ranked[-1][1])
-        return 200, {}, json.dumps(self.render(ranked, documents, mode)).encode()
+        return 200, {}, json.dumps(self.render(ranked, documents, mode, path=path, body=body)).encode()
 
-    def render(self, ranked: list[tuple[int, float]], documents: list[str], mode: str) -> Any:
+    def render(self, ranked: list[tuple[int, float]], documents: list[str], mode: str, *, path: str = "",
+               body: Any = None) -> Any:
+        if self.shape == "vllm":
+            return vllm_answer(ranked, documents, mode, score_api=path in VLLM_SCORE_PATHS, body=body)
         if self.shape == "tei":
             return [{"index": i, "score": s} for i, s in ranked]
         if self.shape == "cohere":
@@ -168,7 +195,7 @@ class RerankServer:
                 if server.paths is not None and self.path not in server.paths:
                     status, headers, payload = 404, {}, b'{"detail":"Not Found"}'
                 else:
-                    status, headers, payload = server.answer(mode, body)
+                    status, headers, payload = server.answer(mode, body, self.path)
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -186,6 +213,47 @@ class RerankServer:
         return Handler
 
     _auth = ""
+
+
+def vllm_refusal(body: Any, path: str) -> str | None:
+    """What vLLM's request validation would refuse (and what it would silently drop), or None."""
+    if not isinstance(body, dict):
+        return "body is not a JSON object"
+    score_api = path in VLLM_SCORE_PATHS
+    allowed = VLLM_SCORE_FIELDS if score_api else VLLM_RERANK_FIELDS
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        return f"fields outside vLLM's protocol: {unknown}"
+    query, documents = (body.get("text_1"), body.get("text_2")) if score_api else (body.get("query"), body.get("documents"))
+    if not isinstance(query, str) or not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+        return "a text query and a list of text documents are required"
+    truncate = body.get("truncate_prompt_tokens")
+    if truncate is not None and (not isinstance(truncate, int) or truncate < -1):
+        return "truncate_prompt_tokens must be an integer >= -1"
+    if not isinstance(body.get("top_n", 0), int) or not isinstance(body.get("instruction", ""), str):
+        return "top_n must be an integer and instruction a string"
+    if not isinstance(body.get("use_activation", True), bool):
+        return "use_activation must be a boolean"
+    return None
+
+
+def vllm_answer(ranked: list[tuple[int, float]], documents: list[str], mode: str, *, score_api: bool,
+                body: Any) -> Any:
+    model = body.get("model") or "served-model"
+    tokens = sum(len(d.split()) for d in documents)
+    if score_api:
+        # In input order; a dropped one shortens the list.
+        data = [{"index": i, "object": "score", "score": s} for i, s in sorted(ranked)]
+        return {"id": "score-1", "object": "list", "created": 1, "model": model, "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}
+    # vLLM answers every document for top_n 0 (or absent), the best top_n otherwise.
+    top_n = body.get("top_n") or 0
+    if top_n and mode == "ok":
+        ranked = ranked[:top_n]
+    results = [{"index": i, "document": {"text": documents[i] if i < len(documents) else ""},
+                "relevance_score": s} for i, s in ranked]
+    return {"id": "rerank-1", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "results": results}
 
 
 def closed_port_url() -> str:

@@ -177,7 +177,9 @@ def test_an_unreachable_redis_is_a_typed_error_that_says_what_is_known(make_clie
     assert err.value.retry_safe is True
     with pytest.raises(StoreUnavailable) as err:
         client.pull("s_" + "0" * 32, 0, 10, timeout=0)
-    assert err.value.stream_written is True and err.value.retry_safe is True
+    # A read never reached the stream: it claims nothing about it, and reading again is safe.
+    assert err.value.stream_written is None and err.value.retry_safe is True
+    assert dead in str(err.value) and "the stream exists" not in str(err.value)
 
 
 def test_a_redis_killed_mid_run_is_waited_out(start_worker, make_client, tmp_path):

@@ -74,7 +74,10 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
                 load_and_publish()
             name = card.hostname()
             if name is not None:
-                keeper = card.CardKeeper(settings, name).start()
+                # The queues this worker consumes, as Celery resolved them from --queues.
+                declared = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+                queues = list(getattr(declared, "consume_from", None) or {})
+                keeper = card.CardKeeper(settings, name, queues).start()
                 signals.worker_shutting_down.connect(lambda **_: keeper.request_stop(), weak=False)
 
     health = monitoring.health

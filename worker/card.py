@@ -20,6 +20,7 @@ from typing import Any
 import redis
 import structlog
 
+from producer import consumers
 from producer.settings import DEFAULT_MODEL, Settings
 from producer.store import Store, connect
 
@@ -72,9 +73,16 @@ def publish(store: Store, name: str, card: dict[str, Any]) -> None:
         log.warning("worker_card_not_written", error=type(exc).__name__)
 
 
+#: The card hash's field for the queues the worker consumes (the others are pids).
+QUEUES_FIELD = "queues"
+
+
 def read_cards(client: redis.Redis, key: str) -> list[dict[str, Any]]:
+    """The processes' cards (the fields named by a pid)."""
     cards = []
-    for raw in client.hvals(key):
+    for field, raw in client.hgetall(key).items():
+        if not field.isdigit():
+            continue
         try:
             cards.append(json.loads(raw))
         except ValueError:
@@ -93,11 +101,14 @@ def _alive(pid: int) -> bool:
 
 
 class CardKeeper:
-    """In the worker's main process: keeps its card hash alive and drops processes that are gone."""
+    """In the worker's main process: keeps its card hash alive, drops processes that are gone, and
+    says which queues it consumes (in its card, and in ``producer.consumers``' registry, which a
+    producer reads to warn that no worker serves a stream's device)."""
 
-    def __init__(self, settings: Settings, name: str) -> None:
+    def __init__(self, settings: Settings, name: str, queues: list[str] | None = None) -> None:
         self.settings = settings
         self.name = name
+        self.queues = sorted(set(queues or []))
         self._stop = threading.Event()
 
     def start(self) -> CardKeeper:
@@ -107,17 +118,35 @@ class CardKeeper:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def _announce(self, store: Store, key: str) -> None:
+        if not self.queues:
+            return
+        pipe = store.client.pipeline(transaction=True)
+        pipe.hset(key, QUEUES_FIELD, json.dumps(self.queues))
+        pipe.expire(key, CARD_TTL_S)
+        pipe.execute()
+        consumers.record(store.client, store.keys, self.name, self.queues)
+
     def _run(self) -> None:
         store = Store(connect(self.settings.redis_url or self.settings.broker), self.settings.namespace)
         key = store.keys.worker_card(self.name)
         try:
+            try:
+                self._announce(store, key)
+            except redis.RedisError as exc:
+                log.warning("worker_card_not_written", error=type(exc).__name__)
             while not self._stop.wait(CARD_REFRESH_S):
                 try:
                     gone = [pid for pid in store.client.hkeys(key) if pid.isdigit() and not _alive(int(pid))]
                     if gone:
                         store.client.hdel(key, *gone)
                     store.client.expire(key, CARD_TTL_S)
+                    self._announce(store, key)
                 except redis.RedisError as exc:
                     log.warning("worker_card_not_refreshed", error=type(exc).__name__)
+            try:
+                consumers.forget(store.client, store.keys, self.name, self.queues)
+            except redis.RedisError:
+                pass  # then it leaves the registry when its last write ages out
         finally:
             store.client.close()

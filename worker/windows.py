@@ -185,7 +185,7 @@ class WindowScorer:
         result = WindowResult(
             window=window, start=start, end=end, served_by=outcome.served_by, passthrough=outcome.passthrough,
             attempts=begun.attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,
-            reason=outcome.reason, began_at=began_at,
+            reason=outcome.reason, began_at=began_at, instruction_ignored_by=outcome.instruction_ignored_by,
         )
         self.recorder.window_scored(time.perf_counter() - scoring_started)
         written = self._commit(stream_id, result, outcome="failed" if outcome.failed else "ranked", begun=begun,

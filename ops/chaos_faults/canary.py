@@ -4,7 +4,7 @@ A thread INCRs one counter a few hundred times a second on a client that never r
 so each reply it receives is one acknowledged write. Redis applies writes in order and
 appends them to its AOF in order, so after a restart the next INCR must return more than
 the last value acknowledged before it; each value it falls short by is an acknowledged
-write that was lost. The chaos run counts that as a violation: README's "Guarantees"
+write that was lost. The chaos run counts that as a violation: docs/guarantees.md
 says a crash of Redis alone loses nothing.
 """
 

@@ -12,7 +12,7 @@
 A failover can lose writes the old master acknowledged: after a SIGKILL those it had not yet
 sent to its replica (after a manual Sentinel failover too: those in flight at the promotion;
 without ``min-replicas-to-write`` also all it took between its replica's promotion and its own
-demotion, seconds later). README says so ("Redis Sentinel"). The run does not repair such
+demotion, seconds later). docs/deployments.md says so ("Redis Sentinel"). The run does not repair such
 a loss and does not hide it: each failover is recorded with what it could have touched (a
 cluster master's slots; all of a Sentinel master), the canary counts acknowledged writes lost
 across failovers, and ``attribute`` moves only findings a failover can explain (a stream

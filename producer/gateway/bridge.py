@@ -75,7 +75,7 @@ def window_status(result: WindowResult) -> WindowStatus:
     return WindowStatus(window=result.window, start=start, end=end, state="committed", attempts=result.attempts,
                         served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
                         omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
-                        failovers=list(result.failovers))
+                        failovers=list(result.failovers), instruction_ignored_by=result.instruction_ignored_by)
 
 
 class QueueBridge:
@@ -120,6 +120,11 @@ class QueueBridge:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 committed = len(snapshot.results)
+                unserved = await self.blocking(self.client.unserved_warning, snapshot.device)
+                if unserved is not None:
+                    raise Problem("timeout", f"the reranking did not finish in time ({committed} of "
+                                             f"{snapshot.n_windows} windows committed): {unserved}. Once one "
+                                             f"runs, read GET /v1/streams/{stream_id}/page", stream_id=stream_id)
                 raise Problem("timeout", f"the reranking did not finish in time ({committed} of {snapshot.n_windows} "
                                          f"windows committed); it goes on: repeat the request, or read "
                                          f"GET /v1/streams/{stream_id}/page", stream_id=stream_id)
@@ -290,7 +295,9 @@ class QueueBridge:
 def store_problem(exc: Exception) -> Problem:
     """Redis trouble as the ``unavailable`` problem; what the store error says is safe to show."""
     if isinstance(exc, StoreError):
-        return Problem("unavailable", str(exc), stream_id=exc.stream_id, retry_after_s=1 if exc.retry_safe else None)
+        # Not str(exc): that names the store's URL, which is the operator's to know, not the caller's.
+        said = f"{exc.reason}; {exc.advice}" if exc.advice else exc.reason
+        return Problem("unavailable", said, stream_id=exc.stream_id, retry_after_s=1 if exc.retry_safe else None)
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return Problem("unavailable", "Redis is full (maxmemory); retry later", retry_after_s=1)
     return Problem("unavailable", f"Redis unreachable ({type(exc).__name__}); retry later", retry_after_s=1)

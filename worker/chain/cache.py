@@ -1,9 +1,10 @@
 """The pair-score cache.
 
-A score depends on the pair (query, assembled document) and on the member's
-*identity*: everything else that changes what the provider is asked or how its
-answer is read (model, URL, scale, request options; each provider declares its own
-``cache_identity``). It is kept in Redis under a digest of the three, for
+A score depends on the pair (query, assembled document), on the stream's instruction
+(the model's prompt: the same pair under another instruction is another entry) and on
+the member's *identity*: everything else that changes what the provider is asked or how
+its answer is read (model, URL, scale, request options; each provider declares its own
+``cache_identity``). It is kept in Redis under a digest of them, for
 ``cache_ttl_s``. A repeated query over the same documents then skips the provider;
 only the misses are sent. The cached number is the provider's raw score, stored as
 the exact 8-byte double, so normalisation, boosts and ``served_by`` come out the same
@@ -94,14 +95,23 @@ def answers_subsets(member: MemberSettings, provider: Provider) -> bool:
     return declared if isinstance(declared, bool) else member.top_n is not None
 
 
-def pair_digest(identity: str, query: str, document: str, *, tenant: str | None = None) -> str:
+def _instructed(parts: list[object], instruction: str | None) -> list[object]:
+    # Without an instruction the parts are what they always were, so earlier entries still hit.
+    return parts if instruction is None else [*parts, ["instruction", instruction]]
+
+
+def pair_digest(identity: str, query: str, document: str, *, tenant: str | None = None,
+                instruction: str | None = None) -> str:
     # msgpack framing keeps the parts apart: no separator can be forged by a document.
-    return hashlib.blake2b(_encode([identity, tenant, query, document]), digest_size=20).hexdigest()
+    parts = _instructed([identity, tenant, query, document], instruction)
+    return hashlib.blake2b(_encode(parts), digest_size=20).hexdigest()
 
 
-def window_digest(identity: str, query: str, documents: Sequence[str], *, tenant: str | None = None) -> str:
+def window_digest(identity: str, query: str, documents: Sequence[str], *, tenant: str | None = None,
+                  instruction: str | None = None) -> str:
     # The leading tag and the list keep a window's digest apart from any pair's.
-    return hashlib.blake2b(_encode(["window", identity, tenant, query, list(documents)]), digest_size=20).hexdigest()
+    parts = _instructed(["window", identity, tenant, query, list(documents)], instruction)
+    return hashlib.blake2b(_encode(parts), digest_size=20).hexdigest()
 
 
 class CachedProvider:
@@ -139,7 +149,8 @@ class CachedProvider:
             return self._score_window(request, deadline=deadline)
         documents = list(request.documents)
         tenant = self._tenant(request)
-        keys = [self.keys.pair_score(pair_digest(self.identity, request.query, d, tenant=tenant)) for d in documents]
+        keys = [self.keys.pair_score(pair_digest(self.identity, request.query, d, tenant=tenant,
+                                                 instruction=request.instruction)) for d in documents]
         scores: list[float | None] = [None] * len(documents)
         misses: list[int] = []
         for i, raw in enumerate(self._read(keys)):
@@ -164,7 +175,7 @@ class CachedProvider:
     def _score_window(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         n = len(request.documents)
         key = self.keys.window_answer(window_digest(self.identity, request.query, request.documents,
-                                                 tenant=self._tenant(request)))
+                                                 tenant=self._tenant(request), instruction=request.instruction))
         raw = self._read([key])[0]
         if raw is not None:
             try:

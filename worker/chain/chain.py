@@ -26,7 +26,14 @@ from producer.store import connect
 from worker.chain.breaker import Breaker, Gate, breaker_id
 from worker.chain.checks import FLAT_MIN_WINDOW, FLAT_RANGE, CheckedProvider, check_scores
 from worker.providers import build_provider
-from worker.providers.base import Provider, ProviderError, ProviderStartError, Scale, ScoreRequest
+from worker.providers.base import (
+    Provider,
+    ProviderError,
+    ProviderStartError,
+    Scale,
+    ScoreRequest,
+    accepts_instruction,
+)
 from worker.side_writes import SideWrite, write
 
 log = structlog.get_logger("rerankq.chain")
@@ -45,6 +52,8 @@ class ChainOutcome:
     reason: str | None = None
     #: The serving member's ``embed(documents)`` when it embeds documents (``embedding``).
     embed: Callable[[list[str]], list[list[float]]] | None = None
+    #: The serving member, when the stream had an instruction and that member cannot use one.
+    instruction_ignored_by: str | None = None
 
     @property
     def passthrough(self) -> bool:
@@ -102,6 +111,11 @@ class Member:
     def started(self) -> bool:
         return self._provider is not None
 
+    @property
+    def uses_instructions(self) -> bool:
+        """Whether the raw provider (beneath the cache and the meter) takes the stream's instruction."""
+        return accepts_instruction(self.checked if self.checked is not None else self._provider)
+
     def provider(self) -> Provider:
         if self._provider is not None:
             return self._provider
@@ -126,6 +140,9 @@ class Member:
             self._start_failed(error)
             raise error from None
         self._failed_at = None
+        if not self.uses_instructions and self._provider is not None and self._provider.scale is not None:
+            # Once per start; each window it serves with an instruction records it too.
+            log.info("member_ignores_instructions", member=self.label, provider=self.settings.provider)
         return self._provider  # type: ignore[return-value]
 
     def _start_failed(self, exc: ProviderStartError) -> None:
@@ -284,8 +301,11 @@ class Chain:
             self._record(member, ok=True, reason=None, request=request)
             # The raw provider's, beneath the cache and the meter (the checks forward it).
             embed = getattr(member.checked if member.checked is not None else provider, "embed", None)
+            ignored = (request.instruction is not None and provider.scale is not None
+                       and not member.uses_instructions)
             return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers,
-                                embed=embed if callable(embed) else None)
+                                embed=embed if callable(embed) else None,
+                                instruction_ignored_by=member.label if ignored else None)
         return ChainOutcome(
             served_by=None, scale=None, scores=None, failovers=failovers,
             reason="all members failed: " + "; ".join(failovers),

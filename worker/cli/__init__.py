@@ -98,8 +98,6 @@ def invoked_args() -> list[str]:
 
 def main(argv: list[str] | None = None, prog_name: str = "rerankq") -> int:
     """Run a command and return its exit status (the console script exits with it)."""
-    from producer.errors import RerankqError
-
     _invoked[:] = sys.argv[1:] if argv is None else argv
     try:
         result = cli.main(args=argv, prog_name=prog_name, standalone_mode=False)
@@ -111,8 +109,13 @@ def main(argv: list[str] | None = None, prog_name: str = "rerankq") -> int:
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
         return 130
-    except RerankqError as exc:
-        click.echo(f"{prog_name}: {type(exc).__name__}: {exc}", err=True)
+    except Exception as exc:  # the project's, Redis's and the broker's errors as one line; a bug keeps its traceback
+        from worker.cli.errors import explain
+
+        said = explain(exc)
+        if said is None:
+            raise
+        click.echo(f"{prog_name}: {said}", err=True)
         return 1
     return result if isinstance(result, int) else 0
 

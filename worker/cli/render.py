@@ -3,12 +3,34 @@ them), a rich table for status."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from producer.wire import Page, StreamStatus
 
+#: The header ``worker.scoring.documents`` puts before a document's words: an optional date, then a
+#: heading path ending in a blank line.
+_DATE = re.compile(r"^\[Date: [^\]]*\] ")
 
-def page_lines(title: str, page: Page) -> list[str]:
+
+def words(document: str, heading: str | None = None) -> str:
+    """The document's own words for a one-line view: the injected date and heading are elided
+    (``…`` marks it), never the text.
+
+    ``heading`` is the candidate's heading path as joined into the document, when known; else a
+    first line that reads like one (``a > b``, short, followed by a blank line) is taken for it.
+    """
+    body = _DATE.sub("", document)
+    elided = body != document
+    head, blank, rest = body.partition("\n\n")
+    looks_like_heading = heading == head if heading is not None else (
+        " > " in head and "\n" not in head and len(head) <= 200)
+    if blank and looks_like_heading:
+        body, elided = rest, True
+    return ("… " if elided else "") + " ".join(body.split())
+
+
+def page_lines(title: str, page: Page, *, width: int = 60, headings: dict[str, str] | None = None) -> list[str]:
     lines = [f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
              f"complete={page.complete})",
              f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<11}  {'win':>3}  "
@@ -16,8 +38,8 @@ def page_lines(title: str, page: Page) -> list[str]:
     for row in page.rows:
         score = "-" if row.score is None else f"{row.score:7.4f}"
         final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
-        text = row.decision.document.replace("\n", " ")
-        text = text if len(text) <= 60 else text[:57] + "..."
+        text = words(row.decision.document, (headings or {}).get(row.id))
+        text = text if len(text) <= width else text[:width - 1] + "…"
         lines.append(f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<11}  "
                      f"{row.window:>3}  {row.id:<7}  {text}")
         if row.kind == "failed" and row.reason:

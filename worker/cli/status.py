@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from worker.cli.common import client, console, json_option, print_json
+from worker.cli.common import client, console, json_option, print_json, to_builtins
 
 
 @click.command(epilog="""\b
@@ -19,10 +19,14 @@ def status(stream: str, as_json: bool) -> int:
     the way, its decision counts, and the reason of a failed window."""
     with client() as rerank:
         found = rerank.status(stream)
+        waiting = any(w.state == "admitted" for w in found.windows)
+        warning = rerank.unserved_warning(found.device) if waiting and found.device else None
     if as_json:
-        print_json(found)
+        print_json({**to_builtins(found), "warning": warning})
     else:
         from worker.cli.render import status_table
 
         console().print(status_table(found))
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
     return 0

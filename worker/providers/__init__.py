@@ -16,6 +16,7 @@ _REGISTRY: dict[str, str] = {
     "embedding": "worker.providers.embedding:EmbeddingProvider",
     "tei": "worker.providers.tei:TeiProvider",
     "cohere": "worker.providers.cohere:CohereProvider",
+    "vllm": "worker.providers.vllm:VllmProvider",
     "http": "worker.providers.generic:HttpProvider",
     "rrf": "worker.providers.rrf:RrfProvider",
 }

@@ -82,6 +82,13 @@ class Provider(Protocol):
     - ``answers_subsets: bool``: True when an answer may leave documents out (``top_n``); its
       answer then depends on the whole window, and the cache keeps it per window.
 
+    And, for instructions:
+
+    - ``accepts_instruction: bool``: True when the model gets ``ScoreRequest.instruction``
+      (its prompt, or the API's instruction field). Undeclared, False: the member says so once
+      at start, and a window it serves for a stream with an instruction records that the
+      instruction was not used (``WindowResult.instruction_ignored_by``).
+
     A provider that embeds documents (``embedding``) also has ``embed(documents) ->
     list[list[float]]``: the normalised embedding of each document, kept beside the
     decisions of a window it served so a reader can run MMR without sending embeddings.
@@ -99,6 +106,11 @@ class Provider(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def accepts_instruction(provider: object) -> bool:
+    """Whether a provider uses the stream's instruction; undeclared, it does not."""
+    return getattr(provider, "accepts_instruction", False) is True
 
 
 def cache_identity(kind: str, **parts: object) -> str:

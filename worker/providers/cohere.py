@@ -7,7 +7,8 @@ score order; Jina, Infinity (whose ``document`` is a plain string), Azure and se
 gateways answer the same, Voyage under ``"data"``. Infinity serves ``/rerank`` only, so it
 takes its full URL (``http://infinity:7997/rerank``); a 404 from a derived endpoint says so.
 ``document`` is never read: the window's own text is what a reader gets back. Relevance
-scores are calibrated.
+scores are calibrated. Cohere's API has no instruction: a stream's instruction is not sent, and a
+window this member serves records that it was not used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from worker.providers.remote import (
     check_subset_size,
     expected_subset,
     public_url,
+    refuse_instruction_field,
     scores_from_pairs,
 )
 
@@ -32,9 +34,11 @@ HOSTED_URL = "https://api.cohere.com"
 class CohereProvider:
     kind = "cohere"
     remote = True
+    accepts_instruction = False
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         base = check_base_url(member.url, required=False) or HOSTED_URL
+        refuse_instruction_field(member, "Cohere's rerank API")
         if base == HOSTED_URL:
             # The hosted API needs both; a self-hosted gateway may need neither.
             if member.api_key is None or not member.api_key.reveal():

@@ -8,6 +8,9 @@ Accepted answers:
 - ``{"scores": [s0, s1, ...]}``: one score per document, in input order
 - ``[{"index", "score"}]``: a bare array (TEI-like)
 
+The stream's instruction is sent only in the field ``RERANKQ_RERANKER_INSTRUCTION_FIELD``
+names (e.g. ``instruction``, or DashScope's ``instruct``); unset, the endpoint takes none.
+
 Its scale is whatever the endpoint emits, so it is declared (``RERANKQ_RERANKER_SCALE``);
 it defaults to ``probability``, and the chain rejects probabilities outside [0, 1], so an
 endpoint emitting logits fails over loudly instead of ranking on the wrong scale.
@@ -21,6 +24,7 @@ from typing import Any
 from producer.settings import MemberSettings, Settings
 from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
+    MemberConfigError,
     RemoteClient,
     check_base_url,
     check_subset_size,
@@ -30,6 +34,15 @@ from worker.providers.remote import (
 )
 
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+_REQUEST_FIELDS = frozenset({"query", "documents", "model", "top_n"})
+
+
+def instruction_field(member: MemberSettings) -> str | None:
+    field = member.instruction_field or None
+    if field is not None and (not _FIELD_NAME.match(field) or field in _REQUEST_FIELDS):
+        raise MemberConfigError("instruction_field", "must be a JSON field name (letters, digits, _) other than"
+                                f" {', '.join(sorted(_REQUEST_FIELDS))}; got {field!r}")
+    return field
 
 
 class HttpProvider:
@@ -41,10 +54,14 @@ class HttpProvider:
         assert url is not None
         self.endpoint = url
         self.member = member
+        self.instruction_field = instruction_field(member)
+        self.accepts_instruction = self.instruction_field is not None
         self.scale: Scale | None = member.scale or "probability"
         self.answers_subsets = member.top_n is not None
+        # Named only when set, so the identity of a member without one is what it always was.
+        sends = {"instruction_field": self.instruction_field} if self.instruction_field else {}
         self.cache_identity = cache_identity(self.kind, url=self.endpoint, model=member.model, top_n=member.top_n,
-                                             scale=self.scale)
+                                             scale=self.scale, **sends)
         self.client = RemoteClient(member, not_found=Remedy(
             "url", "check {variable}: it is POSTed to as given, so it must be the full URL of the rerank endpoint"))
 
@@ -58,6 +75,8 @@ class HttpProvider:
         top_n = expected_subset(self.member, n)
         if top_n is not None:
             body["top_n"] = top_n
+        if self.instruction_field is not None and request.instruction is not None:
+            body[self.instruction_field] = request.instruction
         answer = self.client.post_json(self.endpoint, body, self.client.headers(request), deadline=deadline)
         scores = read_answer(answer, n)
         check_subset_size(scores, n, top_n)

@@ -108,6 +108,13 @@ def check_member_numbers(member: MemberSettings) -> None:
         raise MemberConfigError("max_tokens_per_doc", f"must be positive, got {member.max_tokens_per_doc}")
 
 
+def refuse_instruction_field(member: MemberSettings, api: str) -> None:
+    """A member whose API has no instruction field refuses the setting rather than ignore it."""
+    if member.instruction_field:
+        raise MemberConfigError("instruction_field", f"{api} has no instruction field; an endpoint that takes"
+                                " one is served by provider http, which sends it in the field named here")
+
+
 def retry_after_s(value: str | None) -> float | None:
     """``Retry-After`` as seconds: delta-seconds or an HTTP date."""
     if not value:

@@ -3,7 +3,8 @@
 TEI answers a bare JSON array of ``{"index", "score"}`` sorted by score, not in input
 order (one reference stage misread this shape and silently fell back). TEI caps the texts
 per request (``--max-client-batch-size``, 32 by default) and answers 429 when its permit
-pool is full, so a window is sent in batches of ``batch_size`` and 429 is retried.
+pool is full, so a window is sent in batches of ``batch_size`` and 429 is retried. TEI's
+rerank API has no instruction: a window this member serves records that it was not used.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from worker.providers.remote import (
     RemoteClient,
     check_base_url,
     check_subset_size,
+    refuse_instruction_field,
     scores_from_pairs,
 )
 
@@ -24,10 +26,12 @@ TRUNCATE = True
 class TeiProvider:
     kind = "tei"
     remote = True
+    accepts_instruction = False
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         base = check_base_url(member.url)
         assert base is not None
+        refuse_instruction_field(member, "TEI's rerank API")
         self.endpoint = base if base.endswith("/rerank") else base + "/rerank"
         # TEI applies the model's sigmoid unless asked for raw scores; declaring the scale
         # "logit" asks for the raw ones and lets scoring apply the sigmoid itself.

@@ -270,9 +270,15 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
         })
         return status
     say = click.echo
-    say(f"{'stopped' if status else 'done'}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
+    ended = "interrupted" if outcome.interrupted else "stopped" if outcome.fatal or outcome.stopped_at else \
+        "finished, with problems listed below" if status else "done"
+    say(f"{ended}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
         f"({tally.done / elapsed:.1f} jobs/s); {tally.resumed} were there from an earlier run; {tally.failed} failed, "
         f"{tally.skipped} skipped; {tally.windows_committed} windows, {tally.failovers} failovers; run id {run_id}")
+    if tally.failovers:
+        from worker.cli.plain import served_summary
+
+        say("failovers: " + "\n  ".join(served_summary(tally.served, tally.failover_reasons, sampled=True)))
     for bad in sorted(outcome.bad_lines, key=lambda b: (b.file, b.line)):
         say(f"  skipped {bad}")
     if tally.skipped > len(outcome.bad_lines):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -22,6 +23,10 @@ class Tally:
     windows_committed: int = 0
     pairs: int = 0            # candidates in committed windows
     failovers: int = 0
+    #: Windows per member that served them (from the pages written).
+    served: Counter[str] = field(default_factory=Counter)
+    #: Why members were passed over, from the windows of the first few jobs that failed over.
+    failover_reasons: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -74,30 +79,44 @@ class PlainDisplay:
         pass
 
 
-class RichDisplay:
-    """A live bar with the run's figures, redrawn by rich ten times a second."""
+#: The bar's width in columns.
+BAR_WIDTH = 20
 
-    def __init__(self, stream: TextIO) -> None:
+
+class RichDisplay:
+    """A live bar with the run's figures, redrawn by rich ten times a second.
+
+    The bar, ``N/M jobs`` and the ETA come first and keep their width; the detail after them is
+    what a narrow terminal cuts (from the right, with an ellipsis), never the line's start."""
+
+    def __init__(self, stream: TextIO, *, console: Any = None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
         self.progress = Progress(
-            TextColumn("[bold]submit"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs"),
-            TextColumn("{task.fields[detail]}"),
-            console=Console(file=stream), transient=False,
+            BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(), TextColumn("jobs"),
+            TextColumn("eta {task.fields[eta]}"), TextColumn("{task.fields[detail]}"),
+            console=console or Console(file=stream), transient=False,
         )
         self.task: Any = None
 
     def __enter__(self) -> RichDisplay:
         self.progress.__enter__()
-        self.task = self.progress.add_task("submit", total=None, detail="")
+        self.task = self.progress.add_task("submit", total=None, detail="", eta="-")
         return self
 
     def update(self, tally: Tally) -> None:
-        detail = (f"{tally.in_flight} in flight · {tally.failed} failed · {tally.skipped} skipped · "
-                  f"windows {tally.windows_committed}/{tally.windows_total} · {tally.pairs / tally.elapsed:.0f} pairs/s"
-                  f" · {tally.failovers} failovers · eta {clock(tally.eta_s())}")
-        self.progress.update(self.task, total=tally.total, completed=tally.resumed + tally.done, detail=detail)
+        detail = (f"{tally.in_flight} in flight · {tally.windows_committed}/{tally.windows_total} windows · "
+                  f"{tally.pairs / tally.elapsed:.0f} pairs/s · {tally.failed} failed · {tally.skipped} skipped · "
+                  f"{tally.failovers} failovers")
+        eta = clock(tally.eta_s())
+        # What the columns before the detail take (rich puts one space between columns); the
+        # detail gets the rest, so rich never has to squeeze the bar, N/M or the ETA.
+        lead = BAR_WIDTH + 1 + 2 * len(str(tally.total)) + 1 + 1 + len("jobs") + 1 + len(f"eta {eta}") + 1
+        room = self.progress.console.width - lead
+        if len(detail) > room:
+            detail = detail[:max(0, room - 1)].rstrip(" ·") + "…" if room > 1 else ""
+        self.progress.update(self.task, total=tally.total, completed=tally.resumed + tally.done, detail=detail,
+                             eta=eta)
 
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(None, None, None)

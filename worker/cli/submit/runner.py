@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producer.budget import required_depth
-from producer.errors import IdempotencyConflict, StoreError, StreamNotFound, ValidationError
+from producer.errors import IdempotencyConflict, StoreError, StreamNotFound, TooShallow, ValidationError
+from worker.cli.errors import store_trouble
 from worker.cli.submit.jobs import BadLine, Job
 from worker.cli.submit.ledger import Ledger
 from worker.cli.submit.output import Output
@@ -50,6 +51,8 @@ OPENERS = 4
 #: streams costs about 1.5 ms of CPU, a tenth of what a job costs the client.
 HEAD_POLL = 16
 FULL_POLL_S = 0.25
+#: Jobs whose windows' failover reasons are read for the summary (a status read each).
+FAILOVER_SAMPLES = 3
 
 
 def idempotency_key(run_id: str, job_id: str) -> str:
@@ -107,6 +110,7 @@ class Runner:
         self.opening: dict[Future[str], tuple[Job, int]] = {}
         self.exhausted = False
         self._pause = FIRST_PAUSE_S
+        self._failover_samples = 0
         self._openers = ThreadPoolExecutor(max_workers=OPENERS, thread_name_prefix="rerankq-open")
 
     # -- the loop --------------------------------------------------------------
@@ -214,6 +218,11 @@ class Runner:
     def _take(self, job: Job, windows: int, opening: Future[str]) -> None:
         try:
             stream = opening.result()
+        except TooShallow as exc:
+            # The command line's words for the opt-out, not the Python argument's.
+            self._bad(BadLine(file=job.file, line=job.line, field=exc.field,
+                              message=exc.message_for('--allow-shallow (or "allow_shallow": true in the job)')))
+            return
         except ValidationError as exc:
             root = re.split(r"[.\[]", exc.field, maxsplit=1)[0]
             if root in self.plan.open_options and root not in job.options and root not in DATA_DEPENDENT:
@@ -228,7 +237,7 @@ class Runner:
                                       "input another --run-id to rerank the changed job"))
             return
         except StoreError as exc:
-            self.outcome.fatal = f"{type(exc).__name__}: {exc}"
+            self.outcome.fatal = store_trouble(exc)
             return
         self.in_flight[stream] = Flight(job_id=job.id, query=job.query, place=f"{job.file}:{job.line}",
                                         windows=windows)
@@ -253,7 +262,7 @@ class Runner:
         try:
             found = self.rerank.progress(ids)
         except StoreError as exc:
-            self.outcome.fatal = f"{type(exc).__name__}: {exc}"
+            self.outcome.fatal = store_trouble(exc)
             return 0
         finished = 0
         for stream_id in ids:
@@ -276,10 +285,11 @@ class Runner:
                 finished += 1
                 continue
             except StoreError as exc:
-                self.outcome.fatal = f"{type(exc).__name__}: {exc}"
+                self.outcome.fatal = store_trouble(exc)
                 return finished
             self.output.write_job(flight.job_id, flight.query, page,
                                   {"failed_windows": progress.failed, "failovers": progress.failovers})
+            self._note_servers(stream_id, page, progress.failovers)
             self.tally.done += 1
             if progress.failed:
                 self.tally.failed += 1
@@ -289,6 +299,19 @@ class Runner:
             finished += 1
         self.tally.in_flight = len(self.in_flight)
         return finished
+
+    def _note_servers(self, stream_id: str, page: Any, failovers: int) -> None:
+        """Who served the job's windows, and (for the first few jobs that failed over) why the
+        members before it did not: the summary says it in words."""
+        served = {row.window: row.served_by for row in page.rows if getattr(row, "served_by", None)}
+        self.tally.served.update(served.values())
+        if failovers and self._failover_samples < FAILOVER_SAMPLES:
+            self._failover_samples += 1
+            try:
+                status = self.rerank.status(stream_id)
+            except (StoreError, StreamNotFound):
+                return  # only an explanation is lost
+            self.tally.failover_reasons.update(f for w in status.windows for f in w.failovers)
 
     def _account(self, flight: Flight, progress: Any) -> None:
         self.tally.windows_total += progress.n_windows - flight.windows
