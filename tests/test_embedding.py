@@ -263,5 +263,6 @@ def test_a_worker_serves_a_prompted_bi_encoder_with_the_streams_instruction(
         page = client.pull(stream, 0, len(items), timeout=120)
         expected = dict(zip((i["id"] for i in items), library_cosines(model, QUERY, DOCUMENTS, prompt=instruction)))
         assert page.complete and {r.served_by for r in page.rows} == {"0:embedding"}
+        assert client.status(stream).windows[0].instruction_ignored_by is None  # the query prompt carried it
         for row in page.rows:
             assert row.score == pytest.approx(max(0.0, expected[row.id]), abs=1e-4)

@@ -239,6 +239,7 @@ def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_
         page = client.pull(stream, 0, len(items), timeout=180)
         expected = dict(zip((item["id"] for item in items), predicted(causal_reranker, pairs, prompt=prompt)))
         assert page.complete and {r.served_by for r in page.rows} == {"0:local"}
+        assert client.status(stream).windows[0].instruction_ignored_by is None  # the model used it
         for row in page.rows:
             assert row.score == pytest.approx(expected[row.id], abs=1e-4)
 

@@ -58,6 +58,8 @@ class EmbeddingProvider:
 
     kind = "embedding"
     scale: Scale | None = "cosine"
+    #: The stream's instruction is the query's prompt (encode_query(prompt=...)).
+    accepts_instruction = True
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine.embedding import shared_embedding_engine

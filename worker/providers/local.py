@@ -52,6 +52,8 @@ class LocalProvider:
     naming the same model; with coalescing on, windows in flight together share a forward pass."""
 
     kind = "local"
+    #: The stream's instruction is the model's prompt (CrossEncoder.predict(prompt=...)).
+    accepts_instruction = True
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine import BackendChoice, shared_engine
