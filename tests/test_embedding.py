@@ -7,13 +7,12 @@ import json
 import time
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from tiny_model import BI_ENCODER_PROMPTS, build_prompted_bi_encoder
-
-from pathlib import Path
 
 from producer import RerankClient, load_settings
 from producer.settings import MemberSettings
