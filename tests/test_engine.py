@@ -221,6 +221,7 @@ def test_a_model_whose_scores_depend_on_its_batch_padding_is_refused_at_load(tmp
     assert "CrossEncoder.predict" in str(refused.value) and "max |diff|" in str(refused.value)
 
 
+@pytest.mark.slow  # two real workers
 def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_it_cannot(
     causal_dir: Path, causal_reranker, tmp_path: Path, start_worker: Callable[..., Any],
     make_client: Callable[..., RerankClient],

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import CACHE_DIR, p50, print_table, realistic_pairs, windows_of
-
+from ops.bench.common import CACHE_DIR, p50, print_table, realistic_pairs, windows_of
 from worker.engine import ScoringEngine
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 

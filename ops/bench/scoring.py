@@ -20,9 +20,10 @@ like the timed ones but not among them.
 
 A causal-LM reranker row follows (``ops/bench/causal.py``): a Qwen3-0.6B-shaped model with
 random weights, CrossEncoder.predict against the engine without and with prefix reuse, with
-parity and the tokens each runs per pair (``--causal-layers``; ``--quick`` runs 4 of the 28).
+parity and the tokens each runs per pair (``--causal-layers``; ``--quick`` runs 4 of the 28;
+``--causal-only`` runs only it).
 
-    python ops/bench/scoring.py --quick --json /tmp/scoring.json
+    python -m ops.bench.scoring --quick --json /tmp/scoring.json
 """
 
 from __future__ import annotations
@@ -30,10 +31,6 @@ from __future__ import annotations
 import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import atexit
 import dataclasses
@@ -47,9 +44,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from causal import run_causal
-from common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
-
+from ops.bench.causal import run_causal
+from ops.bench.common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 from worker.engine.precision import cpu_has_native_bf16
@@ -152,7 +148,6 @@ class Subject:
 # A process that loads one backend as a worker does and scores a window: its resident memory.
 _RSS_PROBE = """
 import json, sys
-sys.path.insert(0, sys.argv[2])
 import psutil
 from producer.settings import load_settings
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
@@ -170,7 +165,7 @@ def process_rss_mb(subject: Subject, *, model: str, device: str, threads: int, w
     assert subject.choice is not None
     args = {"model": model, "device": device, "threads": threads, "window": window,
             "precision": "bf16" if subject.precision == "bf16" else "fp32", "choice": vars(subject.choice)}
-    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, json.dumps(args), str(ROOT)],
+    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, json.dumps(args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         print(f"rss of {subject.name}: the probe process failed: {done.stderr.strip()[-400:]}", flush=True)
