@@ -48,11 +48,13 @@ class ForwardEngine:
         self.precision = "fp32"
         self._choose_precision(precision or settings.engine.precision, verify=verify_parity)
 
-    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> list[float]:
+        """Scores as sentence-transformers gives them; ``prompt`` (a stream's instruction) in
+        place of the model's own, None for the model's default."""
         raise NotImplementedError
 
-    def score(self, query: str, documents: Sequence[str]) -> list[float]:
-        return self.score_pairs([(query, d) for d in documents])
+    def score(self, query: str, documents: Sequence[str], *, prompt: str | None = None) -> list[float]:
+        return self.score_pairs([(query, d) for d in documents], prompt=prompt)
 
     # -- precision --
 
@@ -97,6 +99,13 @@ class ForwardEngine:
 
     def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
         return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0)
+
+    def _count_prefix(self, tokens: int) -> None:
+        """A shared prefix run once: real tokens all, no padding."""
+        self.padded_tokens += tokens
+        self.real_tokens += tokens
+        if self.on_batch is not None:
+            self.on_batch(tokens, tokens)
 
     def _count(self, batch: Batch) -> None:
         real = int(batch.tensors["attention_mask"].sum())

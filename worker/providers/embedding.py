@@ -23,6 +23,7 @@ import structlog
 from producer.settings import PACKAGED_EMBEDDING_MODULE, MemberSettings, Settings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.engine.embedding import Scored
+from worker.engine.parity import EngineDisagrees
 from worker.providers.base import (
     MemberConfigError,
     ProviderStartError,
@@ -59,6 +60,8 @@ class EmbeddingProvider:
 
     kind = "embedding"
     scale: Scale | None = "cosine"
+    #: The stream's instruction is the query's prompt (encode_query(prompt=...)).
+    accepts_instruction = True
 
     @staticmethod
     def check_config(member: MemberSettings) -> None:
@@ -82,6 +85,8 @@ class EmbeddingProvider:
         device = resolve_device(member.device or settings.worker.device, allow_mps=member.allow_mps)
         try:
             self.engine = shared_embedding_engine(path, device=device, settings=settings)
+        except EngineDisagrees as exc:
+            raise ProviderStartError("engine_disagrees", f"{self.model_name}: {exc}") from None
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
         # As for `local`: the last digits of a score differ between precisions and devices.
@@ -99,10 +104,13 @@ class EmbeddingProvider:
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         documents = list(request.documents)
         try:
+            # The stream's instruction is the query's prompt, as encode_query(prompt=...) takes it.
             if self.coalescer is not None:
-                scored: list[Scored] = self.coalescer.score(request.query, documents, deadline=deadline)
+                scored: list[Scored] = self.coalescer.score(request.query, documents, deadline=deadline,
+                                                            prompt=request.instruction)
             else:
-                scored = self.engine.score_and_embed([(request.query, d) for d in documents])
+                scored = self.engine.score_and_embed([(request.query, d) for d in documents],
+                                                     prompt=request.instruction)
         except CoalesceTimeout as exc:
             raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:

@@ -52,6 +52,8 @@ class LocalProvider:
     naming the same model; with coalescing on, windows in flight together share a forward pass."""
 
     kind = "local"
+    #: The stream's instruction is the model's prompt (CrossEncoder.predict(prompt=...)).
+    accepts_instruction = True
 
     @staticmethod
     def check_config(member: MemberSettings) -> None:
@@ -85,10 +87,12 @@ class LocalProvider:
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         try:
+            # The stream's instruction is the model's prompt, as CrossEncoder.predict(prompt=...) takes it.
             if self.coalescer is not None:
-                scores = self.coalescer.score(request.query, list(request.documents), deadline=deadline)
+                scores = self.coalescer.score(request.query, list(request.documents), deadline=deadline,
+                                              prompt=request.instruction)
             else:
-                scores = self.engine.score(request.query, list(request.documents))
+                scores = self.engine.score(request.query, list(request.documents), prompt=request.instruction)
         except CoalesceTimeout as exc:
             raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:
@@ -102,7 +106,12 @@ class LocalProvider:
 def backend_start_error(exc: Exception, model_name: str, choice: BackendChoice) -> ProviderStartError:
     """Why the engine did not start, with the member setting that would change it."""
     from worker.engine import BackendRefused, BackendUnavailable, CalibrationError
+    from worker.engine.parity import EngineDisagrees
 
+    if isinstance(exc, EngineDisagrees):
+        return ProviderStartError("engine_disagrees", f"{model_name}: {exc}",
+                                  remedy=Remedy("model", "point {variable} at a model the engine runs as the library "
+                                                         "does, or serve this one from a remote member"))
     if isinstance(exc, BackendRefused):
         return ProviderStartError("backend_refused", f"{model_name}: {exc}",
                                   remedy=Remedy("backend", "set {variable}=torch, or drop the quantization"))
