@@ -40,11 +40,10 @@ queues) for 1,000,000 pairs/s = 40,000 windows of 25 a second, kept at half thei
 
 from __future__ import annotations
 
-import sys
-
 import argparse
 import math
 import statistics
+import sys
 import tempfile
 import time
 import uuid

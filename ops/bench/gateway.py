@@ -14,13 +14,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import argparse
 import asyncio
 import http.client
 import json
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request

@@ -32,11 +32,11 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ops.bench.common import candidates, p50, print_table, rerankq_worker, worker_env, write_json
-
 
 WINDOW = 25
 

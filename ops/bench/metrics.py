@@ -18,9 +18,8 @@ window costs only the queue, the store and the metrics: the worst case for their
 
 from __future__ import annotations
 
-import os
-
 import argparse
+import os
 import statistics
 import tempfile
 import threading

@@ -14,16 +14,25 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import argparse
+import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ops.bench.common import ROOT, bench_model, candidates, p50, percentile, print_table, rerankq_worker, worker_env, write_json
+from ops.bench.common import (
+    ROOT,
+    bench_model,
+    candidates,
+    p50,
+    percentile,
+    print_table,
+    rerankq_worker,
+    worker_env,
+    write_json,
+)
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis

@@ -15,9 +15,8 @@ deadline the sweep re-sent them (bound: ``REDELIVER_AFTER_S + SWEEP_INTERVAL_S``
 
 from __future__ import annotations
 
-import sys
-
 import argparse
+import sys
 import tempfile
 import time
 import uuid

@@ -17,7 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from ops.bench.common import bench_model, cpu_quota, p50, print_table, realistic_pairs, rerankq_worker, worker_env, write_json
+from ops.bench.common import (
+    bench_model,
+    cpu_quota,
+    p50,
+    print_table,
+    realistic_pairs,
+    rerankq_worker,
+    worker_env,
+    write_json,
+)
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis

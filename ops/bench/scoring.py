@@ -28,16 +28,15 @@ parity and the tokens each runs per pair (``--causal-layers``; ``--quick`` runs 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import argparse
 import atexit
 import dataclasses
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -45,7 +44,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ops.bench.causal import run_causal
-from ops.bench.common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
+from ops.bench.common import (
+    ROOT,
+    SIZES,
+    bench_model,
+    cpu_quota,
+    p50,
+    print_table,
+    realistic_pairs,
+    windows_of,
+    write_json,
+)
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 from worker.engine.precision import cpu_has_native_bf16

@@ -22,12 +22,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import argparse
 import json
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid

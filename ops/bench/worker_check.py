@@ -11,9 +11,8 @@ On a CPU: ``--device cpu`` runs the same code path with ``--pool threads``.
 
 from __future__ import annotations
 
-import sys
-
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path

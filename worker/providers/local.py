@@ -8,7 +8,15 @@ import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
-from worker.providers.base import ProviderStartError, check_device, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
+from worker.providers.base import (
+    ProviderStartError,
+    ProviderUnavailable,
+    Remedy,
+    Scale,
+    ScoreRequest,
+    cache_identity,
+    check_device,
+)
 
 if TYPE_CHECKING:
     from worker.engine import BackendChoice
