@@ -12,7 +12,7 @@ PIP := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install demo test test-fast eval bench clean
+.PHONY: install demo lint test test-fast eval bench clean
 
 ifeq ($(origin VENV),file)
 # The project's own .venv: made, and installed again whenever pyproject.toml changes.
@@ -21,6 +21,8 @@ else
 # The caller's environment: used as it is when it can import rerankq and pytest.
 READY := $(if $(shell $(PY) -c 'import producer, worker, pytest' >/dev/null 2>&1 && echo yes),,$(STAMP))
 endif
+# The lint needs the dev extra's checkers too.
+LINT_READY := $(if $(filter file,$(origin VENV)),$(STAMP),$(if $(shell $(PY) -c 'import ruff, mypy, importlinter' >/dev/null 2>&1 && echo yes),,$(STAMP)))
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +35,14 @@ install: $(STAMP)
 
 demo: $(READY)
 	$(PY) -m worker.cli demo
+
+# Style (ruff), formatting (ruff format --check), types (mypy, strict on producer/) and the
+# import contracts (lint-imports). Changes nothing: `ruff format` and `ruff check --fix` do.
+lint: $(LINT_READY)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 test: $(READY)
 	$(PY) -m pytest -q tests
@@ -51,4 +61,4 @@ bench: $(READY)
 
 # The caller's own VENV is theirs: clean removes only the environment this Makefile made.
 clean:
-	rm -rf $(if $(filter file,$(origin VENV)),$(VENV)) .pytest_cache .hypothesis .import_linter_cache
+	rm -rf $(if $(filter file,$(origin VENV)),$(VENV)) .pytest_cache .hypothesis .import_linter_cache .ruff_cache .mypy_cache
