@@ -73,7 +73,7 @@ class EmbeddedRabbitMQ:
         (self.directory / "rabbitmq-env.conf").write_text("")  # not the system's (its NODENAME)
         conf = [
             "loopback_users = none",
-            "listeners.tcp.default = 127.0.0.1:%d" % self.port,
+            f"listeners.tcp.default = 127.0.0.1:{self.port}",
             "log.file.level = info",
             "log.console = false",
         ]

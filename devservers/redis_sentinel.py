@@ -1,5 +1,6 @@
 """A private Sentinel set on free loopback ports: a master, a replica and three sentinels,
-for tests and the chaos run, every server run with ``min-replicas-to-write`` (see below). Sentinels are ``redis-server --sentinel`` (the same binary, the
+for tests and the chaos run, every server run with ``min-replicas-to-write`` (see below).
+Sentinels are ``redis-server --sentinel`` (the same binary, the
 system's or the 6.2 the dev extra ships), so nothing else needs installing.
 """
 

@@ -52,8 +52,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 import redis
 from kombu.exceptions import OperationalError
 
@@ -69,6 +67,7 @@ from producer.dispatch import Dispatcher
 from producer.redis_clients import broker_client
 from producer.settings import Settings
 
+ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "chaos"
 BREAKAGES = ("sweep", "provider", "commit-check")
 OVERLAY = ROOT / "ops" / "chaos_faults" / "overlay"
@@ -384,12 +383,14 @@ def main(argv: list[str] | None = None) -> int:
         for canary in canaries:
             canary.stop.set()
             canary.join()
-        losses = attribute(findings, shape, client.store.keys, {a.stream_id: a.n_windows for a in ledger.opens.values()})
+        windows_of = {a.stream_id: a.n_windows for a in ledger.opens.values()}
+        losses = attribute(findings, shape, client.store.keys, windows_of)
         losses.canary = sum(c.lost for c in canaries if c.name == "failovers")
         violated = report(findings, faults, counters, canaries, ledger, incomplete, fleet, args)
         if shape.name != "single":
+            failover_writes = sum(c.acknowledged for c in canaries if c.name == "failovers")
             print(f"chaos: acknowledged writes lost by store failovers ({len(shape.failovers)} failovers; documented,"
-                  f" not repaired): canary={losses.canary} of {sum(c.acknowledged for c in canaries if c.name == 'failovers')}"
+                  f" not repaired): canary={losses.canary} of {failover_writes}"
                   f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
                   f" windows committed again={losses.committed_again} results changed={losses.changed}", flush=True)
     finally:

@@ -10,7 +10,7 @@ import numbers
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -53,7 +53,7 @@ def check_stream_id(stream_id: str) -> str:
 
 # Where a value sits: a field name, or (parent, key). Formatted only for an error, since
 # every candidate's every value is walked and most input is fine.
-_At = Union[str, tuple[Any, Any]]
+_At = str | tuple[Any, Any]
 _PASSED = (int, float, bool, type(None))
 
 

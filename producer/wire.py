@@ -9,7 +9,7 @@ from __future__ import annotations
 import array
 import datetime as dt
 import sys
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -134,7 +134,7 @@ class Failed(Base, tag="failed", tag_field="kind"):
     reason: str
 
 
-Decision = Union[Ranked, Filtered, Omitted, Failed]
+Decision = Ranked | Filtered | Omitted | Failed
 
 
 class WindowResult(Base):

@@ -220,7 +220,9 @@ def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(gua
             window = MIN_REPLICAS_MAX_LAG + 1.0
             assert all(seen.acknowledged[item] > refusal - window for item in lost), "only the last moments' writes"
         else:
-            assert len(lost) > acknowledged / 4, "without the guard the old master's writes are lost (the check has teeth)"
+            assert len(lost) > acknowledged / 4, (
+                "without the guard the old master's writes are lost (the check has teeth)"
+            )
     finally:
         sentinels.stop()
 

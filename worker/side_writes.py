@@ -11,7 +11,8 @@ take down with it). A window that ends without a commit sends what it holds on i
 What holds back: the counts land with the commit, a moment after the call, and a process
 killed between its provider call and its commit loses that call's count (its cache entries
 too, which costs a provider call later, nothing worse; a probe's success not recorded lets its
-lease lapse and another probe go). Outside a window (no collector), every write goes at once. Each writer must write to the store's Redis, whose pipeline carries it: the
+lease lapse and another probe go). Outside a window (no collector), every write goes at once.
+Each writer must write to the store's Redis, whose pipeline carries it: the
 worker's runtime gives the cache and the breaker the store's client.
 """
 

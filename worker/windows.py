@@ -102,7 +102,8 @@ class WindowScorer:
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
-        master, a Sentinel master being replaced or refusing writes with NOREPLICAS), until the monotonic instant ``until``. Each
+        master, a Sentinel master being replaced or refusing writes with NOREPLICAS), until the
+        monotonic instant ``until``. Each
         store call is safe to repeat (``commit`` writes once; ``begin`` takes over its own lease,
         at worst counting one attempt more, as the client's own reconnect retries always could)."""
         pause = 0.1

@@ -167,8 +167,9 @@ def run_causal(*, settings: Any, device: str, layers: int, windows_n: int, windo
           f"{f['executed_share_of_pair_tokens']:.0%}", f"{f['spearman_min']:.4f}", f"{f['max_abs_diff']:.2g}"]
          for name, f in results.items()],
     )
-    print(f"prefix reuse: {prefix_gain:.2f}x the plain engine in wall time, {prefix_cpu_gain:.2f}x in CPU time; at parity: "
-          f"{results['engine, prefix reuse']['spearman_min'] >= MIN_SPEARMAN}")
+    at_parity = results["engine, prefix reuse"]["spearman_min"] >= MIN_SPEARMAN
+    print(f"prefix reuse: {prefix_gain:.2f}x the plain engine in wall time, {prefix_cpu_gain:.2f}x in CPU time; "
+          f"at parity: {at_parity}")
     return {"layers": layers, "model": str(path), "pairs": sum(map(len, windows)), "window_size": window_size,
             "rounds": rounds, "precision": plain.precision, "prefix_reuse_vs_plain": prefix_gain,
             "prefix_reuse_vs_plain_cpu": prefix_cpu_gain,

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from worker.embedded.worker_process import WorkerProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = Path(__file__).resolve().parent
-
-from worker.embedded.worker_process import WorkerProcess
 
 CACHE_DIR = Path(os.environ.get("BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
 

@@ -39,7 +39,7 @@ def run_load(client: RerankClient, pairs: list[tuple[str, str]], tag: str) -> fl
     streams_pairs = [pairs[i:i + WINDOW] for i in range(0, len(pairs), WINDOW)]
     start = time.perf_counter()
     streams = []
-    for k, window in enumerate(streams_pairs):
+    for window in streams_pairs:
         query = f"{window[0][0]} {tag}"  # a query no other run used: nothing comes from a cache
         streams.append(client.open(query, [{"id": f"c{i}", "text": d} for i, (_, d) in enumerate(window)],
                                    window_size=WINDOW))
@@ -79,7 +79,7 @@ def main() -> None:
     workers, clients = [], []
     rates: dict[str, list[float]] = {key: [] for _, key, _ in configs}
     try:
-        for k, (name, key, worker_args) in enumerate(configs):
+        for k, (_name, _key, worker_args) in enumerate(configs):
             ns = f"bs{k}"
             env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="local",
                              RERANKQ_RERANKER_MODEL=model_path, RERANKQ_PAIR_CACHE="false")
@@ -87,7 +87,7 @@ def main() -> None:
             clients.append(RerankClient(load_settings(env)))
             run_load(clients[-1], warm, f"warm{k}")
         for round_ in range(rounds):
-            for k, (name, key, _) in enumerate(configs):
+            for k, (_name, key, _) in enumerate(configs):
                 rates[key].append(run_load(clients[k], pairs, f"r{round_}c{k}"))
             print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items()),
                   flush=True)

@@ -56,8 +56,10 @@ def drain(client: RerankClient, ledger: Ledger, deadline: float) -> int:
     while pending and time.monotonic() < deadline:
         for stream_id, attempt in list(pending.items()):
             try:
-                page = retrying(lambda: client.pull(stream_id, 0, attempt.size, timeout=0), give_up_s=GIVE_UP_S)
-                ledger.read(stream_id, retrying(lambda: stored_results(client, stream_id), give_up_s=GIVE_UP_S))
+                page = retrying(lambda stream_id=stream_id, size=attempt.size: client.pull(stream_id, 0, size, timeout=0),
+                                give_up_s=GIVE_UP_S)
+                ledger.read(stream_id, retrying(lambda stream_id=stream_id: stored_results(client, stream_id),
+                                                give_up_s=GIVE_UP_S))
             except StreamNotFound:
                 del pending[stream_id]  # never opened, or vanished: the audit counts it
                 continue

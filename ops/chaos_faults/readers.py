@@ -112,9 +112,9 @@ def read_streams(client: RerankClient, ledger: Ledger, rng: random.Random, index
         # Some streams ask for every window up front: bursts keep messages waiting in the queue.
         first_windows = rng.choice([1, 1, 2, attempt.n_windows])
         try:
-            stream = retrying(lambda: client.open("payment gateway error", candidates_for(key, attempt.size),
-                                                  window_size=WINDOW_SIZE, first_windows=first_windows,
-                                                  idempotency_key=key, allow_shallow=True),
+            stream = retrying(lambda key=key, size=attempt.size, first_windows=first_windows: client.open(
+                                  "payment gateway error", candidates_for(key, size), window_size=WINDOW_SIZE,
+                                  first_windows=first_windows, idempotency_key=key, allow_shallow=True),
                               give_up_s=give_up_s)
         except GaveUp as exc:
             attempt.gave_up = str(exc)
@@ -123,8 +123,9 @@ def read_streams(client: RerankClient, ledger: Ledger, rng: random.Random, index
         offset = 0
         while offset < attempt.size and time.monotonic() < until:
             try:
-                page = retrying(lambda: client.pull(stream, offset, WINDOW_SIZE, timeout=2.0), give_up_s=give_up_s)
-                ledger.read(stream, retrying(lambda: stored_results(client, stream), give_up_s=give_up_s))
+                page = retrying(lambda stream=stream, offset=offset: client.pull(stream, offset, WINDOW_SIZE, timeout=2.0),
+                                give_up_s=give_up_s)
+                ledger.read(stream, retrying(lambda stream=stream: stored_results(client, stream), give_up_s=give_up_s))
             except StreamNotFound:
                 with ledger.lock:
                     ledger.vanished.add(stream)

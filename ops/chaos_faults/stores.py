@@ -6,7 +6,8 @@
   on one redis-server with AOF (restarted as in ``single``); the store's fault is a master
   SIGKILLed, its replica promoted, the old master started again (it rejoins as a replica).
 - ``sentinel``: store and broker on one Sentinel set (a master, a replica, three sentinels,
-  every server with ``min-replicas-to-write 1``); the fault is a failover, by hand (``SENTINEL FAILOVER``) or by a SIGKILL of the master,
+  every server with ``min-replicas-to-write 1``); the fault is a failover, by hand
+  (``SENTINEL FAILOVER``) or by a SIGKILL of the master,
   which is started again and rejoins as a replica.
 
 A failover can lose writes the old master acknowledged: after a SIGKILL those it had not yet

@@ -3,7 +3,8 @@
 **Backpressure.** New work for a device is refused (429) while its queue holds more than
 ``RERANKQ_GATEWAY_MAX_BACKLOG`` waiting windows, rather than queueing without limit. The
 depth is the queue's Redis lists (``producer.broker_queues.queue_lists``: the queue and its
-priority steps), or on RabbitMQ both lane queues' message counts (``producer.amqp_broker``), sampled every ``RERANKQ_GATEWAY_DRAIN_SAMPLE_S`` (0.5 s) by one background
+priority steps), or on RabbitMQ both lane queues' message counts (``producer.amqp_broker``),
+sampled every ``RERANKQ_GATEWAY_DRAIN_SAMPLE_S`` (0.5 s) by one background
 task; a request compares against the latest sample, so it costs no Redis call of its own, and
 a sudden burst can pass the bound by what arrives within one sample.
 

@@ -1,4 +1,5 @@
-"""One provider of the chain: ``RERANKQ_RERANKER_<FIELD>`` for member 0, ``RERANKQ_RERANKER_<n>_<FIELD>`` for member n."""
+"""One provider of the chain: ``RERANKQ_RERANKER_<FIELD>`` for member 0,
+``RERANKQ_RERANKER_<n>_<FIELD>`` for member n."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The configuration reference, generated from the structs: ``python -m producer.settings.reference > docs/configuration.md``.
+"""The configuration reference, generated from the structs:
+``python -m producer.settings.reference > docs/configuration.md``.
 
 Every variable with its type, default and description, section by section; a test fails when
 the committed page differs from what this prints.

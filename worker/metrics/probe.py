@@ -1,5 +1,6 @@
 """A container health check: ``python -m worker.metrics.probe /readyz`` exits 0 when the
-worker on this host answers 200 on ``RERANKQ_METRICS_PORT`` (at ``RERANKQ_METRICS_HOST``), 1 otherwise (the reason on stderr)."""
+worker on this host answers 200 on ``RERANKQ_METRICS_PORT`` (at ``RERANKQ_METRICS_HOST``), 1
+otherwise (the reason on stderr)."""
 
 from __future__ import annotations
 
