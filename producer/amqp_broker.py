@@ -35,8 +35,10 @@ from urllib.parse import urlparse
 
 import msgspec
 from amqp.exceptions import MessageNacked
-from kombu import Connection, Exchange, Producer, Queue
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
+from kombu.messaging import Producer
 
 from producer.settings import Settings
 from producer.wire import LANES, Lane

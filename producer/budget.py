@@ -68,7 +68,7 @@ def parse_strategy_boosts(value: str | Mapping[str, str] | None, *, field_name: 
             raise ValidationError(field_name, "a source name must not be empty")
         if level not in LEVELS:
             raise ValidationError(field_name, f"level for {source!r} must be low, mid or high, got {level!r}")
-        out[source] = level  # type: ignore[assignment]
+        out[source] = level
     return out
 
 

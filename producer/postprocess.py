@@ -24,7 +24,7 @@ from producer.errors import ValidationError
 from producer.wire import Base, Candidate, Row
 
 
-class PostProcess(Base):
+class PostProcess(Base, frozen=True):
     """Which steps to run; each is off when None."""
 
     per_doc: int | None = None
@@ -36,7 +36,7 @@ class PostProcess(Base):
         return self.per_doc is not None or self.mmr_lambda is not None
 
 
-class Selection(Base):
+class Selection(Base, frozen=True):
     """The post-processed rows, in selection order. Each row is as stored (its ``rank``
     is its place in the stream's ranked list); ``considered`` is how many rows were read."""
 

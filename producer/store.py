@@ -192,7 +192,7 @@ class Store:
             out.append(StreamProgress(
                 stream_id=stream_id, n_candidates=int(meta[0]), window_size=int(meta[1]), admitted=int(meta[2]),
                 committed=int(meta[3] or 0), failed=int(meta[4] or 0), failovers=int(meta[5] or 0),
-                lane=meta[6].decode() if meta[6] else "interactive",  # type: ignore[arg-type]
+                lane=meta[6].decode() if meta[6] else "interactive",
             ))
         return out
 

@@ -22,11 +22,13 @@ BudgetLevel = Literal["low", "mid", "high"]
 RecencyCurve = Literal["linear", "exponential", "none"]
 
 
+# msgspec passes frozen down to subclasses; type checkers read it per class (dataclass_transform),
+# so every subclass restates frozen=True.
 class Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True, frozen=True):
     pass
 
 
-class Candidate(Base):
+class Candidate(Base, frozen=True):
     """One fused retrieval result. Input order is fusion order."""
 
     id: str
@@ -44,7 +46,7 @@ class Candidate(Base):
     metadata: dict[str, Any] = {}
 
 
-class Boosts(Base):
+class Boosts(Base, frozen=True):
     """Multiplicative boost settings; each alpha scales a signal centred on 0.5."""
 
     recency_alpha: float = 0.2
@@ -57,12 +59,12 @@ class Boosts(Base):
     temporal_decay_days: float = 30.0
 
 
-class TimeRange(Base):
+class TimeRange(Base, frozen=True):
     start: dt.datetime
     end: dt.datetime
 
 
-class StreamSpec(Base):
+class StreamSpec(Base, frozen=True):
     """Everything a worker needs to score any window of one stream, fixed at open."""
 
     query: str
@@ -87,7 +89,7 @@ class StreamSpec(Base):
 # -- decisions ---------------------------------------------------------------
 
 
-class Ranked(Base, tag="ranked", tag_field="kind"):
+class Ranked(Base, tag="ranked", tag_field="kind", frozen=True):
     """``score`` is the serving member's normalised score, or, when ``calibrated``, the
     probability that the document is relevant that the member's map gives it; ``raw_score``
     then keeps the member's own (normalised) score."""
@@ -102,7 +104,7 @@ class Ranked(Base, tag="ranked", tag_field="kind"):
     calibrated: bool = False
 
 
-class Filtered(Base, tag="filtered", tag_field="kind"):
+class Filtered(Base, tag="filtered", tag_field="kind", frozen=True):
     """Below a min score; the scores are kept so a caller can see how close it was."""
 
     id: str
@@ -116,7 +118,7 @@ class Filtered(Base, tag="filtered", tag_field="kind"):
     calibrated: bool = False
 
 
-class Omitted(Base, tag="omitted", tag_field="kind"):
+class Omitted(Base, tag="omitted", tag_field="kind", frozen=True):
     """The provider returned a valid subset that left this candidate out."""
 
     id: str
@@ -125,7 +127,7 @@ class Omitted(Base, tag="omitted", tag_field="kind"):
     served_by: str
 
 
-class Failed(Base, tag="failed", tag_field="kind"):
+class Failed(Base, tag="failed", tag_field="kind", frozen=True):
     """Every chain member failed and none fails open; kept in fusion order."""
 
     id: str
@@ -137,7 +139,7 @@ class Failed(Base, tag="failed", tag_field="kind"):
 Decision = Ranked | Filtered | Omitted | Failed
 
 
-class WindowResult(Base):
+class WindowResult(Base, frozen=True):
     """A committed window: its decisions in final order. Never rewritten."""
 
     window: int
@@ -158,7 +160,7 @@ class WindowResult(Base):
     instruction_ignored_by: str | None = None
 
 
-class WindowEmbeddings(Base):
+class WindowEmbeddings(Base, frozen=True):
     """The embeddings a window's scored documents got from the member that served it (an
     ``embedding`` member), kept beside the window's decisions so ``select(mmr_lambda=...)``
     works for callers who sent none. Written in the same commit as the decisions."""
@@ -198,7 +200,7 @@ def pack_embeddings(window: int, served_by: str, indexes: list[int], vectors: li
 # -- what readers get --------------------------------------------------------
 
 
-class Row(Base):
+class Row(Base, frozen=True):
     rank: int
     window: int
     decision: Decision
@@ -238,7 +240,7 @@ class Row(Base):
         return getattr(self.decision, "reason", None)
 
 
-class Page(Base):
+class Page(Base, frozen=True):
     stream_id: str
     offset: int
     limit: int
@@ -251,7 +253,7 @@ class Page(Base):
 WindowState = Literal["not_admitted", "admitted", "committed"]
 
 
-class WindowStatus(Base):
+class WindowStatus(Base, frozen=True):
     window: int
     start: int
     end: int
@@ -269,7 +271,7 @@ class WindowStatus(Base):
     instruction_ignored_by: str | None = None
 
 
-class StreamStatus(Base):
+class StreamStatus(Base, frozen=True):
     stream_id: str
     n_candidates: int
     window_size: int
@@ -278,7 +280,7 @@ class StreamStatus(Base):
     device: Device | None = None
 
 
-class StreamProgress(Base):
+class StreamProgress(Base, frozen=True):
     """How far a stream has come, read from its meta alone (no results decoded)."""
 
     stream_id: str

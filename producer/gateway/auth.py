@@ -61,7 +61,7 @@ class Principal:
             allowed = ", ".join(self.devices)
             raise Problem("forbidden", f"this API key may not use the {asked} queue (allowed: {allowed})",
                           field="device")
-        return asked  # type: ignore[return-value]
+        return asked
 
     def check_chain(self, asked: str | None) -> str | None:
         """A stream's chain profile: a key bound to a profile uses it and may ask for no other;

@@ -50,7 +50,7 @@ Every option has a RERANKQ_GATEWAY_* variable (named in its help); the option wi
 @click.option("--access-log", is_flag=True, default=None, help="log every request line")
 @click.option("--log-level", default=None, help="INFO, WARNING, ... (RERANKQ_GATEWAY_LOG_LEVEL)")
 @click.pass_context
-def serve(ctx: click.Context, **overrides: Any) -> int | None:
+def serve(ctx: click.Context, /, **overrides: Any) -> int | None:
     """Serve the Cohere- and TEI-compatible rerank HTTP gateway over the queue.
 
     It answers from the same Redis and device queues the workers serve, and imports no
@@ -85,7 +85,7 @@ def run_server(settings: Settings, config: GatewaySettings, keyring: KeyRing, ov
     from producer.gateway.app import create_app
     from producer.gateway.connections import GuardedHttpTools, GuardedHttpToolsFromEnvironment
 
-    common = {"host": config.host, "port": config.port, "access_log": config.access_log,
+    common: dict[str, Any] = {"host": config.host, "port": config.port, "access_log": config.access_log,
               "log_level": config.log_level.lower(), "lifespan": "on", "log_config": None,
               # Behind a proxy the client address comes from it; the gateway logs no addresses anyway.
               "proxy_headers": False, "server_header": False,

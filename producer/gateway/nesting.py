@@ -51,7 +51,7 @@ def too_deep_field(body: bytes, limit: int = MAX_NESTING_DEPTH) -> str | None:
             if stack[-1][0]:
                 expect_key = True
             elif isinstance(stack[-1][1], int):
-                stack[-1][1] += 1  # type: ignore[operator]
+                stack[-1][1] += 1
     return None
 
 

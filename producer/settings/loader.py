@@ -11,12 +11,17 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
 
 from producer.errors import ConfigError
 from producer.field_errors import from_msgspec
