@@ -47,6 +47,7 @@ from producer.wire import (
     StreamProgress,
     StreamSpec,
     StreamStatus,
+    WindowState,
     WindowStatus,
     encode,
 )
@@ -61,6 +62,10 @@ FRESH_STREAMS_KEPT = 1024
 #: What a broker raises when it cannot take a message (kombu wraps connection errors; a full
 #: Redis broker answers with a plain redis error).
 SEND_ERRORS = (OperationalError, redis.RedisError, OSError)
+
+
+# Redis unreachable, or refusing the write (NOREPLICAS comes as a plain ResponseError).
+_UNAVAILABLE_OR_REFUSED: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, redis.ResponseError)
 
 
 def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *, explicit_reference_time: dt.datetime | None) -> str:
@@ -93,7 +98,7 @@ def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool, url:
                "a retry is safe" if reading else "the stream exists; retry later"),
             stream_id=stream_id, stream_written=None if reading else written, retry_safe=True,
         ) from None
-    except (*UNAVAILABLE_ERRORS, redis.ResponseError) as exc:
+    except _UNAVAILABLE_OR_REFUSED as exc:
         if isinstance(exc, redis.ResponseError) and not is_no_replicas(exc):
             raise
         refused = isinstance(exc, (NoReplicasError, redis.ResponseError))
@@ -358,7 +363,7 @@ class RerankClient:
             start, end = snapshot.bounds(window)
             result = snapshot.results.get(window)
             if result is None:
-                state = "admitted" if window < snapshot.admitted else "not_admitted"
+                state: WindowState = "admitted" if window < snapshot.admitted else "not_admitted"
                 windows.append(WindowStatus(window=window, start=start, end=end, state=state, attempts=attempts.get(window, 0)))
                 continue
             kinds = [type(d) for d in result.decisions]

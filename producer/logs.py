@@ -17,9 +17,10 @@ import logging
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
 
 
-def _to_stdlib(logger: logging.Logger, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _to_stdlib(logger: WrappedLogger, method: str, event_dict: EventDict) -> dict[str, Any]:
     event = str(event_dict.pop("event", ""))
     exc_info = event_dict.pop("exc_info", None)
     text = " ".join([event, *(f"{k}={v!r}" for k, v in event_dict.items())])

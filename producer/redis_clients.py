@@ -19,7 +19,7 @@ Redis is refused with a clear error on first use rather than failing inside a sc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -69,17 +69,19 @@ class _RefusalReconnects:
                                   "nothing was written") from exc
 
 
+_C = TypeVar("_C")
 _REFUSAL_CLASSES: dict[type, type] = {}
 
 
-def refusal_reconnects(connection_class: type) -> type:
+def refusal_reconnects(connection_class: type[_C]) -> type[_C]:
     """``connection_class`` with ``NOREPLICAS`` handled as ``_RefusalReconnects`` says (cached per class)."""
     if issubclass(connection_class, _RefusalReconnects):
         return connection_class
     if connection_class not in _REFUSAL_CLASSES:
         _REFUSAL_CLASSES[connection_class] = type(f"RefusalReconnects{connection_class.__name__}",
                                                   (_RefusalReconnects, connection_class), {})
-    return _REFUSAL_CLASSES[connection_class]
+    refusing: type[_C] = _REFUSAL_CLASSES[connection_class]
+    return refusing
 
 
 def _reconnect_on_refusal(client: redis.Redis) -> redis.Redis:
@@ -262,7 +264,8 @@ def broker_client(url: str, **overrides: Any) -> redis.Redis:
     """A client of a Redis broker (one server, or Sentinel's master), for reading its queues."""
     if scheme(url) == CLUSTER_SCHEME:
         raise ConfigError("RERANKQ_BROKER_URL", "Celery has no Redis Cluster transport")
-    return store_client(url, **overrides)
+    client: redis.Redis = store_client(url, **overrides)  # not a cluster: checked above
+    return client
 
 
 def health_client(url: str) -> Any:
@@ -330,6 +333,7 @@ def async_store_client(url: str, *, max_connections: int | None = None, pool_tim
         sentinel = redis.asyncio.sentinel.Sentinel(
             parsed.hosts, sentinel_kwargs={"socket_timeout": 2, **({"password": sentinel_password}
                                                                    if sentinel_password else {})})
+        assert parsed.service is not None  # parse_multi_host refuses a Sentinel URL without one
         return sentinel.master_for(parsed.service, redis_class=redis.asyncio.Redis, db=parsed.db,
                                    username=parsed.username, password=parsed.password,
                                    connection_pool_class=BlockingSentinelConnectionPool, **blocking, **options)

@@ -32,6 +32,7 @@ a full Redis.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import kombu.transport as kombu_transport
 import redis
@@ -56,14 +57,14 @@ def _event(exc: Exception) -> str:
 
 
 class QoS(kombu_redis.QoS):
-    def append(self, message, delivery_tag):  # type: ignore[no-untyped-def]
+    def append(self, message: Any, delivery_tag: str) -> None:
         try:
-            super().append(message, delivery_tag)
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         except REFUSED as exc:
             log.warning("%s: delivery %s not recorded as unacked; the sweep covers it", _event(exc), delivery_tag)
             virtual.QoS.append(self, message, delivery_tag)
 
-    def ack(self, delivery_tag):  # type: ignore[no-untyped-def]
+    def ack(self, delivery_tag: str) -> None:
         try:
             self._remove_from_indices(delivery_tag).execute()
         except REFUSED as exc:
@@ -71,26 +72,26 @@ class QoS(kombu_redis.QoS):
                         _event(exc), delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
 
-    def reject(self, delivery_tag, requeue=False):  # type: ignore[no-untyped-def]
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
-            super().reject(delivery_tag, requeue=requeue)
+            super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         except REFUSED as exc:
             log.warning("%s: reject of %s kept locally; the message stays unacked until restored",
                         _event(exc), delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
 
-    def restore_visible(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def restore_visible(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().restore_visible(*args, **kwargs)
+            return super().restore_visible(*args, **kwargs)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         except REFUSED as exc:
             log.warning("%s: restore of old unacked messages skipped until the next period", _event(exc))
             return None
 
 
-class _OneClientPerChannel:
+class _OneClientPerChannel(kombu_redis.Channel):
     _sync_client: tuple[object, object] | None = None  # (the pool it was made for, the client)
 
-    def _create_client(self, asynchronous=False):  # type: ignore[no-untyped-def]
+    def _create_client(self, asynchronous: bool = False) -> Any:
         """One client per channel and pool for publishes, acks and the unacked bookkeeping.
 
         kombu builds a new ``redis.Redis`` for each of them (its ``conn_or_acquire``), about a
@@ -99,12 +100,12 @@ class _OneClientPerChannel:
         pool (after a reconnect) gets a new client.
         """
         if asynchronous:
-            return super()._create_client(asynchronous=True)
+            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         pool = self.pool
         cached = self._sync_client
         if cached is not None and cached[0] is pool:
             return cached[1]
-        client = super()._create_client()
+        client = super()._create_client()  # type: ignore[no-untyped-call]  # kombu's, unannotated
         self._sync_client = (pool, client)
         return client
 
@@ -122,7 +123,8 @@ class Transport(kombu_redis.Transport):
 class SentinelChannel(_OneClientPerChannel, kombu_redis.SentinelChannel):
     QoS = QoS
     connection_class = refusal_reconnects(SentinelManagedConnection)
-    connection_class_ssl = refusal_reconnects(SentinelManagedSSLConnection)
+    # redis-py's Sentinel-over-TLS connection; kombu's annotation names its own class of the same two bases.
+    connection_class_ssl = refusal_reconnects(SentinelManagedSSLConnection)  # type: ignore[assignment]
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import redis
+import redis.cluster
+from redis.typing import EncodableT
 
 from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
 from producer.keys import Keys, StreamKeys
@@ -84,6 +86,8 @@ class Begun(msgspec.Struct):
     admitted_at_ms: int = 0
 
 
+# The client is made without decode_responses, so its replies are bytes; redis-py's types say
+# bytes | str (they cannot know), hence the casts on the replies that are decoded.
 class Store:
     def __init__(self, client: redis.Redis, namespace: str, *, event_log_maxlen: int = 1000) -> None:
         self.client = client
@@ -223,13 +227,13 @@ class Store:
         return {int(w): int(n) for w, n in raw.items() if w.isdigit()}
 
     def load_spec(self, stream_id: str) -> StreamSpec:
-        blob = self.client.get(self.keys.stream(stream_id).spec)
+        blob = cast("bytes | None", self.client.get(self.keys.stream(stream_id).spec))
         if blob is None:
             raise StreamNotFound(stream_id)
         return spec_decoder.decode(blob)
 
     def load_candidates(self, stream_id: str, start: int, end: int) -> list[Candidate]:
-        blobs = self.client.lrange(self.keys.stream(stream_id).candidates, start, end - 1)
+        blobs = cast(list[bytes], self.client.lrange(self.keys.stream(stream_id).candidates, start, end - 1))
         return [candidate_decoder.decode(b) for b in blobs]
 
     # -- worker side -------------------------------------------------------
@@ -259,7 +263,7 @@ class Store:
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         stream = self.keys.stream(stream_id)
-        args = ["commit", _now_ms(), result.window, encode(result), self.event_log_maxlen, outcome,
+        args: list[EncodableT] = ["commit", _now_ms(), result.window, encode(result), self.event_log_maxlen, outcome,
                 encode(embeddings) if embeddings is not None else b"", len(result.failovers)]
         if not side_writes:
             return int(self._script(keys=stream.all(), args=args))
@@ -290,7 +294,9 @@ class Store:
         if not windows:
             return {}
         out: dict[int, list[float]] = {}
-        for blob in self.client.hmget(self.keys.stream(stream_id).embeddings, [str(w) for w in windows]):
+        blobs = cast("list[bytes | None]", self.client.hmget(self.keys.stream(stream_id).embeddings,
+                                                             [str(w) for w in windows]))
+        for blob in blobs:
             if blob is not None:
                 out.update(window_embeddings_decoder.decode(blob).unpack())
         return out
@@ -330,14 +336,15 @@ class Store:
         pipeline per master, each call on the node that owns its stream's slot. A call that
         meets a moved slot (a failover the slot map has not caught up with) runs again alone,
         through the cluster client, which follows the redirection."""
+        cluster = cast(redis.cluster.RedisCluster, self.client)  # only called when _cluster
         by_node: dict[str, tuple[Any, list[int]]] = {}
         for i, stream_id in enumerate(stream_ids):
-            node = self.client.get_node_from_key(self.keys.stream(stream_id).meta)
+            node = cluster.get_node_from_key(self.keys.stream(stream_id).meta)
             by_node.setdefault(node.name, (node, []))[1].append(i)
         replies: list[Any] = [None] * len(stream_ids)
         for node, indexes in by_node.values():
             try:
-                pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+                pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
                 for i in indexes:
                     self._run(self.keys.stream(stream_ids[i]), "due", retry_at, trust_ms, client=pipe)
                 answers = pipe.execute(raise_on_error=False)

@@ -10,7 +10,7 @@ import numbers
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 
@@ -155,6 +155,10 @@ def _finite(field: str, value: float | None) -> None:
         raise ValidationError(field, f"must be a finite number, got {value!r}")
 
 
+@overload
+def _utc(value: dt.datetime) -> dt.datetime: ...
+@overload
+def _utc(value: None) -> None: ...
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
     if value is None or value.tzinfo is not None:
         return value

@@ -128,7 +128,7 @@ def test_a_submit_flag_refuses_a_bad_value_naming_the_flag(tmp_path, name) -> No
     assert f"'{flags[0]}'" in result.output  # "Invalid value for '--window-size'", before anything connects
 
 
-ADDED_FIELD = '''    colour: Annotated[Optional[Annotated[str, Meta(max_length=8)]], Meta(
+ADDED_FIELD = '''    colour: Annotated[Annotated[str, Meta(max_length=8)] | None, Meta(
         description="the colour of a stream, an option this test adds")] = None
 '''
 

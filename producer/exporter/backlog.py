@@ -106,6 +106,7 @@ class BacklogReader:
         queues = list(devices)
         if self.amqp is not None:
             return self.read_amqp_queues(devices)
+        assert self.broker_client is not None  # None only on RabbitMQ, answered above
         pipe = self.broker_client.pipeline(transaction=False)
         for queue in queues:
             for name in queue_lists(queue):

@@ -60,7 +60,8 @@ def health_client(url: str) -> redis.Redis:
     within an orchestrator's probe timeout even when Redis does not (any deployment shape)."""
     from producer.redis_clients import health_client as client_for
 
-    return client_for(url)
+    client: redis.Redis = client_for(url)
+    return client
 
 
 def reachable(client: redis.Redis) -> bool:

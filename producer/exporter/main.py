@@ -89,6 +89,7 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
 
     def broker_reachable() -> bool:
         if amqp_probe is None:
+            assert broker_probe is not None  # made whenever there is no RabbitMQ probe
             return reachable(broker_probe)
         try:
             amqp_probe.counts([settings.queues.cpu_queue])

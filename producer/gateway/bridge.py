@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 import redis
@@ -61,6 +61,10 @@ ANSWERED_MEMORY = 10_000
 #: A blocking read that ends this close to a heartbeat's time counts as reaching it (its
 #: timeout is whole milliseconds, rounded down).
 HEARTBEAT_SLACK_S = 0.005
+# The store's client is made without decode_responses, so replies are bytes; redis-py's types say
+# bytes | str, and a RESP3 map for XREAD (cannot know either), hence the casts on decoded replies.
+#: XREAD of one stream: [(stream, [(entry id, fields), ...])].
+_XReadReply = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
 
 def async_redis(url: str, config: GatewaySettings) -> redis.asyncio.Redis:
@@ -68,8 +72,9 @@ def async_redis(url: str, config: GatewaySettings) -> redis.asyncio.Redis:
     every deployment shape (``producer.redis_clients``), its pool bounded as ``config`` says."""
     from producer.redis_clients import async_store_client
 
-    return async_store_client(url, max_connections=config.redis_max_connections,
-                              pool_timeout_s=config.redis_pool_timeout_s)
+    client: redis.asyncio.Redis = async_store_client(url, max_connections=config.redis_max_connections,
+                                                     pool_timeout_s=config.redis_pool_timeout_s)
+    return client
 
 
 def window_status(result: WindowResult) -> WindowStatus:
@@ -171,9 +176,9 @@ class QueueBridge:
         if known is not None:
             # Answered before by this process: read the retained decisions, skip open's validation.
             try:
-                snapshot = await self.snapshot(known)
-                if len(snapshot.results) >= snapshot.n_windows and failure(snapshot) is None:
-                    return known, scored(snapshot, known)
+                retained = await self.snapshot(known)
+                if len(retained.results) >= retained.n_windows and failure(retained) is None:
+                    return known, scored(retained, known)
             except StreamNotFound:
                 pass
             self._answered.pop(job.idempotency_key(0), None)
@@ -234,7 +239,7 @@ class QueueBridge:
             check_stream_id(stream_id)
         except ValidationError:
             raise Problem("not_found", "no such stream", field="stream_id") from None
-        blob = await self.redis.get(self.store.keys.stream(stream_id).spec)
+        blob = cast("bytes | None", await self.redis.get(self.store.keys.stream(stream_id).spec))
         if blob is None:
             raise Problem("not_found", f"stream {stream_id} does not exist or has expired", stream_id=stream_id)
         if principal.tenant is not None and spec_decoder.decode(blob).tenant != principal.tenant:
@@ -271,7 +276,7 @@ class QueueBridge:
         # the socket timeout), so a quiet stream is never taken for a Redis that stopped answering.
         heartbeat_due = time.monotonic() + self.heartbeat_s
         while True:
-            reply = await self.redis.xread({keys.events: last}, count=100, block=block)
+            reply = cast(_XReadReply, await self.redis.xread({keys.events: last}, count=100, block=block))
             entries = reply[0][1] if reply else []
             if entries:
                 pipe = self.redis.pipeline(transaction=False)
@@ -286,11 +291,11 @@ class QueueBridge:
             elif block is not None and time.monotonic() >= heartbeat_due - HEARTBEAT_SLACK_S:
                 yield "heartbeat", None, b""
                 heartbeat_due = time.monotonic() + self.heartbeat_s
-            meta = await self.redis.hmget(keys.meta, "n", "window_size", "committed")
+            meta = cast("list[bytes | None]", await self.redis.hmget(keys.meta, "n", "window_size", "committed"))
             if meta[0] is None:
                 yield "gone", None, msgspec.json.encode({"stream_id": stream_id, "message": "the stream expired"})
                 return
-            n_windows = -(-int(meta[0]) // int(meta[1]))
+            n_windows = -(-int(meta[0]) // int(cast(bytes, meta[1])))  # written with n, in one script
             if int(meta[2] or 0) >= n_windows:
                 if entries or block is not None:
                     block = None  # every window has committed: one more read flushes events not yet sent

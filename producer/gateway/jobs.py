@@ -22,7 +22,7 @@ import msgspec
 from producer.gateway.problems import Problem
 from producer.options import StreamOptions, given
 from producer.store import Snapshot
-from producer.wire import Failed, Filtered, Ranked
+from producer.wire import Device, Failed, Filtered, Ranked
 
 #: Bump when the derivation changes, so old streams are never read as new answers.
 KEY_VERSION = 2
@@ -37,7 +37,7 @@ class RerankJob:
     options: StreamOptions
 
     @property
-    def device(self) -> str:
+    def device(self) -> Device:
         assert self.options.device is not None
         return self.options.device
 

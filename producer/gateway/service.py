@@ -21,6 +21,7 @@ from producer.gateway.problems import Problem
 from producer.logs import get_logger
 from producer.options import StreamOptions
 from producer.settings import Settings
+from producer.wire import Device
 
 log = get_logger("rerankq.gateway")
 
@@ -48,7 +49,7 @@ class Gateway:
         known = request.scope.get("state", {}).get(PRINCIPAL_STATE)  # authenticated already (tenants.py)
         return known if known is not None else self.keyring.authenticate(request.headers.get("authorization"))
 
-    def device(self, request: Request, principal: Principal, asked: str | None = None) -> str:
+    def device(self, request: Request, principal: Principal, asked: str | None = None) -> Device:
         """The device asked for (a body field), else the route's (``/gpu/v2/rerank``), else the
         ``X-Rerankq-Device`` header, else the key's default; one the key may not use is refused."""
         asked = asked or request.path_params.get("device") or request.headers.get(DEVICE_HEADER)
@@ -92,7 +93,7 @@ class Gateway:
                 raise Problem("invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}",
                               field=f"{field}[{i}]")
 
-    def job(self, query: str, texts: list[str], device: str, principal: Principal, *,
+    def job(self, query: str, texts: list[str], device: Device, principal: Principal, *,
             max_tokens_per_doc: int | None = None, instruction: str | None = None) -> RerankJob:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
         fields, the API key and the gateway's settings say."""

@@ -36,7 +36,8 @@ _DEVICE_PREFIXES = ("/cpu/", "/gpu/", "/any/")
 def _authorization(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == b"authorization":
-            return value.decode("latin-1")
+            header: bytes = value  # ASGI header values are bytes
+            return header.decode("latin-1")
     return None
 
 
