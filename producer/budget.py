@@ -40,7 +40,9 @@ MIN_RERANK_DEPTH = 25
 OVER_FETCH_FACTOR = 4
 
 
-def parse_strategy_boosts(value: str | Mapping[str, str] | None, *, field_name: str = "strategy_boosts") -> dict[str, BudgetLevel]:
+def parse_strategy_boosts(
+    value: str | Mapping[str, str] | None, *, field_name: str = "strategy_boosts"
+) -> dict[str, BudgetLevel]:
     """``"graph:high,bm25:low"`` (or a mapping) into ``{"graph": "high", "bm25": "low"}``.
 
     A named level rather than a raw number: the two places it applies (before the cap,
@@ -158,8 +160,13 @@ def check_over_fetch(n_candidates: int, keep: int | None, *, allow_shallow: bool
     needed = required_depth(keep)
     if n_candidates >= needed or allow_shallow:
         return
-    raise TooShallow(n_candidates=n_candidates, keep=keep, needed=needed, dropped=dropped,
-                     rule=f"max({MIN_RERANK_DEPTH}, {OVER_FETCH_FACTOR} x keep)")
+    raise TooShallow(
+        n_candidates=n_candidates,
+        keep=keep,
+        needed=needed,
+        dropped=dropped,
+        rule=f"max({MIN_RERANK_DEPTH}, {OVER_FETCH_FACTOR} x keep)",
+    )
 
 
 def limits_for(
@@ -181,6 +188,10 @@ def limits_for(
         cap = max_rerank_candidates
     return BudgetLimits(
         max_candidates=cap,
-        per_source=max_candidates_per_source if max_candidates_per_source is not None else settings.budget.max_candidates_per_source,
-        strategy_boosts=parse_strategy_boosts(strategy_boosts if strategy_boosts is not None else settings.budget.strategy_boosts),
+        per_source=max_candidates_per_source
+        if max_candidates_per_source is not None
+        else settings.budget.max_candidates_per_source,
+        strategy_boosts=parse_strategy_boosts(
+            strategy_boosts if strategy_boosts is not None else settings.budget.strategy_boosts
+        ),
     )

@@ -103,9 +103,14 @@ def delivery_summary(settings: Settings) -> dict[str, Any]:
         summary.update(visibility_timeout_s=conf["broker_transport_options"]["visibility_timeout"],
                        disable_prefetch=conf["worker_disable_prefetch"], lanes="priority_steps 0/9")
     else:
-        summary.update(queue_type="quorum", publisher_confirms=conf["broker_transport_options"]["confirm_publish"],
-                       consumer_timeout_s=settings.queues.amqp_consumer_timeout_s, lanes="queues <queue>, <queue>.batch",
-                       dead_letter="<queue>.dead", queued_max_age_s=settings.queues.queued_max_age_s)
+        summary.update(
+            queue_type="quorum",
+            publisher_confirms=conf["broker_transport_options"]["confirm_publish"],
+            consumer_timeout_s=settings.queues.amqp_consumer_timeout_s,
+            lanes="queues <queue>, <queue>.batch",
+            dead_letter="<queue>.dead",
+            queued_max_age_s=settings.queues.queued_max_age_s,
+        )
     return summary
 
 

@@ -68,7 +68,8 @@ SEND_ERRORS = (OperationalError, redis.RedisError, OSError)
 _UNAVAILABLE_OR_REFUSED: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, redis.ResponseError)
 
 
-def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *, explicit_reference_time: dt.datetime | None) -> str:
+def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *,
+                    explicit_reference_time: dt.datetime | None) -> str:
     """What makes two opens "the same job": a defaulted reference time (now) does not count."""
     digest = hashlib.blake2b(encode(msgspec.structs.replace(spec, reference_time=explicit_reference_time)),
                              digest_size=16)
@@ -130,7 +131,8 @@ class RerankClient:
         if not settings.store.redis_url:
             raise ValidationError("redis_url", "RERANKQ_REDIS_URL is not set")
         self.settings = settings
-        self.store = Store(connect(settings.store.redis_url), settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen)
+        self.store = Store(connect(settings.store.redis_url), settings.store.namespace,
+                           event_log_maxlen=settings.streams.event_log_maxlen)
         self.dispatcher = dispatcher or Dispatcher(settings)
         self._consumers = ConsumerCheck(self.store.client, self.store.keys)
         # Streams this client just created, as their open left them (nothing committed, the
@@ -217,7 +219,8 @@ class RerankClient:
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)
         with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.store.redis_url):
             created, admitted = self.store.open(
-                stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.queues.redeliver_after_s,
+                stream_id, spec, items, first_windows=first_windows,
+                enqueue_grace_s=self.settings.queues.redeliver_after_s,
                 fingerprint=fingerprint, lane=lane,
             )
         if created:
@@ -301,7 +304,8 @@ class RerankClient:
                 if target < 0:
                     return page
                 if target > snapshot.admitted:
-                    admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.queues.redeliver_after_s)
+                    admitted = self.store.admit(stream_id, target,
+                                                enqueue_grace_s=self.settings.queues.redeliver_after_s)
                     if admitted:
                         self._send(stream_id, admitted, snapshot.device, snapshot.lane)  # type: ignore[arg-type]
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
@@ -345,7 +349,8 @@ class RerankClient:
         kept: dict[int, list[float]] = {}
         if options.needs_candidates and page.rows:
             end = max(row.decision.index for row in page.rows) + 1
-            with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
+            with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url,
+                              reading=True):
                 candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
                 if options.mmr_lambda is not None and not any(c.embedding for c in candidates.values()):
                     kept = self.store.load_embeddings(stream_id, sorted({row.window for row in page.rows}))
@@ -364,7 +369,8 @@ class RerankClient:
             result = snapshot.results.get(window)
             if result is None:
                 state: WindowState = "admitted" if window < snapshot.admitted else "not_admitted"
-                windows.append(WindowStatus(window=window, start=start, end=end, state=state, attempts=attempts.get(window, 0)))
+                windows.append(WindowStatus(window=window, start=start, end=end, state=state,
+                                            attempts=attempts.get(window, 0)))
                 continue
             kinds = [type(d) for d in result.decisions]
             windows.append(

@@ -158,7 +158,8 @@ def parse_multi_host(url: str, field: str = "RERANKQ_REDIS_URL") -> MultiHostUrl
             raise ConfigError(field, "redis+sentinel:// needs the service name: redis+sentinel://host:port,host:port/<service>[/<db>]")
         service, path = path[0], path[1:]
     if len(path) > 1 or (path and not path[0].isdigit()):
-        raise ConfigError(field, f"{kind}:// takes at most a database number after the {'service' if service else 'hosts'}")
+        raise ConfigError(field,
+                          f"{kind}:// takes at most a database number after the {'service' if service else 'hosts'}")
     db = int(path[0]) if path else 0
     if kind == CLUSTER_SCHEME and db != 0:
         raise ConfigError(field, "Redis Cluster has database 0 only")

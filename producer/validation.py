@@ -91,7 +91,8 @@ def _plain(value: Any, at: _At, root: _At, depth: int = 0, free: bool = False) -
         _check_text(at, value)
         return value
     # dict and list first: the ABC check for Mapping is slow, and they are nearly all we meet.
-    if type(value) not in (dict, list) and not isinstance(value, (msgspec.Struct, Mapping, list, tuple, set, frozenset)):
+    if type(value) not in (dict, list) and not isinstance(value, (msgspec.Struct, Mapping, list, tuple, set,
+                                                                  frozenset)):
         if free and not isinstance(value, _PLAIN_SCALARS):
             raise ValidationError(_format(at), "must be plain data (strings, numbers, booleans, None, bytes, dates, "
                                                f"lists and mappings), got {type(value).__name__}")
@@ -193,7 +194,8 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
                     f"{at}.{name}", f"{len(value)} characters exceeds the limit of {settings.streams.max_text_chars}"
                 )
         if sum(len(h) for h in c.heading_path) > settings.streams.max_text_chars:
-            raise ValidationError(f"{at}.heading_path", f"exceeds the limit of {settings.streams.max_text_chars} characters")
+            raise ValidationError(f"{at}.heading_path",
+                                  f"exceeds the limit of {settings.streams.max_text_chars} characters")
         _finite(f"{at}.fusion_score", c.fusion_score)
         if c.proof_count is not None and not 0 <= c.proof_count < 2**63:
             raise ValidationError(f"{at}.proof_count", "must be a non-negative 64-bit integer")
@@ -204,7 +206,9 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
             except (OverflowError, TypeError, msgspec.EncodeError) as exc:
                 raise ValidationError(f"{at}.metadata", f"cannot be stored: {exc}") from None
             if size > settings.streams.max_text_chars:
-                raise ValidationError(f"{at}.metadata", f"{size} bytes encoded exceeds the limit of {settings.streams.max_text_chars}")
+                raise ValidationError(
+                    f"{at}.metadata", f"{size} bytes encoded exceeds the limit of {settings.streams.max_text_chars}"
+                )
         if c.embedding is not None:
             if not c.embedding:
                 raise ValidationError(f"{at}.embedding", "must not be empty")
@@ -227,8 +231,11 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
     # The per-field limits bound each candidate; this bounds the stream (its memory in Redis).
     size = sum(len(encode(c)) for c in out)
     if size > settings.streams.max_stream_bytes:
-        raise ValidationError("candidates", f"{size} bytes encoded exceeds the limit of {settings.streams.max_stream_bytes} "
-                                            "per stream (RERANKQ_MAX_STREAM_BYTES)")
+        raise ValidationError(
+            "candidates",
+            f"{size} bytes encoded exceeds the limit of {settings.streams.max_stream_bytes} "
+            "per stream (RERANKQ_MAX_STREAM_BYTES)",
+        )
     return out
 
 
@@ -250,9 +257,13 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     if not spec.query or not spec.query.strip():
         raise ValidationError("query", "must not be empty")
     if len(spec.query) > settings.streams.max_query_chars:
-        raise ValidationError("query", f"{len(spec.query)} characters exceeds the limit of {settings.streams.max_query_chars}")
+        raise ValidationError(
+            "query", f"{len(spec.query)} characters exceeds the limit of {settings.streams.max_query_chars}"
+        )
     if not 1 <= spec.window_size <= settings.streams.max_window_size:
-        raise ValidationError("window_size", f"must be between 1 and {settings.streams.max_window_size}, got {spec.window_size}")
+        raise ValidationError(
+            "window_size", f"must be between 1 and {settings.streams.max_window_size}, got {spec.window_size}"
+        )
     for name in ("min_score", "min_final_score"):
         _finite(name, getattr(spec, name))
     if spec.min_score is not None and not 0.0 <= spec.min_score <= 1.0:
@@ -297,8 +308,9 @@ def check_options(options: Mapping[str, Any]) -> StreamOptions:
     unknown = [name for name in options if name not in OPTION_NAMES]
     if unknown:
         close = difflib.get_close_matches(unknown[0], OPTION_NAMES, n=1)
-        raise ValidationError(unknown[0], "is not an option of open()" + (f"; did you mean {close[0]}?" if close
-                                                                           else ""))
+        raise ValidationError(
+            unknown[0], "is not an option of open()" + (f"; did you mean {close[0]}?" if close else "")
+        )
     plain = {name: _plain(value, name, name) for name, value in options.items()}
     try:
         chosen = msgspec.convert(plain, StreamOptions)

@@ -166,7 +166,8 @@ def namespace_keys(client: redis.Redis, namespace: str) -> list[bytes]:
     return sorted(client.scan_iter(match=f"{namespace}:*", count=1000))
 
 
-def make_candidates(n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}") -> list[dict[str, Any]]:
+def make_candidates(n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}") -> list[dict[str,
+                                                                                                               Any]]:
     return [{"id": f"{prefix}{i}", "text": text.format(i=i)} for i in range(n)]
 
 

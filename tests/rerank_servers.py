@@ -165,7 +165,8 @@ class RerankServer:
                     "meta": {"api_version": {"version": "2"}}}
         if self.shape == "infinity":
             return {"object": "rerank", "model": "m", "usage": {"total_tokens": 1},
-                    "results": [{"index": i, "relevance_score": s, "document": documents[i] if i < len(documents) else ""} for i, s in ranked]}
+                    "results": [{"index": i, "relevance_score": s,
+                                 "document": documents[i] if i < len(documents) else ""} for i, s in ranked]}
         if self.shape == "rankings":
             return {"rankings": [{"index": i, "score": s} for i, s in ranked]}
         # "scores": input order; a subset or a dropped one shortens the list.
@@ -224,7 +225,8 @@ def vllm_refusal(body: Any, path: str) -> str | None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         return f"fields outside vLLM's protocol: {unknown}"
-    query, documents = (body.get("text_1"), body.get("text_2")) if score_api else (body.get("query"), body.get("documents"))
+    query, documents = (body.get("text_1"), body.get("text_2")) if score_api else (body.get("query"),
+                                                                                   body.get("documents"))
     if not isinstance(query, str) or not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
         return "a text query and a list of text documents are required"
     truncate = body.get("truncate_prompt_tokens")

@@ -162,8 +162,10 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
     client.open("now", make_candidates(10), window_size=5, first_windows=2)
     probe = AmqpQueueProbe(settings.store.broker)
     try:
-        counts = {(c.queue, c.lane): c.waiting for c in probe.counts([settings.queues.cpu_queue, settings.queues.gpu_queue])}
-        assert counts[(settings.queues.cpu_queue, "interactive")] == 2 and counts[(settings.queues.cpu_queue, "batch")] == 3
+        counts = {(c.queue, c.lane): c.waiting for c in probe.counts([settings.queues.cpu_queue,
+                                                                      settings.queues.gpu_queue])}
+        assert counts[(settings.queues.cpu_queue, "interactive")] == 2 and counts[(settings.queues.cpu_queue,
+                                                                                   "batch")] == 3
         assert counts[(settings.queues.gpu_queue, "interactive")] == 0  # never declared: nothing waits
         assert probe.depth([settings.queues.cpu_queue]) == 5
         # What the exporter and `rerankq inspect` report from it.
@@ -180,7 +182,8 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
     finally:
         asyncio.run(gateway_broker.aclose())
     view = {(row["queue"], row["lane"]): row for row in queue_view(settings)}
-    assert view[(settings.queues.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.queues.cpu_queue, "batch")]["device"] == "cpu"
+    assert view[(settings.queues.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.queues.cpu_queue,
+                                                                                "batch")]["device"] == "cpu"
     assert lane_queue(settings.queues.cpu_queue, "batch") == settings.queues.cpu_queue + ".batch"
 
 
@@ -219,7 +222,8 @@ def test_a_burst_is_confirmed_whole_and_a_refused_publish_is_the_sweeps_to_send(
     them when the queue takes messages again. Each window is committed once."""
     client = make_client(redeliver_after_s=2)
     first = client.open("payment gateway error", make_candidates(40), window_size=10, first_windows=4)
-    assert AmqpQueueProbe(settings.store.broker).depth([settings.queues.cpu_queue]) == 4, "all four queued when open returned"
+    depth = AmqpQueueProbe(settings.store.broker).depth([settings.queues.cpu_queue])
+    assert depth == 4, "all four queued when open returned"
 
     rabbitmq_server.ctl("set_policy", f"{settings.store.namespace}-full", f"^{settings.queues.cpu_queue}$",
                         '{"max-length": 2, "overflow": "reject-publish"}', "--apply-to", "queues")

@@ -87,7 +87,8 @@ def test_an_exported_backend_ranks_every_window_as_torch_fp32(model_dir, torch_f
 
 def test_every_batch_an_exported_backend_runs_reaches_the_metrics_hook(model_dir):
     # The worker's padding metrics hang on on_batch: a window served by ONNX Runtime counts as torch's does.
-    engine = ScoringEngine(load_cross_encoder(str(model_dir), device="cpu"), settings=load_settings({}, precision="fp32"),
+    engine = ScoringEngine(load_cross_encoder(str(model_dir), device="cpu"), settings=load_settings({},
+                                                                                                    precision="fp32"),
                            backend=BackendChoice("onnx"), token_budget=256)
     seen: list[tuple[int, int]] = []
     engine.on_batch = lambda real, padded: seen.append((real, padded))

@@ -109,8 +109,12 @@ def score_windows(client, n_windows: int, size: int = 4) -> tuple[str, list[str]
     """Open a stream of ``n_windows`` windows, wait for all; (id, served_by, failovers) per window."""
     # Texts unique to this stream, so the pair-score cache never answers for the member.
     tag = f"w{time.monotonic_ns()}"
-    stream = client.open("gateway error", make_candidates(n_windows * size, prefix=tag, text=tag + " gateway error {i}"),
-                         window_size=size, first_windows=n_windows)
+    stream = client.open(
+        "gateway error",
+        make_candidates(n_windows * size, prefix=tag, text=tag + " gateway error {i}"),
+        window_size=size,
+        first_windows=n_windows,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         status = client.status(stream)

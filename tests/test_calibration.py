@@ -152,7 +152,8 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     out = directory / "calibration.json"
     fitting = WorkerProcess.rerankq(_env(base), directory / "fitting.log", "--device", "cpu", cwd=ROOT).start()
     try:
-        done = subprocess.run([sys.executable, "-m", "worker.cli", "calibrate", *(f"--{k}={v}" for k, v in files.items()),
+        done = subprocess.run([sys.executable, "-m", "worker.cli", "calibrate", *(f"--{k}={v}" for k,
+                                                                                  v in files.items()),
                                "--out", str(out)], env=_env(base), cwd=ROOT, capture_output=True, text=True,
                               timeout=240, check=False)
     finally:

@@ -196,7 +196,8 @@ def test_deployment_profiles_run_workers_on_their_shape(profile, service):
         assert settings.store.broker_url.startswith("redis://") and "@redis:6379" in settings.store.broker_url
         nodes = [name for name, s in SERVICES.items() if name.startswith("redis-cluster-") and name[-1].isdigit()]
         assert len(nodes) == 6 and all(SERVICES[n]["profiles"] == ["cluster"] for n in nodes)
-        assert all(f"{n}:6379" in settings.store.redis_url for n in ("redis-cluster-1", "redis-cluster-2", "redis-cluster-3"))
+        assert all(f"{n}:6379" in settings.store.redis_url for n in ("redis-cluster-1", "redis-cluster-2",
+                                                                     "redis-cluster-3"))
         init = " ".join(SERVICES["redis-cluster-init"]["command"])
         assert "--cluster create" in init and "--cluster-replicas 1" in init
     else:

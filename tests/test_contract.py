@@ -38,7 +38,8 @@ from producer import ConfigError, ValidationError, load_settings
         ("q", make_candidates(3), {"ttl_s": 0}, "ttl_s"),
     ],
 )
-def test_bad_input_names_its_field_and_writes_nothing(make_client, raw_redis, namespace, query, candidates, kwargs, field):
+def test_bad_input_names_its_field_and_writes_nothing(make_client, raw_redis, namespace, query, candidates, kwargs,
+                                                      field):
     client = make_client()
     with pytest.raises(ValidationError) as err:
         client.open(query, candidates, **kwargs)

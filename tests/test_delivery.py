@@ -16,7 +16,9 @@ pytestmark = pytest.mark.chaos
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
-def test_child_killed_mid_window_commits_once_and_stream_completes(start_worker, make_client, tmp_path, raw_redis, broker):
+def test_child_killed_mid_window_commits_once_and_stream_completes(
+    start_worker, make_client, tmp_path, raw_redis, broker
+):
     marks = tmp_path / "marks"
     marks.mkdir()
     worker = start_worker(env=provider_env("SlowProvider", mark_dir=marks, sleep_s=2))
@@ -47,7 +49,9 @@ def test_duplicate_delivery_is_turned_away_without_counting(start_worker, make_c
     """A second message for a window another delivery is scoring: no attempt counted, one commit."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    start_worker(env=provider_env("SlowProvider", mark_dir=marks, sleep_s=2), args=["--device", "cpu", "--processes", "2"])
+    start_worker(
+        env=provider_env("SlowProvider", mark_dir=marks, sleep_s=2), args=["--device", "cpu", "--processes", "2"]
+    )
     client = make_client(redeliver_after_s=4)
     stream = client.open("payment gateway error", make_candidates(10), window_size=10)
     wait_for(lambda: list(marks.iterdir()), 30, "the window to start scoring")

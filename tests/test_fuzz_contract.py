@@ -33,7 +33,8 @@ from producer.wire import (
     window_result_decoder,
 )
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 CANDIDATE_FIELDS = set(Candidate.__struct_fields__)
 OPEN_ARGS = {"query", "candidates", "window_size", "first_windows", "device", "min_score", "min_final_score",
@@ -165,7 +166,8 @@ def time_ranges(draw: st.DrawFn) -> TimeRange:
 candidate_fields = {
     "context": some_text, "heading_path": st.lists(some_text, max_size=2), "occurred_start": aware | st.datetimes(),
     "mentioned_at": aware, "proof_count": st.integers(0, 9), "source": st.sampled_from(["graph", "bm25"]),
-    "fusion_score": st.floats(-5, 5), "doc_id": some_text, "embedding": st.lists(st.floats(-1, 1), min_size=2, max_size=2),
+    "fusion_score": st.floats(-5, 5), "doc_id": some_text, "embedding": st.lists(st.floats(-1, 1), min_size=2,
+                                                                                 max_size=2),
     "metadata": st.dictionaries(some_text, st.integers() | some_text | st.lists(st.booleans(), max_size=2), max_size=3),
 }
 open_arguments = {
@@ -186,7 +188,8 @@ open_arguments = {
     "allow_shallow": st.just(True),
     "max_rerank_candidates": st.none() | st.integers(1, 10),
     "max_candidates_per_source": st.none() | st.integers(0, 3),
-    "strategy_boosts": st.none() | st.just("graph:high") | st.dictionaries(some_text, st.sampled_from(["low", "high"]), max_size=2),
+    "strategy_boosts": st.none() | st.just("graph:high") | st.dictionaries(some_text, st.sampled_from(["low", "high"]),
+                                                                           max_size=2),
     "document_budget": st.none() | st.integers(1, 500),
     "lane": st.sampled_from(["interactive", "batch"]),
 }

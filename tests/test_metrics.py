@@ -96,7 +96,8 @@ def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_
     assert total(samples, "rerankq_failovers_total", member="1:cohere") == 0
     # Provider calls, errors, pairs and retries; every HTTP request beyond a call is a retry.
     for member in ("0:tei", "1:cohere"):
-        assert total(samples, "rerankq_provider_requests_total", member=member) == counters[f"provider_calls:{member}"] == 3
+        assert total(samples, "rerankq_provider_requests_total",
+                     member=member) == counters[f"provider_calls:{member}"] == 3
         assert total(samples, "rerankq_provider_request_seconds_count", member=member) == 3
         assert total(samples, "rerankq_pairs_scored_total", member=member) == 30
     assert total(samples, "rerankq_provider_errors_total", member="0:tei", reason="http_500") == 2

@@ -271,7 +271,8 @@ def test_an_error_body_that_echoes_the_input_stays_out_of_warnings(server):
     tei.mode = "echo_422"  # FastAPI-style: the refused request is quoted back
     secret_query = "confidential merger with acme corp"
     docs = ["board minutes about the acme merger", "salary review for jane doe"]
-    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="tei", url=tei.url, timeout_s=1)]))
+    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="tei", url=tei.url,
+                                                                             timeout_s=1)]))
     with structlog.testing.capture_logs() as logs:
         outcome = chain.run(ScoreRequest(query=secret_query, documents=docs, stream_id="s_test", window=0))
     chain.close()
@@ -406,17 +407,33 @@ def test_a_404_from_a_derived_endpoint_names_the_url_to_set(server):
     assert failover["detail"] == (f"POST {infinity.url}/v2/rerank answered 404 (application/json, 22 bytes);"
                                   f" if this server serves /rerank, set RERANKQ_RERANKER_1_URL={infinity.url}/rerank")
     # The advice is right: that URL serves.
-    assert run(MemberSettings(provider="cohere", url=f"{infinity.url}/rerank", timeout_s=1), n=3).served_by == "0:cohere"
+    assert run(MemberSettings(provider="cohere", url=f"{infinity.url}/rerank", timeout_s=1),
+               n=3).served_by == "0:cohere"
 
 
 def test_warm_up_says_once_at_error_when_no_scoring_member_starts():
-    broken = override(Settings(), members=[MemberSettings(provider="tei"), MemberSettings(provider="http", url="ftp://x"),
-                                           MemberSettings(provider="rrf")])
+    broken = override(
+        Settings(),
+        members=[
+            MemberSettings(provider="tei"),
+            MemberSettings(provider="http", url="ftp://x"),
+            MemberSettings(provider="rrf"),
+        ],
+    )
     with structlog.testing.capture_logs() as logs:
         Chain.from_settings(broken).warm_up()
-        Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf")])).warm_up()  # rrf alone: meant
-        Chain.from_settings(override(Settings(), members=[MemberSettings(provider="tei"),  # one of two starts: fine
-                                                          MemberSettings(provider="tei", url="http://127.0.0.1:1")])).warm_up()
+        Chain.from_settings(
+            override(Settings(), members=[MemberSettings(provider="rrf")])
+        ).warm_up()  # rrf alone: meant
+        Chain.from_settings(
+            override(
+                Settings(),
+                members=[
+                    MemberSettings(provider="tei"),  # one of two starts: fine
+                    MemberSettings(provider="tei", url="http://127.0.0.1:1"),
+                ],
+            )
+        ).warm_up()
     errors = [e for e in logs if e["log_level"] == "error"]
     assert len(errors) == 1 and errors[0]["event"] == "no_scoring_member_started"
     assert set(errors[0]["members"]) == {"0:tei", "1:http"}

@@ -55,7 +55,8 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
 ) -> None:
     start_worker(env=FP32)
     client = make_client()
-    long_text = "unrelated filler text. " * 40 + "the payment gateway error came from a certificate. " + "more filler. " * 40
+    long_text = ("unrelated filler text. " * 40 + "the payment gateway error came from a certificate. "
+                 + "more filler. " * 40)
     items = [
         {"id": "dated", "text": "restart the pods after the payment gateway error", "context": "incident 42",
          "heading_path": ["Runbooks", "Payments"], "occurred_start": "2022-06-05T10:00:00Z"},
@@ -101,7 +102,8 @@ def test_min_filters_reach_redis_with_their_scores(
     words = ["payment", "gateway", "error", "checkout", "outage", "retry", "certificate", "dns",
              "cache", "invoice", "vendor", "laptop"]
     items = [
-        {"id": f"c{i}", "text": f"{w} {words[(i * 5) % 12]} report", "occurred_start": (REF - dt.timedelta(days=40 * i)).isoformat()}
+        {"id": f"c{i}", "text": f"{w} {words[(i * 5) % 12]} report",
+         "occurred_start": (REF - dt.timedelta(days=40 * i)).isoformat()}
         for i, w in enumerate(words)
     ] + [{"id": "empty", "text": ""}]
     open_ = dict(window_size=13, reference_time=REF)

@@ -72,7 +72,8 @@ def candidate_lists(draw: st.DrawFn, min_size: int = 2, max_size: int = 25) -> l
 query_ranges = st.one_of(
     st.none(),
     st.tuples(days, st.floats(min_value=0, max_value=400)).map(
-        lambda t: TimeRange(start=REF - dt.timedelta(days=t[0]), end=REF - dt.timedelta(days=t[0]) + dt.timedelta(days=t[1]))
+        lambda t: TimeRange(start=REF - dt.timedelta(days=t[0]),
+                            end=REF - dt.timedelta(days=t[0]) + dt.timedelta(days=t[1]))
     ),
 )
 curves = st.sampled_from(["linear", "exponential", "none"])

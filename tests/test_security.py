@@ -41,7 +41,8 @@ def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client,
     sender.conf.update(celery_config(settings))
     proof = tmp_path / "pwned"
 
-    sender.send_task(TASK_NAME, args=[RunsWhenUnpickled(proof), 0], queue=settings.queues.cpu_queue, serializer="pickle")
+    sender.send_task(TASK_NAME, args=[RunsWhenUnpickled(proof), 0], queue=settings.queues.cpu_queue,
+                     serializer="pickle")
     # A JSON message whose stream id tries to reach outside its own keys.
     for hostile in ("s_x}:results", "k_*", "k_a}{b", "../" * 3):
         sender.send_task(TASK_NAME, args=[hostile, 0], queue=settings.queues.cpu_queue)

@@ -67,7 +67,8 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
     else:
         count = processes or settings.worker.worker_processes or 1
         torch_threads = settings.worker.torch_threads or max(1, quota // count)
-        settings = override(settings, device="cpu", torch_threads=torch_threads, coalesce=bool(settings.engine.coalesce))
+        settings = override(settings, device="cpu", torch_threads=torch_threads,
+                            coalesce=bool(settings.engine.coalesce))
         queues = [settings.queues.cpu_queue, settings.queues.any_queue]
         # prefork even for one process: a child killed mid-window (OOM, segfault) is
         # noticed by the parent, which requeues the message.
@@ -136,7 +137,8 @@ def device_problem(settings: Settings) -> str | None:
     """
     if not settings.worker.device.startswith("cuda"):
         return None
-    local = [i for i, m in enumerate(settings.chain.effective_members()) if m.provider in ("local", "embedding") and not m.device]
+    local = [i for i, m in enumerate(settings.chain.effective_members())
+             if m.provider in ("local", "embedding") and not m.device]
     if not local:
         return None  # only remote members (or members pinned to a device of their own)
     try:
@@ -144,6 +146,8 @@ def device_problem(settings: Settings) -> str | None:
     except ImportError:
         return "torch is not installed (pip install 'rerankq[worker]')"
     if not torch.cuda.is_available():
-        return (f"--device gpu asks for {settings.worker.device}, but torch {torch.__version__} sees no CUDA device "
-                f"(chain members {local} run the model in process); start a --device cpu worker instead")
+        return (
+            f"--device gpu asks for {settings.worker.device}, but torch {torch.__version__} sees no CUDA device "
+            f"(chain members {local} run the model in process); start a --device cpu worker instead"
+        )
     return None

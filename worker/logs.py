@@ -20,7 +20,8 @@ from producer.logs import LevelCheckedLogger
 
 # Keys whose values never reach a log line, and URL passwords wherever they appear.
 _SECRET_KEYS = re.compile(r"(api_?key|password|secret|token|authorization)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]+)@", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]+)@",
+                           re.IGNORECASE)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-~+/=]+", re.IGNORECASE)
 
 

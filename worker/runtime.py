@@ -32,7 +32,8 @@ class Runtime:
         self.settings = settings
         self.recorder = recorder
         self._warmed_up = False
-        self.store = Store(connect(settings.store.broker if settings.store.redis_url is None else settings.store.redis_url),
+        store_url = settings.store.broker if settings.store.redis_url is None else settings.store.redis_url
+        self.store = Store(connect(store_url),
                            settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen)
         self.chain = Chain.from_settings(settings, wrap=self._wrap_member, on_failover=self._count_failover,
                                          redis_client=self.store.client)

@@ -130,7 +130,8 @@ class SweepTimer:
 
     def _run(self) -> None:
         # Own connections: nothing here is shared with the Celery consumer or the pool.
-        store = Store(connect(self.settings.store.redis_url or self.settings.store.broker), self.settings.store.namespace)
+        store = Store(connect(self.settings.store.redis_url or self.settings.store.broker),
+                      self.settings.store.namespace)
         dispatcher = Dispatcher(self.settings)
         probe = broker_probe(self.settings)
         interval = self.settings.queues.sweep_interval_s

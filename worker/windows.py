@@ -250,7 +250,8 @@ class WindowScorer:
         return "failed"
 
     def _commit(self, stream_id: str, result: WindowResult, *, outcome: str, begun: Begun, until: float,
-                bound: Any, embeddings: WindowEmbeddings | None = None, side_writes: list[SideWrite] | None = None) -> int:
+                bound: Any, embeddings: WindowEmbeddings | None = None,
+                side_writes: list[SideWrite] | None = None) -> int:
         """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts.
 
         The held ``side_writes`` ride on the first try only: a retry (Redis full) is the commit alone.
@@ -266,6 +267,11 @@ class WindowScorer:
             return self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride)
 
         written = self._through_full_redis(attempt, until=until, bound=bound)
-        self.recorder.window_committed(member=result.served_by, outcome=outcome, commit_s=time.perf_counter() - start,
-                                       admitted_at_ms=begun.admitted_at_ms, written=written == 1)
+        self.recorder.window_committed(
+            member=result.served_by,
+            outcome=outcome,
+            commit_s=time.perf_counter() - start,
+            admitted_at_ms=begun.admitted_at_ms,
+            written=written == 1,
+        )
         return written

@@ -324,9 +324,9 @@ def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
            "one_redis_store_and_broker_windows_per_s": one_redis}
     print(f"\nOn paper, for {TARGET_PAIRS_PER_S:,} pairs/s = {windows_per_s:,.0f} windows of {WINDOW}/s "
           f"(every shard and broker kept at {HEADROOM:.0%} of its ceiling):")
-    print(f"  store: {cluster['lua_calls']:.2f} Lua calls per window at {cluster['lua_usec_per_call']:.0f} µs of server "
-          f"time each; {store_usec:.0f} µs of store server time per window with the reads, so one shard commits "
-          f"about {per_shard:,.0f} windows/s: {shards} cluster masters (plus a replica each)")
+    print(f"  store: {cluster['lua_calls']:.2f} Lua calls per window at {cluster['lua_usec_per_call']:.0f} µs "
+          f"of server time each; {store_usec:.0f} µs of store server time per window with the reads, "
+          f"so one shard commits about {per_shard:,.0f} windows/s: {shards} cluster masters (plus a replica each)")
     if broker_usec:
         print(f"  broker (Redis): {broker_usec:.0f} µs of server time per window (send, fetch, unacked bookkeeping, "
               f"ack): about {per_broker:,.0f} windows/s per instance: {brokers} Redis broker instances, each "

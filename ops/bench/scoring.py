@@ -242,7 +242,8 @@ def main() -> None:
     parser.add_argument("--window-size", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--token-budget", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="fewer windows and rounds: a few minutes with every backend row")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer windows and rounds: a few minutes with every backend row")
     parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no other rows")
     parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
     parser.add_argument("--causal-layers", type=int, default=None,
@@ -376,8 +377,8 @@ def main() -> None:
                     subject.run(windows[:1], sync=sync, keep=True)
                 continue
             subject.run(windows, sync=sync, keep=round_ == 0)
-        print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects + variants),
-              flush=True)
+        rates = ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects + variants)
+        print(f"round {round_ + 1}/{rounds}: {rates}", flush=True)
 
 
     def figures(subject: Subject) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def drain(client: RerankClient, ledger: Ledger, deadline: float) -> int:
     while pending and time.monotonic() < deadline:
         for stream_id, attempt in list(pending.items()):
             try:
-                page = retrying(lambda stream_id=stream_id, size=attempt.size: client.pull(stream_id, 0, size, timeout=0),
+                page = retrying(lambda stream_id=stream_id, size=attempt.size: client.pull(stream_id, 0, size,
+                                                                                           timeout=0),
                                 give_up_s=GIVE_UP_S)
                 ledger.read(stream_id, retrying(lambda stream_id=stream_id: stored_results(client, stream_id),
                                                 give_up_s=GIVE_UP_S))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 
 # Exactly the two checks: `begin` returns {-1}, `commit` returns 0.
-_ALREADY_COMMITTED = re.compile(r"^[ \t]*if redis\.call\('HEXISTS', results_key, window\) == 1 then return (\{-1\}|0) end\n",
-                                re.MULTILINE)
+_ALREADY_COMMITTED = re.compile(
+    r"^[ \t]*if redis\.call\('HEXISTS', results_key, window\) == 1 then return (\{-1\}|0) end\n", re.MULTILINE
+)
 MARKER = "rerankq-chaos: store.lua without its already-committed checks"
 
 

@@ -123,8 +123,10 @@ def read_streams(client: RerankClient, ledger: Ledger, rng: random.Random, index
         offset = 0
         while offset < attempt.size and time.monotonic() < until:
             try:
-                page = retrying(lambda stream=stream, offset=offset: client.pull(stream, offset, WINDOW_SIZE, timeout=2.0),
-                                give_up_s=give_up_s)
+                page = retrying(
+                    lambda stream=stream, offset=offset: client.pull(stream, offset, WINDOW_SIZE, timeout=2.0),
+                    give_up_s=give_up_s,
+                )
                 ledger.read(stream, retrying(lambda stream=stream: stored_results(client, stream), give_up_s=give_up_s))
             except StreamNotFound:
                 with ledger.lock:

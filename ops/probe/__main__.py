@@ -13,7 +13,9 @@ from ops.probe import gateway_doors, queue_messages
 
 
 def main() -> int:
-    parts: list[tuple[str, list[str], ModuleType]] = [("queue messages on redis", ["--broker", "redis"], queue_messages)]
+    parts: list[tuple[str, list[str], ModuleType]] = [
+        ("queue messages on redis", ["--broker", "redis"], queue_messages)
+    ]
     if shutil.which("rabbitmq-server") or os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
         parts.append(("queue messages on rabbitmq", ["--broker", "amqp"], queue_messages))
     parts.append(("gateway doors", [], gateway_doors))

@@ -289,7 +289,8 @@ class QueueProbe:
 
             self.rabbitmq = EmbeddedRabbitMQ(directory=str(self.directory / "rabbitmq")).start()
             broker_url = self.rabbitmq.url
-        self.env = worker_env(redis_url, self.namespace, self.metrics_port, broker_url if self.broker == "amqp" else None)
+        self.env = worker_env(redis_url, self.namespace, self.metrics_port,
+                              broker_url if self.broker == "amqp" else None)
         self.raw = redis.Redis.from_url(redis_url)
         self.client = RerankClient(load_settings(self.env))
         self.queue: RedisQueue | AmqpQueue = (AmqpQueue(broker_url, self.queue_name) if broker_url is not None
@@ -365,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.probe.queue_messages", description=__doc__.split("\n\n")[0])
     parser.add_argument("--broker", choices=("redis", "amqp"), default="redis",
                         help="amqp: a private RabbitMQ node as the broker (rabbitmq-server must be installed)")
-    parser.add_argument("--timeout-s", type=float, default=20.0, help="how long a good window may take after each probe")
+    parser.add_argument("--timeout-s", type=float, default=20.0,
+                        help="how long a good window may take after each probe")
     parser.add_argument("--only", nargs="*", help="run only these probes (names as printed)")
     parser.add_argument("--keep", action="store_true", help="print where the logs are even when every probe passed")
     args = parser.parse_args(argv)

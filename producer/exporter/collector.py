@@ -53,7 +53,8 @@ class BacklogCollector(Collector):
         yield oldest
 
         uncommitted = GaugeMetricFamily("rerankq_windows_uncommitted",
-                                        "Admitted windows of live streams not yet committed, by the device streams asked for",
+                                        "Admitted windows of live streams not yet committed, "
+                                        "by the device streams asked for",
                                         labels=["device"])
         for device, count in backlog.uncommitted.items():
             uncommitted.add_metric([device], count)

@@ -77,7 +77,8 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
 
         amqp_probe, broker_client = AmqpQueueProbe(settings.store.broker), None
     else:
-        broker_client = store_client if settings.store.broker == settings.store.redis_url else connect_broker(settings.store.broker)
+        broker_client = (store_client if settings.store.broker == settings.store.redis_url
+                         else connect_broker(settings.store.broker))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client, amqp_probe)))
     if once:

@@ -109,7 +109,8 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
         if settings.store.broker_kind == "amqp":
             broker_redis: Any = AsyncAmqpBroker(settings.store.broker)
         else:
-            broker_redis = store_redis if settings.store.broker == settings.store.redis_url else async_redis(settings.store.broker, config)
+            broker_redis = (store_redis if settings.store.broker == settings.store.redis_url
+                            else async_redis(settings.store.broker, config))
         backlog = Backlog(broker_redis, dispatcher, settings, config)
         app.state.gateway = Gateway(settings, config, keyring, QueueBridge(client, store_redis, backlog,
                                                                            threads=config.threads,

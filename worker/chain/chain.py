@@ -203,7 +203,8 @@ class Chain:
         def builder(member: Member) -> Callable[[], Provider]:
             def build() -> Provider:
                 checked = CheckedProvider(build_provider(member.settings, settings),
-                                          flat_min_window=settings.chain.flat_min_window, flat_range=settings.chain.flat_range)
+                                          flat_min_window=settings.chain.flat_min_window,
+                                          flat_range=settings.chain.flat_range)
                 member.remote, member.checked = checked.remote, checked
                 return wrap(member.index, member.settings, checked) if wrap else checked
             return build
@@ -266,7 +267,8 @@ class Chain:
         if not members:
             # Never fall back to the whole chain: a profile may exist to keep data away
             # from a hosted member.
-            reason = f"chain profile {request.chain!r} is not configured ({chain_profile_variable(request.chain or '')})"
+            variable = chain_profile_variable(request.chain or "")
+            reason = f"chain profile {request.chain!r} is not configured ({variable})"
             log.error("chain_profile_missing", profile=request.chain, stream=request.stream_id, window=request.window)
             return ChainOutcome(served_by=None, scale=None, scores=None, reason=reason)
 

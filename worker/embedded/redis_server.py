@@ -76,7 +76,8 @@ class EmbeddedRedis:
         args = [
             self.binary, *ports, "--bind", "127.0.0.1", "--dir", self.directory,
             "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", os.path.join(self.directory, "redis.log"),
+            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", os.path.join(self.directory,
+                                                                                               "redis.log"),
         ]
         if self.password:
             args += ["--requirepass", self.password]

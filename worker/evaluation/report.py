@@ -102,7 +102,10 @@ def build_report(*, collection: Mapping[str, Any], relevant_grade: int, depths: 
 
 def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    line = lambda cells: "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([title, line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 

@@ -67,7 +67,8 @@ class WorkerMetrics(Recorder):
                              ["device", "member"], registry=None)
         self.padding = Histogram("rerankq_batch_padding_ratio", "Share of a forward batch's tokens that are padding",
                                  d, buckets=PADDING_BUCKETS, registry=None)
-        self.requests = Counter("rerankq_provider_requests", "Provider calls (windows or cache misses sent to a member)",
+        self.requests = Counter("rerankq_provider_requests",
+                                "Provider calls (windows or cache misses sent to a member)",
                                 ["member"], registry=None)
         self.errors = Counter("rerankq_provider_errors", "Provider calls that failed, by reason", ["member", "reason"],
                               registry=None)

@@ -89,7 +89,8 @@ class LocalProvider:
         self.cache_identity = cache_identity(self.kind, model=self.model_name, backend=backend.name,
                                              precision=self.engine.precision, artifact=backend.artifact,
                                              device=device.split(":")[0], scale=self.scale)
-        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.engine.coalesce else None
+        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs,
+                                          settings) if settings.engine.coalesce else None
         log.info("model_loaded", model=self.model_name, device=device, scale=self.scale, backend=backend.name,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)
 

@@ -204,11 +204,13 @@ class RemoteClient:
             try:
                 response = self._http.post(url, json=payload, headers=dict(headers), timeout=timeout)
             except httpx.TimeoutException as exc:
-                raise ProviderUnavailable("timeout", f"{type(exc).__name__} after {remaining:.2f}s: POST {where}") from None
+                raise ProviderUnavailable("timeout",
+                                          f"{type(exc).__name__} after {remaining:.2f}s: POST {where}") from None
             except httpx.ConnectError as exc:
                 raise ProviderUnavailable("connect_error", self.scrub(f"POST {where}: {exc}")) from None
             except httpx.HTTPError as exc:
-                raise ProviderUnavailable("http_error", self.scrub(f"{type(exc).__name__}: POST {where}: {exc}")) from None
+                raise ProviderUnavailable("http_error",
+                                          self.scrub(f"{type(exc).__name__}: POST {where}: {exc}")) from None
 
             status = response.status_code
             if 200 <= status < 300:

@@ -171,7 +171,8 @@ class Calibrations:
         """None when no file is configured (nothing is calibrated, nothing logged)."""
         from producer.settings import calibration_profile_variable
 
-        default = read_file(settings.chain.calibration, variable="RERANKQ_CALIBRATION") if settings.chain.calibration else None
+        default = read_file(settings.chain.calibration,
+                            variable="RERANKQ_CALIBRATION") if settings.chain.calibration else None
         profiles = {name: read_file(path, variable=calibration_profile_variable(name))
                     for name, path in settings.chain.calibration_profiles.items()}
         if default is None and not profiles:

@@ -131,7 +131,8 @@ class Output:
             ending = tail[-1:].isspace()
             fields = [(p, i == len(parts) - 1 and not ending) for i, p in enumerate(parts)]
             ours = len(parts) <= 6 and (whole_lines or len(parts) >= 3) and all(
-                _trec_field_ok(index, value, partial, self.tag.encode()) for index, (value, partial) in enumerate(fields))
+                _trec_field_ok(index, value, partial, self.tag.encode()) for index, (value,
+                                                                                     partial) in enumerate(fields))
         if not ours:
             where = "its last line" if whole_lines else "it has no complete line, and what it holds"
             raise OutputError(f"{self.path}: {where} does not begin like a line of rerankq submit's "
