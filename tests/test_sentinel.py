@@ -163,8 +163,8 @@ def _open_steadily(env: dict[str, str], stop: threading.Event, seen: Steady) -> 
 
 
 @pytest.mark.parametrize("guard", [pytest.param("on", marks=pytest.mark.xfail(strict=False, reason=(
-    "flaky on a loaded 2-core host: a client sees the refusal only after redis-py's retries, so its time "
-    "bounds the failover loosely"))),
+    "flaky on a loaded 2-core host: a client sees the refusal only after redis-py's retries, "
+    "so its time bounds the failover loosely"))),
     "off"])
 def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(guard, base_env):
     """Writers keep their connections to the master through a ``SENTINEL FAILOVER``. With
