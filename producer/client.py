@@ -307,7 +307,7 @@ class RerankClient:
                     admitted = self.store.admit(stream_id, target,
                                                 enqueue_grace_s=self.settings.queues.redeliver_after_s)
                     if admitted:
-                        self._send(stream_id, admitted, snapshot.device, snapshot.lane)  # type: ignore[arg-type]
+                        self._send(stream_id, admitted, snapshot.device, snapshot.lane)
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -383,7 +383,7 @@ class RerankClient:
             )
         return StreamStatus(
             stream_id=stream_id, n_candidates=snapshot.n_candidates, window_size=snapshot.window_size, windows=windows,
-            device=snapshot.device,  # type: ignore[arg-type]
+            device=snapshot.device,
         )
 
     def progress(self, stream_ids: list[str]) -> dict[str, StreamProgress | None]:

@@ -20,6 +20,7 @@ from producer.redis_clients import server_version as server_version
 from producer.redis_clients import store_client
 from producer.wire import (
     Candidate,
+    Device,
     Lane,
     StreamProgress,
     StreamSpec,
@@ -54,8 +55,8 @@ class Snapshot(msgspec.Struct):
     admitted: int
     results: dict[int, WindowResult]
     last_event_id: bytes
-    device: str = "cpu"
-    lane: str = "interactive"
+    device: Device = "cpu"
+    lane: Lane = "interactive"
 
     @property
     def n_windows(self) -> int:
@@ -177,8 +178,9 @@ class Store:
             admitted=int(meta[2]),
             results=decoded,
             last_event_id=last[0][0] if last else b"0-0",
-            device=meta[3].decode() if meta[3] else "cpu",
-            lane=meta[4].decode() if meta[4] else "interactive",
+            # Written by open from the validated spec: one of the literals.
+            device=cast(Device, meta[3].decode()) if meta[3] else "cpu",
+            lane=cast(Lane, meta[4].decode()) if meta[4] else "interactive",
         )
 
     def progress(self, stream_ids: list[str]) -> list[StreamProgress | None]:

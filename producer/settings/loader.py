@@ -238,7 +238,7 @@ def _members(raw: dict[int, dict[str, Any]], names: dict[tuple[int, str], str]) 
             first = names[next(key for key in sorted(names) if key[0] == later)]
             raise ConfigError(first, f"is set but {member_variable(index, 'provider')} is not; "
                                      "members are contiguous from 1")
-        if index > 0 and "provider" not in fields:  # type: ignore[operator]
+        if index > 0 and fields is not None and "provider" not in fields:  # a gap raised above
             raise ConfigError(member_variable(index, "provider"), "is required when any member setting is given")
         members.append(_convert(fields or {}, MemberSettings,
                                 lambda f, i=index: names.get((i, f)) or member_variable(i, f)))
