@@ -115,6 +115,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_query_chars: int = 2048
     max_text_chars: int = 65536
     document_budget: int = 2048
+    # A passages stream's window sends at most window_size x max_passages x passage_tokens
+    # tokens; a stream that could send more is refused at open.
+    max_window_passage_tokens: int = 1_048_576
 
     # The candidate budget (issue 4), applied by the producer before windows form.
     # 0 for a per-level override means "use the flat cap"; 0 per source means off.
@@ -227,7 +230,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _POSITIVE = (
     "window_size", "max_window_size", "stream_ttl_s", "cache_ttl_s", "max_candidates",
-    "max_query_chars", "max_text_chars", "document_budget", "max_attempts", "redeliver_after_s",
+    "max_query_chars", "max_text_chars", "document_budget", "max_window_passage_tokens", "max_attempts", "redeliver_after_s",
     "visibility_timeout_s", "amqp_consumer_timeout_s", "queued_max_age_s", "event_log_maxlen", "sweep_interval_s", "soft_shutdown_s", "max_stream_bytes", "coalesce_max_pairs",
     "flat_min_window", "breaker_failures", "breaker_cooldown_s", "member_restart_s",
 )

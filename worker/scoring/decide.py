@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
+from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
 from worker.scoring.documents import has_text
@@ -78,8 +78,11 @@ def decide(
     outcome: ChainOutcome,
     *,
     first_index: int,
+    passages: list[PassageSpan | None] | None = None,
 ) -> list[Decision]:
-    """Decisions for one window, in final order (final score desc, fusion order on ties)."""
+    """Decisions for one window, in final order (final score desc, fusion order on ties).
+
+    ``passages``: a passages stream's best passage of each candidate, kept on its decision."""
     if outcome.failed:
         reason = outcome.reason or "failed"
         return [
@@ -104,13 +107,14 @@ def decide(
             score = base[i]  # type: ignore[assignment]
             final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
+        passage = passages[i] if passages is not None else None
         decision: Decision
         if reason:
             decision = Filtered(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                                served_by=served_by, reason=reason)
+                                served_by=served_by, reason=reason, passage=passage)
         else:
             decision = Ranked(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                              served_by=served_by)
+                              served_by=served_by, passage=passage)
         scored.append((final, i, decision))
     scored.sort(key=lambda item: (-item[0], item[1]))
     return [d for _, _, d in scored] + omitted
