@@ -171,7 +171,8 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     passages = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     assert excerpt.complete and passages.complete
 
-    print("EXCERPT", [(r.id, r.score) for r in excerpt.rows], "PASSAGES", [(r.id, r.score) for r in passages.rows])
+    # The excerpt reads the same filler in both and ranks the one without the answer first.
+    assert [r.id for r in excerpt.rows] == ["without", "late"]
     assert [r.id for r in passages.rows] == ["late", "without"]
     best = passages.rows[0]
     assert best.passage is not None and ANSWER in late[best.passage.start:best.passage.end]
@@ -184,6 +185,12 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
                                          "score": best.passage.score}
     wire = json.loads(msgspec.json.encode(passages))
     assert wire["rows"][0]["decision"]["passage"]["start"] == best.passage.start
+
+    # The pair cache keys passages like documents: the same stream again asks the model nothing.
+    hits = client.store.counters().get("pair_cache_hits", 0)
+    again = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
+    assert [(r.id, r.score, r.passage) for r in again.rows] == [(r.id, r.score, r.passage) for r in passages.rows]
+    assert client.store.counters().get("pair_cache_hits", 0) - hits > len(items)
 
 
 def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kept(
