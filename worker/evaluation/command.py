@@ -20,7 +20,7 @@ DEPTHS = (10, 25, 50, 100)
 
 
 def shipped(name: str) -> Path:
-    return Path(str(resources.files("worker.evaluation").joinpath("collection", name)))
+    return Path(str(resources.files("worker.evaluation").joinpath("collection", *name.split("/"))))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,13 +40,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--plots", type=Path, help="write PNG plots into this folder")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one query (default: %(default)s)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"), help="the private worker's device")
+    parser.add_argument("--long-documents", choices=("excerpt", "passages"),
+                        help="the streams' long_documents option; with no files named, the shipped long-document "
+                             "collection (collection/long: 1,300-2,400 words a document, the judged part early, "
+                             "in the middle or late)  (default: the deployment's, excerpt)")
     args = parser.parse_args(argv)
     given = [args.qrels, args.run, args.queries, args.documents]
     if any(given) and not all(given):
         parser.error("--qrels, --run, --queries and --documents go together (or none, for the shipped collection)")
     if not any(given):
-        args.qrels, args.run = shipped("qrels.txt"), shipped("run.bm25.txt")
-        args.queries, args.documents = shipped("queries.tsv"), shipped("documents.jsonl")
+        folder = "long/" if args.long_documents else ""
+        args.qrels, args.run = shipped(folder + "qrels.txt"), shipped(folder + "run.bm25.txt")
+        args.queries, args.documents = shipped(folder + "queries.tsv"), shipped(folder + "documents.jsonl")
     try:
         args.depths = sorted({int(d) for d in args.depths.split(",")})
     except ValueError:
@@ -115,7 +120,7 @@ def _evaluate(args: argparse.Namespace, collection: Any) -> int:
             reported.append(entry)
             for depth in sorted(depths, reverse=True):
                 run = run_member(where.client, collection, qids, index=index, label=label, depth=depth,
-                                 timeout_s=args.timeout, progress=progress)
+                                 timeout_s=args.timeout, progress=progress, long_documents=args.long_documents)
                 if len(run.queries) < len(qids):  # the member failed its first query
                     entry["reason"] = run.queries[0].failed
                     progress(f"{label}: unavailable ({entry['reason']})")
@@ -131,7 +136,7 @@ def _evaluate(args: argparse.Namespace, collection: Any) -> int:
         collection={"files": {k: str(getattr(args, k)) for k in ("qrels", "run", "queries", "documents")},
                     "queries_evaluated": len(qids), "documents": len(collection.documents),
                     "judgements": sum(len(j) for q, j in collection.qrels.items() if q in input_rankings),
-                    "run_depth": run_depth},
+                    "run_depth": run_depth, "long_documents": args.long_documents or "excerpt"},
         relevant_grade=args.relevant_grade, depths=depths, input_scores=input_scores, members=reported,
         runs=runs, scores=scores, stack=stack_notes)
     if args.plots:
