@@ -155,7 +155,7 @@ def test_the_bounds_are_refused_at_open_naming_the_field(make_client: Callable[.
 EMBEDDING_ONLY = {"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MODEL": ""}
 
 
-def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_without(
+def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_without_and_embeds_each_passage_once(
     start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
 ) -> None:
     start_worker(env=EMBEDDING_ONLY)
@@ -186,11 +186,31 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     wire = json.loads(msgspec.json.encode(passages))
     assert wire["rows"][0]["decision"]["passage"]["start"] == best.passage.start
 
+    def counts() -> tuple[int, int, int]:
+        counters = client.store.counters()
+        return (counters.get("pair_cache_hits", 0), counters.get("embedding_cache_hits", 0),
+                counters.get("embedding_cache_misses", 0))
+
+    # The embedding member embedded each distinct passage once (the excerpts too).
+    pair_hits, hits, embedded = counts()
+    assert hits == 0 and embedded > 2 * len(items)
     # The pair cache keys passages like documents: the same stream again asks the model nothing.
-    hits = client.store.counters().get("pair_cache_hits", 0)
     again = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     assert [(r.id, r.score, r.passage) for r in again.rows] == [(r.id, r.score, r.passage) for r in passages.rows]
-    assert client.store.counters().get("pair_cache_hits", 0) - hits > len(items)
+    assert counts()[0] - pair_hits > len(items) and counts()[1:] == (0, embedded)
+
+    # Another query over the same documents: no pair is cached, every passage's vector is.
+    other = "which region does checkout fail over to"
+    kept = client.pull(client.open(other, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
+    _, hits, embedded_now = counts()
+    assert kept.complete and embedded_now == embedded and hits == embedded - len(items)  # less the excerpts
+    # Scored from kept vectors as from fresh ones: another tenant's cache is its own, so its
+    # stream embeds everything again, and gets the same scores and spans.
+    fresh = client.pull(client.open(other, items, window_size=2, long_documents="passages", tenant="acme"), 0, 2,
+                        timeout=120)
+    assert counts()[1:] == (hits, embedded + hits)
+    assert [(r.id, r.passage.start) for r in kept.rows] == [(r.id, r.passage.start) for r in fresh.rows]
+    assert [r.score for r in kept.rows] == pytest.approx([r.score for r in fresh.rows], abs=1e-5)
 
 
 def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kept(
@@ -227,3 +247,4 @@ def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kep
     # A document none of whose passages the member kept is omitted (kept, not paged).
     window = client.status(stream).windows[0]
     assert (window.ranked, window.omitted) == (len(holding), 4 - len(holding))
+

@@ -128,7 +128,9 @@ def _evaluate(args: argparse.Namespace, collection: Any) -> int:
                 runs[(label, depth)] = run
                 scores[(label, depth)] = evaluate(collection.qrels, {q.qid: q.ranking for q in run.queries},
                                                   relevant_grade=args.relevant_grade)
-        stack_notes = {"private": where.private, "pair_cache": False if where.private else None,
+        stack_notes = {"private": where.private,
+                       "pair_cache": load_settings(env).pair_cache if where.private and "RERANKQ_PAIR_CACHE" in env
+                       else (False if where.private else None),
                        "worker_log": str(where.log_path) if where.log_path else None,
                        "load_average_1m_at_start": round(load_before, 2), **environment_notes(env)}
 

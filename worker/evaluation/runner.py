@@ -151,7 +151,8 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
     and worker, started here and stopped after.
 
     The private worker gets one chain profile per member (``RERANKQ_CHAIN_EVAL<i>``) and the
-    pair-score cache off, so each depth pays for its scoring and latencies are real. Workers
+    pair-score cache off unless ``RERANKQ_PAIR_CACHE`` says otherwise, so each depth pays for
+    its scoring and latencies are real. Workers
     of a configured Redis must have those profiles themselves.
     """
     from worker.embedded.redis_server import EmbeddedRedis
@@ -165,7 +166,8 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
         if private:
             redis_server = EmbeddedRedis().start()
             env["RERANKQ_REDIS_URL"] = redis_server.url
-            env["RERANKQ_PAIR_CACHE"] = "false"
+            # Off unless asked for: a batch run's embedding cache (on with it) is worth measuring too.
+            env.setdefault("RERANKQ_PAIR_CACHE", "false")
             env.setdefault("RERANKQ_MAX_WINDOW_SIZE", str(max(256, max_depth)))
             # One window holds a query's whole depth, every passage of it too.
             env.setdefault("RERANKQ_MAX_WINDOW_PASSAGE_TOKENS",

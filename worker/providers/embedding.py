@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import threading
 from importlib import metadata
+from typing import Any
 
 import structlog
 
@@ -57,6 +58,8 @@ class EmbeddingProvider:
 
     kind = "embedding"
     scale: Scale | None = "cosine"
+    #: Each text's embedding kept in Redis (``worker.chain.embedding_cache``); set by the worker.
+    vector_cache: Any = None
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine.embedding import shared_embedding_engine
@@ -87,18 +90,27 @@ class EmbeddingProvider:
                  coalesce=self.coalescer is not None)
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        if self.vector_cache is not None:
+            return self.vector_cache.cosines(self, request, deadline=deadline)
         documents = list(request.documents)
+        scored = self.fresh(request.query, documents, deadline=deadline)
+        self._last.vectors = {d: vector for d, (_, vector) in zip(documents, scored)}
+        return [cosine for cosine, _ in scored]
+
+    def fresh(self, query: str, documents: list[str], *, deadline: float) -> list[Scored]:
+        """Each document's cosine with the query and its embedding, computed now."""
         try:
             if self.coalescer is not None:
-                scored: list[Scored] = self.coalescer.score(request.query, documents, deadline=deadline)
-            else:
-                scored = self.engine.score_and_embed([(request.query, d) for d in documents])
+                return self.coalescer.score(query, documents, deadline=deadline)
+            return self.engine.score_and_embed([(query, d) for d in documents])
         except CoalesceTimeout as exc:
             raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:
             raise ProviderUnavailable("model_error", f"{type(exc).__name__}: {exc}") from None
-        self._last.vectors = {d: vector for d, (_, vector) in zip(documents, scored)}
-        return [cosine for cosine, _ in scored]
+
+    def remember(self, vectors: dict[str, list[float]]) -> None:
+        """The embeddings of the window just scored, for ``embed``."""
+        self._last.vectors = vectors
 
     def embed(self, documents: list[str]) -> list[list[float]]:
         """Each document's normalised embedding: from the window just scored, else computed now
