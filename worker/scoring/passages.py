@@ -81,8 +81,9 @@ def tokenizer_offsets(tokenizer: Any) -> Offsets:
 
     def offsets(text: str) -> list[tuple[int, int]]:
         with lock:
+            # verbose=False: a whole document is longer than the model reads, and is meant to be.
             encoded = own(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False,
-                          return_attention_mask=False, return_token_type_ids=False)
+                          return_attention_mask=False, return_token_type_ids=False, verbose=False)
         # A token with an empty span (one added by normalisation) marks no place in the text.
         return [(int(a), int(b)) for a, b in encoded["offset_mapping"] if b > a]
 
