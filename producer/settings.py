@@ -184,9 +184,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # (off when unset); its pool processes share one directory of prometheus-client files
     # under metrics_dir (default: the system's temporary folder). The backlog exporter
     # (python -m producer.exporter) listens on exporter_port. task_events turns on Celery's
-    # task events, for Flower.
+    # task events, for Flower. metrics_host is the address the worker's metrics port listens
+    # on: loopback unless said otherwise (a container sets 0.0.0.0 so Prometheus reaches it).
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_dir: str | None = None
     exporter_port: int = 9808
     task_events: bool = False
@@ -194,6 +195,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Named subsets of the chain a stream may ask for (StreamSpec.chain):
     # RERANKQ_CHAIN_<NAME>="0,2" → {"name": [0, 2]}, member indexes in the order tried.
     chain_profiles: dict[str, list[int]] = {}
+
+    # Calibrated scores: a file of per-member maps from score to P(relevant), written by
+    # ``rerankq calibrate``; RERANKQ_CALIBRATION_<PROFILE>=path gives a chain profile its own.
+    calibration: str | None = None
+    calibration_profiles: dict[str, str] = {}
 
     members: list[MemberSettings] = []
 
@@ -268,6 +274,18 @@ def chain_profile_variable(name: str) -> str:
     return CHAIN_PROFILE_PREFIX + name.upper()
 
 
+CALIBRATION_PROFILE_PREFIX = PREFIX + "CALIBRATION_"
+
+
+def calibration_profile_variable(name: str) -> str:
+    return CALIBRATION_PROFILE_PREFIX + name.upper()
+
+
+def _read_calibration_profiles(environ: Mapping[str, str]) -> dict[str, str]:
+    return {match.group(1).lower(): value for key, value in environ.items()
+            if (match := re.fullmatch(rf"{CALIBRATION_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})", key)) and value}
+
+
 def _read_chain_profiles(environ: Mapping[str, str]) -> dict[str, list[int]]:
     profiles: dict[str, list[int]] = {}
     for key, value in environ.items():
@@ -320,7 +338,7 @@ def load_settings(
             raise ConfigError(PREFIX + "CONFIG_FILE", f"cannot read {path}: {exc}") from None
         raw.pop("members", None)
     for field in Settings.__struct_fields__:
-        if field in ("members", "chain_profiles"):
+        if field in ("members", "chain_profiles", "calibration_profiles"):
             continue
         value = environ.get(_env_name(field))
         if value is not None:
@@ -330,13 +348,15 @@ def load_settings(
         raw["members"] = _read_members(environ)
     if "chain_profiles" not in overrides:
         raw["chain_profiles"] = {**raw.get("chain_profiles", {}), **_read_chain_profiles(environ)}
+    if "calibration_profiles" not in overrides:
+        raw["calibration_profiles"] = {**raw.get("calibration_profiles", {}), **_read_calibration_profiles(environ)}
     settings = _convert(raw, Settings, _env_name)
     _check(settings)
     return settings
 
 
 _OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce",
-             "token_budget", "metrics_port", "metrics_dir"}
+             "token_budget", "metrics_port", "metrics_dir", "calibration"}
 
 
 def _check(settings: Settings) -> None:
@@ -361,6 +381,10 @@ def _check(settings: Settings) -> None:
         if not indexes or len(set(indexes)) != len(indexes) or not all(0 <= i < n_members for i in indexes):
             raise ConfigError(chain_profile_variable(name),
                               f"must name distinct members 0..{n_members - 1} of the chain, got {indexes}")
+    for name in settings.calibration_profiles:
+        if name not in settings.chain_profiles:
+            raise ConfigError(calibration_profile_variable(name),
+                              f"names no chain profile ({chain_profile_variable(name)} is not set)")
     if settings.flat_range < 0:
         raise ConfigError(_env_name("flat_range"), f"must not be negative, got {settings.flat_range}")
     _check_budget(settings)

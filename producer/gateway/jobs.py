@@ -86,7 +86,7 @@ def failure(snapshot: Snapshot) -> str | None:
 
 
 def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
-    """Every scored document, best first (ties in input order).
+    """Every scored document, best first (ties in the member's order, then input order).
 
     A filtered decision (under a configured min score) still has its score and is answered,
     as the rerank APIs answer every document; one a provider's subset left out is not.
@@ -94,7 +94,9 @@ def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
     reason = failure(snapshot)
     if reason is not None:
         raise Problem("failed", f"reranking failed: {reason}", stream_id=stream_id)
-    out = [Scored(d.index, d.score) for window in sorted(snapshot.results)
-           for d in snapshot.results[window].decisions if isinstance(d, (Ranked, Filtered))]
-    out.sort(key=lambda s: (-s.score, s.index))
-    return out
+    decisions = [d for window in sorted(snapshot.results)
+                 for d in snapshot.results[window].decisions if isinstance(d, (Ranked, Filtered))]
+    # A flat stretch of a calibration map ties documents the member scored apart: its own score
+    # breaks the tie (uncalibrated, raw_score is unset and the order is as it always was).
+    decisions.sort(key=lambda d: (-d.score, -(d.score if d.raw_score is None else d.raw_score), d.index))
+    return [Scored(d.index, d.score) for d in decisions]

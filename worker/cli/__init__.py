@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "serve": "producer.gateway.main:main",
     "exporter": "producer.exporter.main:main",
     "eval": "worker.evaluation.command:main",
+    "calibrate": "worker.cli.calibrate_command:calibrate",
 }
 #: Commands whose target is a ``main(argv) -> int`` that parses its own arguments.
 PASSTHROUGH: set[str] = {"serve", "exporter", "eval"}

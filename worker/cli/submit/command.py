@@ -119,7 +119,11 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
         plan = Plan(open_options=open_options, depth=depth, max_in_flight=max_in_flight,
                     on_error=on_error, run_id=identity, default_window_size=rerank.settings.window_size)
         tally = Tally(total=total)
-        runner = Runner(rerank, jobs, output.open(), ledger, plan, tally,
+        try:
+            output.open()
+        except OutputError as exc:
+            raise click.ClickException(str(exc)) from None
+        runner = Runner(rerank, jobs, output, ledger, plan, tally,
                         display(as_json=as_json, every_s=progress_every, quiet=quiet))
         try:
             outcome = runner.run()
