@@ -10,7 +10,8 @@ kept ``RERANKQ_CACHE_TTL_S``, keyed by a digest of the member's ``cache_identity
 precision, device: vectors differ in their last digits between them), the text and, unless
 the operator shares caches across tenants, the tenant. A vector is the exact float32 values,
 little-endian; each write sets a value and its expiry in one command (one script for all of a
-window's, riding with its commit).
+window's, sent as soon as they are computed, so a window cut off by its lease and redelivered
+embeds nothing twice).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import redis.cluster
 
 from producer.keys import Keys
 from worker.providers.base import ScoreRequest
-from worker.side_writes import SideWrite, write
 
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -93,7 +93,7 @@ class EmbeddingCache:
         return found
 
     def put(self, vectors: dict[str, list[float]], tenant: str | None, *, hits: int, misses: int) -> None:
-        """Keep fresh vectors and count hits and misses, in one script with the window's commit."""
+        """Keep fresh vectors and count hits and misses, in one script."""
         values = {self.key(t, tenant): pack(v) for t, v in vectors.items()}
         try:
             if self._cluster:
@@ -104,13 +104,13 @@ class EmbeddingCache:
                 pipe.execute()
                 self._on_counted(hits, misses)
                 return
-            keys = [self.keys.counters_for(None), *values]
-            args = [self.ttl_s, hits, misses, *values.values()]
-            write(SideWrite(queue=lambda pipe: pipe.evalsha(self._script.sha, len(keys), *keys, *args),
-                            run=lambda: self._script(keys=keys, args=args),
-                            done=lambda _reply: self._on_counted(hits, misses)))
+            # At once, not held for the window's commit: a vector is valid whatever becomes of
+            # the window, and an attempt cut off by its lease then leaves its work to the next.
+            self._script(keys=[self.keys.counters_for(None), *values], args=[self.ttl_s, hits, misses,
+                                                                             *values.values()])
         except redis.RedisError:
             return  # a vector not kept is embedded again later, nothing worse
+        self._on_counted(hits, misses)
 
     def cosines(self, provider: Any, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         """An embedding member's scores with each distinct text embedded once: kept vectors are
