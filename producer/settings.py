@@ -81,7 +81,7 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The request field a remote member sends the stream's instruction in. Unset: the
     # provider's own (vllm: "instruction", its protocol's field; http: none); "" for none.
     instruction_field: str | None = None
-    # The local provider's inference backend (issue 13). torch runs the transformers model;
+    # The local provider's inference backend. torch runs the transformers model;
     # onnx (ONNX Runtime) and openvino run an export of it, made once beside the model and
     # reused, adopted only if it ranks a parity probe as torch fp32 does. auto: openvino on
     # a CPU where it is installed (the fastest at parity in ops/bench/scoring.py), else torch;
@@ -119,7 +119,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # tokens; a stream that could send more is refused at open.
     max_window_passage_tokens: int = 1_048_576
 
-    # The candidate budget (issue 4), applied by the producer before windows form.
+    # The candidate budget, applied by the producer before windows form.
     # 0 for a per-level override means "use the flat cap"; 0 per source means off.
     max_rerank_candidates: int = 300
     max_rerank_candidates_low: int = 0
@@ -133,7 +133,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     worker_processes: int | None = None
     torch_threads: int | None = None
 
-    # The local engine (issue 6). precision: auto picks bf16 on CPUs with native bf16
+    # The local engine. precision: auto picks bf16 on CPUs with native bf16
     # (AMX / avx512_bf16) and fp16 on CUDA, each kept only if a ranking-parity probe at
     # load passes. Batches are sized by padded tokens, not pair count, so short
     # documents share a batch and long ones do not pad it.
@@ -170,7 +170,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # "Guarantees" derives the memory bound per stream from it.
     max_stream_bytes: int = 32 * 1024 * 1024
 
-    # The provider chain (issue 3): an answer whose scores span less than flat_range
+    # The provider chain: an answer whose scores span less than flat_range
     # across at least flat_min_window documents is a broken model, not a judgement.
     flat_min_window: int = 8
     flat_range: float = 1e-6
@@ -180,7 +180,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     breaker_cooldown_s: float = 30.0
     # A member that failed to start (missing model, bad URL) is tried again after this long.
     member_restart_s: float = 30.0
-    # Monitoring (issue 10). A worker serves /metrics, /healthz and /readyz on metrics_port
+    # Monitoring. A worker serves /metrics, /healthz and /readyz on metrics_port
     # (off when unset); its pool processes share one directory of prometheus-client files
     # under metrics_dir (default: the system's temporary folder). The backlog exporter
     # (python -m producer.exporter) listens on exporter_port. task_events turns on Celery's

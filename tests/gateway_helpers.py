@@ -46,7 +46,9 @@ def write_keys(path: Path, entries: list[dict]) -> dict[str, str]:
 
 
 class GatewayProcess:
-    def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *args: str, program: list[str] | None = None) -> None:
+        """``program``: how it is started, ``python -m producer.gateway`` unless given (``rerankq serve``)."""
+        self.program = program or [sys.executable, "-m", "producer.gateway"]
         self.env = env
         self.log_path = log_path
         self.port = free_port()
@@ -59,7 +61,7 @@ class GatewayProcess:
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "producer.gateway", *self.args], env=self.env,
+            self.proc = subprocess.Popen([*self.program, *self.args], env=self.env,
                                          cwd=ROOT, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

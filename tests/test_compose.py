@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from producer.exporter.main import build_parser as exporter_parser
+from producer.exporter.main import exporter as exporter_command
 from producer.settings import load_settings
 from worker.cli.worker_command import worker as worker_command
 
@@ -123,17 +123,22 @@ def test_the_default_image_is_the_cpu_worker():
     assert last == "worker-cpu" and STAGES[last].user == "rerankq"
 
 
+def exporter_options(args: list[str]) -> dict:
+    """What ``python -m producer.exporter`` makes of these arguments: the command's own parser."""
+    return exporter_command.make_context("exporter", list(args)).params
+
+
 def test_exporter_service():
     service = SERVICES["exporter"]
     assert service["build"]["target"] in STAGES
     assert not any("torch" in run for stage in chain_of(service["build"]["target"]) for run in stage.runs)
     command = service["command"]
     assert command[:3] == ["python", "-m", "producer.exporter"]
-    port = exporter_parser().parse_args(command[3:]).port or load_settings(compose_env(service)).exporter_port
+    port = exporter_options(command[3:])["port"] or load_settings(compose_env(service)).exporter_port
     health = service["healthcheck"]["test"]
     assert health[:4] == ["CMD", "python", "-m", "producer.exporter"]
-    checked = exporter_parser().parse_args(health[4:])
-    assert checked.healthcheck and (checked.port or load_settings(compose_env(service)).exporter_port) == port
+    checked = exporter_options(health[4:])
+    assert checked["healthcheck"] and (checked["port"] or load_settings(compose_env(service)).exporter_port) == port
     assert load_settings(compose_env(service)).redis_url
 
 
@@ -145,7 +150,7 @@ def test_prometheus_scrapes_the_services_on_their_ports():
     config = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
 
-    exporter_port = exporter_parser().parse_args(SERVICES["exporter"]["command"][3:]).port
+    exporter_port = exporter_options(SERVICES["exporter"]["command"][3:])["port"]
     assert jobs["rerankq-exporter"]["static_configs"][0]["targets"] == [f"exporter:{exporter_port}"]
     dns = jobs["rerankq-worker"]["dns_sd_configs"][0]
     assert set(dns["names"]) == set(WORKERS)

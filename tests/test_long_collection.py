@@ -10,7 +10,7 @@ import sys
 
 from conftest import ROOT
 
-from worker.evaluation.command import parse_args, shipped
+from worker.evaluation.command import collection_files, shipped
 
 sys.path.insert(0, str(ROOT / "ops"))
 import build_long_collection as build  # noqa: E402
@@ -46,7 +46,8 @@ def test_the_shipped_long_collection_is_what_the_generator_makes_from_the_short_
 
 
 def test_eval_long_documents_picks_the_long_collection_when_no_files_are_named():
-    args = parse_args(["--long-documents", "passages"])
-    assert args.long_documents == "passages" and args.documents == shipped("long/documents.jsonl")
-    assert args.run == shipped("long/run.bm25.txt")
-    assert parse_args([]).documents == shipped("documents.jsonl")
+    qrels, run, queries, documents = collection_files(None, None, None, None, long_documents="passages")
+    assert (qrels, run, documents) == (shipped("long/qrels.txt"), shipped("long/run.bm25.txt"),
+                                       shipped("long/documents.jsonl"))
+    assert all(path.exists() for path in (qrels, run, queries, documents))
+    assert collection_files(None, None, None, None, long_documents=None)[3] == shipped("documents.jsonl")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from metrics_helpers import scrape
 
+from devservers.rabbitmq_server import rabbitmq_server_binary
 from ops.probe.queue_messages import (
     REFUSED_METRIC,
     QueueProbe,
@@ -24,7 +25,6 @@ from ops.probe.queue_messages import (
     hostile_envelopes,
     hostile_messages,
 )
-from worker.embedded.rabbitmq_server import rabbitmq_server_binary
 from worker.message_door import REASONS
 
 _TEMPLATE = TaskMessage(headers={"task": "rerankq.score_window", "id": "x"},
@@ -73,6 +73,7 @@ def test_a_hostile_message_on_redis_is_dropped_and_counted_and_the_worker_serves
     _refused(*redis_probe, name)
 
 
+@pytest.mark.deployment
 @pytest.mark.parametrize("name", AMQP_MESSAGES)
 def test_a_hostile_message_on_rabbitmq_is_dead_lettered_and_counted_and_the_worker_serves_on(amqp_probe, name):
     _refused(*amqp_probe, name)

@@ -285,7 +285,7 @@ class QueueProbe:
             redis_url = self.redis.url
         broker_url = self.broker_url
         if self.broker == "amqp" and broker_url is None:
-            from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ
+            from devservers.rabbitmq_server import EmbeddedRabbitMQ
 
             self.rabbitmq = EmbeddedRabbitMQ(directory=str(self.directory / "rabbitmq")).start()
             broker_url = self.rabbitmq.url
