@@ -73,14 +73,19 @@ class EmbeddingCache:
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
         self._script = client.register_script(_SET_WITH_EXPIRY)
 
-    def key(self, text: str, tenant: str | None) -> str:
+    def key(self, text: str, tenant: str | None, *, query_prompt: str | None | bool = False) -> str:
+        """A document's key; with ``query_prompt`` (None: the model's own query prompt, or the
+        stream's instruction) a query's, which is embedded as a query under that prompt."""
         # msgpack framing keeps the parts apart: no text can forge another's key.
-        parts = ["embedding", self.identity, tenant if self.per_tenant else None, text]
+        role: list[object] = ["document"] if query_prompt is False else ["query", query_prompt]
+        parts = ["embedding", self.identity, tenant if self.per_tenant else None, role, text]
         return self.keys.embedding(hashlib.blake2b(_encode(parts), digest_size=20).hexdigest())
 
     def get(self, texts: Sequence[str], tenant: str | None) -> dict[str, list[float]]:
-        """The vectors kept for ``texts``; a text missing (or Redis failing) is simply absent."""
-        keys = [self.key(t, tenant) for t in texts]
+        """The vectors kept for the documents ``texts``; one missing (or Redis failing) is absent."""
+        return self._get([self.key(t, tenant) for t in texts], texts)
+
+    def _get(self, keys: list[str], texts: Sequence[str]) -> dict[str, list[float]]:
         try:
             raw = self.client.mget_nonatomic(keys) if self._cluster else self.client.mget(keys)  # type: ignore[attr-defined]
         except redis.RedisError:
@@ -92,9 +97,8 @@ class EmbeddingCache:
                 found[text] = vector
         return found
 
-    def put(self, vectors: dict[str, list[float]], tenant: str | None, *, hits: int, misses: int) -> None:
-        """Keep fresh vectors and count hits and misses, in one script."""
-        values = {self.key(t, tenant): pack(v) for t, v in vectors.items()}
+    def put(self, values: dict[str, bytes], *, hits: int, misses: int) -> None:
+        """Keep fresh vectors (by key) and count hits and misses, in one script."""
         try:
             if self._cluster:
                 # A script cannot span Cluster slots: each SET with EX is atomic on its own.
@@ -117,21 +121,26 @@ class EmbeddingCache:
         read, the rest computed by ``provider.fresh`` (coalesced like any window) and kept."""
         documents = list(request.documents)
         distinct = list(dict.fromkeys(documents))
-        known = self.get([request.query, *distinct], request.tenant)
+        tenant, prompt = request.tenant, request.instruction
+        query_key = self.key(request.query, tenant, query_prompt=prompt)
+        known = self.get(distinct, tenant)
+        query = self._get([query_key], [request.query]).get(request.query)
         missing = [d for d in distinct if d not in known]
         cosine: dict[str, float] = {}
         fresh: dict[str, list[float]] = {}
         if missing:
-            for d, (c, vector) in zip(missing, provider.fresh(request.query, missing, deadline=deadline)):
+            for d, (c, vector) in zip(missing, provider.fresh(request.query, missing, deadline=deadline,
+                                                              prompt=prompt)):
                 cosine[d], fresh[d] = c, vector
         kept = [d for d in distinct if d not in cosine]
+        values = {self.key(d, tenant): pack(v) for d, v in fresh.items()}
         if kept:
-            query = known.get(request.query)
             if query is None:
-                query = fresh[request.query] = provider.engine.encode([request.query])[0].tolist()
+                query = provider.engine.encode([request.query], role="query", prompt=prompt)[0].tolist()
+                values[query_key] = pack(query)
             for d in kept:
                 # Both are L2-normalised: the dot product is the cosine.
                 cosine[d] = max(-1.0, min(1.0, sum(a * b for a, b in zip(query, known[d]))))
-        self.put(fresh, request.tenant, hits=len(kept), misses=len(missing))
+        self.put(values, hits=len(kept), misses=len(missing))
         provider.remember({d: known[d] if d in known else fresh[d] for d in distinct})
         return [cosine[d] for d in documents]

@@ -153,7 +153,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
         print(message, file=sys.stderr, flush=True)
 
     env = dict(os.environ)
-    chain = load_settings(env).chain()
+    chain = load_settings(env).chain.effective_members()
     members = list(range(len(chain)))
     if args.members:
         try:
@@ -188,7 +188,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
                 scores[(label, depth)] = evaluate(collection.qrels, {q.qid: q.ranking for q in run.queries},
                                                   relevant_grade=args.relevant_grade)
         stack_notes = {"private": where.private,
-                       "pair_cache": load_settings(env).pair_cache if where.private and "RERANKQ_PAIR_CACHE" in env
+                       "pair_cache": load_settings(env).chain.pair_cache if where.private and "RERANKQ_PAIR_CACHE" in env
                        else (False if where.private else None),
                        "worker_log": str(where.log_path) if where.log_path else None,
                        "load_average_1m_at_start": round(load_before, 2), **environment_notes(env)}
