@@ -406,7 +406,9 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
                "idempotency_key": "every-" + uuid.uuid4().hex[:8], "budget": "high", "keep": 1,
                "allow_shallow": True, "max_rerank_candidates": 30, "max_candidates_per_source": 0,
                "strategy_boosts": "graph:high", "document_budget": 500, "lane": "batch",
-               "instruction": "find the runbook for the outage"}
+               "instruction": "find the runbook for the outage", "long_documents": "passages",
+               "passage_tokens": 64, "passage_stride": 32, "passage_aggregate": "sum_top_k", "passage_top_k": 2,
+               "max_passages": 4}
     assert set(options) == set(BAD)  # every option, as the table of bad values has every option
     candidates = [{"id": f"c{i}", "text": f"payment note {i}"} for i in range(12)]
     opened = deployment.post("/v1/streams", {"query": "payment 502", "candidates": candidates, **options})
@@ -416,6 +418,8 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
     assert (spec.window_size, spec.chain, spec.tenant, spec.ttl_s, spec.document_budget, spec.instruction) == \
         (5, "fast", "acme", 600, 500, "find the runbook for the outage")
     assert spec.boosts.recency_alpha == 0.3 and spec.strategy_boosts == {"graph": "high"}
+    assert (spec.long_documents, spec.passage_tokens, spec.passage_stride, spec.passage_aggregate,
+            spec.passage_top_k, spec.max_passages) == ("passages", 64, 32, "sum_top_k", 2, 4)
     assert deployment.client.status(stream_id).windows[1].state != "not_admitted"  # first_windows: 2
     other = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "tenant": "other"})
     assert other.status_code == 403 and other.json()["error"]["field"] == "tenant"
