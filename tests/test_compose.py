@@ -293,7 +293,8 @@ def dockerignored() -> list[str]:
 
 
 def test_every_copy_source_is_in_the_build_context():
-    """setuptools refuses a build whose license-files match nothing: LICENSE must be copied too."""
+    """Whatever pyproject.toml names (readme, license-files) is copied: setuptools warns today, and
+    will refuse later, a build whose license-files match nothing."""
     ignored = dockerignored()
     copied = {source for stage in STAGES.values() for source in stage.copies}
     for source in copied:
