@@ -543,9 +543,13 @@ def check_profile(stack: Stack, key: str, host_env: dict[str, str], docker: list
     notes.append(f"{profile.broker_service} restart: {rows} rows + cohere v2")
 
     if profile.name == "flower":
-        flower = wait_for("Flower lists the workers",
-                          lambda: http_json(url("FLOWER", "/api/workers?refresh=1"), timeout=20), 120, 5)
-        notes.append(f"flower sees {len(flower)} workers")
+        # The dashboard's JSON, not /api: Flower 2 serves its API only with auth configured or
+        # FLOWER_UNAUTHENTICATED_API set, and that API can shut workers down.
+        def online() -> object:
+            rows = http_json(url("FLOWER", "/workers?json=1&refresh=1"), timeout=20)["data"]
+            return [r["hostname"] for r in rows if r.get("task-succeeded", 0) > 0]
+        flower = wait_for("Flower lists the workers, with their task events", online, 120, 5)
+        notes.append(f"flower sees task events from {len(flower)} worker(s)")
 
     # 3. stop while a run is in flight; start; the same run, resumed, has every window.
     jobs, out = work / "jobs-stop.jsonl", work / "out-stop.jsonl"
