@@ -16,7 +16,7 @@ characters, no stemming and no stopword list, like Lucene's StandardAnalyzer: th
 words of a question weigh almost nothing (their IDF is tiny) but let every query reach a
 full candidate list. Run from the repository root:
 
-    python ops/build_collection.py
+    python -m ops.build_collection
 """
 
 from __future__ import annotations

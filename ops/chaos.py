@@ -1,11 +1,11 @@
 """Chaos run: streams opened and read while workers die, Redis restarts and messages are lost.
 
-    python ops/chaos.py                  # about five minutes
-    python ops/chaos.py --quick          # about two minutes
-    python ops/chaos.py --break sweep    # purpose-made breakage: the run must fail
-    python ops/chaos.py --broker amqp    # RabbitMQ as the broker (ops/chaos_faults/amqp_broker.py)
-    python ops/chaos.py --store cluster  # the store on a Redis Cluster; a master killed, its replica promoted
-    python ops/chaos.py --store sentinel # store and broker on Sentinel; failovers (``ops/chaos_faults/stores.py``)
+    python -m ops.chaos                  # about five minutes
+    python -m ops.chaos --quick          # about two minutes
+    python -m ops.chaos --break sweep    # purpose-made breakage: the run must fail
+    python -m ops.chaos --broker amqp    # RabbitMQ as the broker (ops/chaos_faults/amqp_broker.py)
+    python -m ops.chaos --store cluster  # the store on a Redis Cluster; a master killed, its replica promoted
+    python -m ops.chaos --store sentinel # store and broker on Sentinel; failovers (``ops/chaos_faults/stores.py``)
 
 A private redis-server (AOF on, ``appendfsync everysec``), several real
 ``python -m worker --device cpu --json-logs`` processes, and readers that open streams
@@ -53,22 +53,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
-from kombu.exceptions import OperationalError  # noqa: E402
+import redis
+from kombu.exceptions import OperationalError
 
-from ops.chaos_faults.audit import Findings, audit, drain  # noqa: E402
-from ops.chaos_faults.canary import AcknowledgedWrites  # noqa: E402
-from ops.chaos_faults.commit_check import MARKER, without_commit_checks  # noqa: E402
-from ops.chaos_faults.processes import Worker, kill_pool_process, restart_redis  # noqa: E402
-from ops.chaos_faults.queue_faults import QueueFaults  # noqa: E402
-from ops.chaos_faults.readers import Ledger, read_streams  # noqa: E402
-from ops.chaos_faults.stores import SHAPES, StoreShape, attribute, canary_clients, start_shape  # noqa: E402
-from producer import RerankClient, load_settings  # noqa: E402
-from producer.dispatch import Dispatcher  # noqa: E402
-from producer.redis_clients import broker_client  # noqa: E402
-from producer.settings import Settings  # noqa: E402
+from ops.chaos_faults.audit import Findings, audit, drain
+from ops.chaos_faults.canary import AcknowledgedWrites
+from ops.chaos_faults.commit_check import MARKER, without_commit_checks
+from ops.chaos_faults.processes import Worker, kill_pool_process, restart_redis
+from ops.chaos_faults.queue_faults import QueueFaults
+from ops.chaos_faults.readers import Ledger, read_streams
+from ops.chaos_faults.stores import SHAPES, StoreShape, attribute, canary_clients, start_shape
+from producer import RerankClient, load_settings
+from producer.dispatch import Dispatcher
+from producer.redis_clients import broker_client
+from producer.settings import Settings
 
 NAMESPACE = "chaos"
 BREAKAGES = ("sweep", "provider", "commit-check")
@@ -236,8 +235,7 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
     })
     if args.model == "tiny":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_model import build_tiny_cross_encoder
+        from tests.tiny_model import build_tiny_cross_encoder
 
         model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp(prefix="rerankq-chaos-model-")))
         env.update({"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": str(model_dir),

@@ -662,11 +662,10 @@ def main() -> int:
                                     "build_tiny_cross_encoder as b; from pathlib import Path; b(Path(sys.argv[1]))"),
              str(model), str(ROOT / "tests")], timeout=300)
         run(["chmod", "-R", "a+rX", str(model)])
-        key_out = run([sys.executable, "-m", "producer.gateway", "keygen", "--tenant", "check"], timeout=60).stdout
-        key = re.search(r"key \(shown once[^:]*\): (\S+)", key_out).group(1)
-        entry = json.loads(re.search(r"entry for \S+: (\{.*\})", key_out).group(1))
         keys_file = work / "gateway-keys.json"
-        keys_file.write_text(json.dumps([entry]))
+        made = run([sys.executable, "-m", "producer.gateway", "keygen", "--tenant", "check",
+                    "--keys-file", str(keys_file), "--json"], timeout=60, capture=True)
+        key = json.loads(made.stdout.strip().splitlines()[-1])["key"]
         keys_file.chmod(0o644)
         override = work / "override.yml"
         write_override(override, model)

@@ -14,6 +14,7 @@ from producer.errors import (
     ValidationError,
     WindowFailed,
 )
+from producer.options import StreamOptions
 from producer.settings import Settings, load_settings
 from producer.wire import (
     Boosts,
@@ -36,7 +37,8 @@ from producer.wire import (
 __all__ = [
     "Boosts", "Candidate", "ConfigError", "Decision", "Failed", "Filtered", "IdempotencyConflict",
     "Omitted", "Page", "Ranked", "RerankClient", "RerankqError", "Row", "Settings", "StreamNotFound",
-    "StoreError", "StoreFull", "StoreUnavailable", "StreamCorrupted", "StreamProgress", "StreamSpec", "StreamStatus",
+    "StoreError", "StoreFull", "StoreUnavailable", "StreamCorrupted", "StreamOptions", "StreamProgress",
+    "StreamSpec", "StreamStatus",
     "UnsupportedRedis", "TimeRange", "ValidationError", "WindowFailed", "WindowResult",
     "WindowStatus", "load_settings",
 ]

@@ -234,13 +234,13 @@ class ConfirmedBursts:
     then waits once until RabbitMQ has confirmed them all.
 
     Celery's ``confirm_publish`` waits for each message's confirm before it sends the next, so an
-    open with N first windows paid N waits for a quorum of RabbitMQ's disks. Here each thread has
+    open with N first windows would pay N waits for a quorum of RabbitMQ's disks. Here each thread has
     a connection of its own, without ``confirm_publish``, and a channel put in confirm mode with
     py-amqp's public API (``confirm_select``, the channel's ``basic_ack``/``basic_nack`` events,
     ``drain_events``); Celery builds and publishes the messages through it (``send_task`` with
     ``producer=``, no retry: a revived channel would not be in confirm mode). A send returns only
-    when every message of it is confirmed, as before, and a failure is kombu's ``OperationalError``
-    as before. A lost connection has the burst tried again whole on a fresh one, up to
+    when every message of it is confirmed, and a failure is kombu's ``OperationalError``, as
+    with Celery's own publish. A lost connection has the burst tried again whole on a fresh one, up to
     ``max_retries`` times, so a message may be queued twice, which ``begin`` turns away; a nack
     (a queue over its length limit) is not tried again: the caller hands the windows to the sweep.
     """

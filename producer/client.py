@@ -20,6 +20,7 @@ from producer.consumers import ConsumerCheck, no_worker_warning
 from producer.dispatch import Dispatcher
 from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
 from producer.logs import get_logger
+from producer.options import takes_stream_options
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
@@ -27,18 +28,16 @@ from producer.settings import Settings, load_settings
 from producer.store import Snapshot, Store, connect
 from producer.validation import (
     check_candidates,
-    check_idempotency_key,
-    check_open_arguments,
+    check_options,
     check_pull_arguments,
+    check_query,
     check_spec,
     check_stream_id,
     to_candidates,
 )
 from producer.wire import (
     Boosts,
-    BudgetLevel,
     Candidate,
-    Device,
     Failed,
     Filtered,
     Lane,
@@ -48,7 +47,6 @@ from producer.wire import (
     StreamProgress,
     StreamSpec,
     StreamStatus,
-    TimeRange,
     WindowStatus,
     encode,
 )
@@ -150,34 +148,13 @@ class RerankClient:
 
     # -- open ----------------------------------------------------------------
 
-    def open(
-        self,
-        query: str,
-        candidates: Iterable[Candidate | Mapping[str, Any]],
-        *,
-        window_size: int | None = None,
-        first_windows: int = 1,
-        device: Device = "cpu",
-        min_score: float | None = None,
-        min_final_score: float | None = None,
-        chain: str | None = None,
-        tenant: str | None = None,
-        boosts: Boosts | None = None,
-        reference_time: dt.datetime | None = None,
-        query_range: TimeRange | None = None,
-        ttl_s: int | None = None,
-        idempotency_key: str | None = None,
-        budget: BudgetLevel | None = None,
-        keep: int | None = None,
-        allow_shallow: bool = False,
-        max_rerank_candidates: int | None = None,
-        max_candidates_per_source: int | None = None,
-        strategy_boosts: str | Mapping[str, str] | None = None,
-        document_budget: int | None = None,
-        lane: Lane = "interactive",
-        instruction: str | None = None,
-    ) -> str:
+    @takes_stream_options
+    def open(self, query: str, candidates: Iterable[Candidate | Mapping[str, Any]], **options: Any) -> str:
         """Validate, write the stream, and enqueue its first window(s). Returns the stream id.
+
+        Every keyword argument is an option of ``producer.options.StreamOptions`` (listed
+        below), validated through it: a wrong name or value raises ``ValidationError`` naming
+        the field, and nothing is written.
 
         The candidate budget (``producer.budget``) runs first: per-source cap, strategy
         boosts, global cap (``budget`` picks a low/mid/high override). With ``keep``, the
@@ -191,48 +168,49 @@ class RerankClient:
         sweep's re-sends) behind the interactive windows of its device queue: a worker takes
         any waiting interactive window first. The lane is no part of the job: a retried open
         keeps the lane it was first opened with.
+
+        Options:
         """
-        check_open_arguments(
-            query=query, window_size=window_size, first_windows=first_windows, device=device, min_score=min_score,
-            min_final_score=min_final_score, chain=chain, tenant=tenant, boosts=boosts,
-            reference_time=reference_time, query_range=query_range, ttl_s=ttl_s, idempotency_key=idempotency_key,
-            budget=budget, keep=keep, allow_shallow=allow_shallow, max_rerank_candidates=max_rerank_candidates,
-            max_candidates_per_source=max_candidates_per_source, strategy_boosts=strategy_boosts,
-            document_budget=document_budget, lane=lane, instruction=instruction,
-        )
-        stream_id = "k_" + check_idempotency_key(idempotency_key) if idempotency_key is not None else "s_" + uuid.uuid4().hex
+        chosen = check_options(options)
+        check_query(query)
+        first_windows = chosen.first_windows or 1
+        device = chosen.device or "cpu"
+        lane: Lane = chosen.lane or "interactive"
+        key = chosen.idempotency_key
+        stream_id = "k_" + key if key is not None else "s_" + uuid.uuid4().hex
         items = check_candidates(to_candidates(candidates), self.settings)
-        limits = limits_for(self.settings, budget=budget, max_rerank_candidates=max_rerank_candidates,
-                            max_candidates_per_source=max_candidates_per_source, strategy_boosts=strategy_boosts)
+        limits = limits_for(self.settings, budget=chosen.budget, max_rerank_candidates=chosen.max_rerank_candidates,
+                            max_candidates_per_source=chosen.max_candidates_per_source,
+                            strategy_boosts=chosen.strategy_boosts)
         budgeted = apply_budget(items, limits)
-        check_over_fetch(len(budgeted.kept), keep, allow_shallow=allow_shallow,
+        check_over_fetch(len(budgeted.kept), chosen.keep, allow_shallow=bool(chosen.allow_shallow),
                          dropped=budgeted.dropped_per_source + budgeted.dropped_global)
         items = budgeted.kept
-        if not isinstance(query, str):
-            raise ValidationError("query", "must be a string")
+        settings = self.settings
         spec = check_spec(
             StreamSpec(
                 query=query,
-                window_size=window_size if window_size is not None else self.settings.window_size,
+                window_size=chosen.window_size if chosen.window_size is not None else settings.window_size,
                 device=device,
-                min_score=min_score if min_score is not None else self.settings.min_score,
-                min_final_score=min_final_score if min_final_score is not None else self.settings.min_final_score,
-                chain=chain,
-                tenant=tenant,
-                boosts=boosts or Boosts(),
-                reference_time=reference_time or dt.datetime.now(dt.timezone.utc),
-                query_range=query_range,
+                min_score=chosen.min_score if chosen.min_score is not None else settings.min_score,
+                min_final_score=chosen.min_final_score if chosen.min_final_score is not None
+                else settings.min_final_score,
+                chain=chosen.chain,
+                tenant=chosen.tenant,
+                boosts=chosen.boosts or Boosts(),
+                reference_time=chosen.reference_time or dt.datetime.now(dt.timezone.utc),
+                query_range=chosen.query_range,
                 strategy_boosts=dict(limits.strategy_boosts),
-                document_budget=document_budget if document_budget is not None else self.settings.document_budget,
-                ttl_s=ttl_s if ttl_s is not None else self.settings.stream_ttl_s,
+                document_budget=chosen.document_budget if chosen.document_budget is not None
+                else settings.document_budget,
+                ttl_s=chosen.ttl_s if chosen.ttl_s is not None else settings.stream_ttl_s,
                 n_candidates=len(items),
-                instruction=instruction,
+                instruction=chosen.instruction,
             ),
-            self.settings,
+            settings,
         )
-        fingerprint = job_fingerprint(spec, items, explicit_reference_time=reference_time)
-        with store_errors(stream_id, written=False, retry_safe=idempotency_key is not None,
-                          url=self.settings.redis_url):
+        fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)
+        with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.redis_url):
             created, admitted = self.store.open(
                 stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
                 fingerprint=fingerprint, lane=lane,
@@ -411,3 +389,4 @@ class RerankClient:
         with store_errors("", written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
             found = self.store.progress(stream_ids)
         return dict(zip(stream_ids, found))
+

@@ -117,6 +117,11 @@ class Keys:
         """HASH of one worker's processes (pid -> what each runs), for operators (``worker.card``)."""
         return f"{self.namespace}:worker:{hostname}"
 
+    @property
+    def worker_cards_pattern(self) -> str:
+        """SCAN pattern matching every worker's card."""
+        return f"{self.namespace}:worker:*"
+
     def queue_consumers(self, queue: str) -> str:
         """ZSET of the workers consuming ``queue`` (hostname -> when it last said so), for the
         no-worker warning (``producer.consumers``); cold: each worker writes it every half minute."""

@@ -308,15 +308,22 @@ def _cluster_client(url: str, **overrides: Any) -> redis.cluster.RedisCluster:
 # -- asyncio clients (the gateway) -------------------------------------------------------------
 
 
-def async_store_client(url: str) -> Any:
-    """The gateway's asyncio client of the store, with the store's socket bounds."""
+def async_store_client(url: str, *, max_connections: int | None = None, pool_timeout_s: float | None = None) -> Any:
+    """The gateway's asyncio client of the store, with the store's socket bounds.
+
+    ``max_connections`` bounds the pool; on one server (or Sentinel's master) a caller that
+    finds every connection taken waits up to ``pool_timeout_s`` for one to come back
+    (``BlockingConnectionPool``) rather than failing at once; a cluster client bounds each
+    node's pool and fails when one is full (redis-py has no blocking cluster pool)."""
     kind = scheme(url)
     options: dict[str, Any] = {"socket_timeout": BLOCK_CHUNK_S + 10, "socket_connect_timeout": 5}
     if kind == CLUSTER_SCHEME:
         parsed = parse_multi_host(url)
+        bound: dict[str, Any] = {"max_connections": max_connections} if max_connections else {}
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.hosts],
-            username=parsed.username, password=parsed.password, **options)
+            username=parsed.username, password=parsed.password, **options, **bound)
+    blocking: dict[str, Any] = {"max_connections": max_connections or 2**31, "timeout": pool_timeout_s}
     if kind == SENTINEL_SCHEME:
         parsed = parse_multi_host(url)
         sentinel_password = parsed.query.get("sentinel_password")
@@ -324,8 +331,16 @@ def async_store_client(url: str) -> Any:
             parsed.hosts, sentinel_kwargs={"socket_timeout": 2, **({"password": sentinel_password}
                                                                    if sentinel_password else {})})
         return sentinel.master_for(parsed.service, redis_class=redis.asyncio.Redis, db=parsed.db,
-                                   username=parsed.username, password=parsed.password, **options)
-    return redis.asyncio.Redis.from_url(url, health_check_interval=30, **options)
+                                   username=parsed.username, password=parsed.password,
+                                   connection_pool_class=BlockingSentinelConnectionPool, **blocking, **options)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, health_check_interval=30, **blocking, **options)
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+class BlockingSentinelConnectionPool(redis.asyncio.sentinel.SentinelConnectionPool,
+                                     redis.asyncio.BlockingConnectionPool):
+    """Sentinel's pool (which asks the sentinels for the master) that waits when full, as
+    ``BlockingConnectionPool`` does."""
 
 
 # -- the broker, as Celery / kombu take it ------------------------------------------------------

@@ -81,7 +81,7 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The request field a remote member sends the stream's instruction in. Unset: the
     # provider's own (vllm: "instruction", its protocol's field; http: none); "" for none.
     instruction_field: str | None = None
-    # The local provider's inference backend (issue 13). torch runs the transformers model;
+    # The local provider's inference backend. torch runs the transformers model;
     # onnx (ONNX Runtime) and openvino run an export of it, made once beside the model and
     # reused, adopted only if it ranks a parity probe as torch fp32 does. auto: openvino on
     # a CPU where it is installed (the fastest at parity in ops/bench/scoring.py), else torch;
@@ -116,7 +116,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_text_chars: int = 65536
     document_budget: int = 2048
 
-    # The candidate budget (issue 4), applied by the producer before windows form.
+    # The candidate budget, applied by the producer before windows form.
     # 0 for a per-level override means "use the flat cap"; 0 per source means off.
     max_rerank_candidates: int = 300
     max_rerank_candidates_low: int = 0
@@ -130,7 +130,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     worker_processes: int | None = None
     torch_threads: int | None = None
 
-    # The local engine (issue 6). precision: auto picks bf16 on CPUs with native bf16
+    # The local engine. precision: auto picks bf16 on CPUs with native bf16
     # (AMX / avx512_bf16) and fp16 on CUDA, each kept only if a ranking-parity probe at
     # load passes. Batches are sized by padded tokens, not pair count, so short
     # documents share a batch and long ones do not pad it.
@@ -143,6 +143,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     coalesce_max_pairs: int = 256
     # Pair-score cache: (provider and model, query, document) -> score, kept cache_ttl_s.
     pair_cache: bool = True
+    # Where a stream has a tenant its pair scores are that tenant's own: a hit would tell one
+    # tenant what another sent. True shares them across tenants (one fleet, one trust domain);
+    # a member with send_tenant stays per tenant either way.
+    pair_cache_shared_across_tenants: bool = False
     max_attempts: int = 3
     redeliver_after_s: int = 300
     visibility_timeout_s: int = 3600
@@ -163,7 +167,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # "Guarantees" derives the memory bound per stream from it.
     max_stream_bytes: int = 32 * 1024 * 1024
 
-    # The provider chain (issue 3): an answer whose scores span less than flat_range
+    # The provider chain: an answer whose scores span less than flat_range
     # across at least flat_min_window documents is a broken model, not a judgement.
     flat_min_window: int = 8
     flat_range: float = 1e-6
@@ -173,13 +177,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     breaker_cooldown_s: float = 30.0
     # A member that failed to start (missing model, bad URL) is tried again after this long.
     member_restart_s: float = 30.0
-    # Monitoring (issue 10). A worker serves /metrics, /healthz and /readyz on metrics_port
+    # Monitoring. A worker serves /metrics, /healthz and /readyz on metrics_port
     # (off when unset); its pool processes share one directory of prometheus-client files
     # under metrics_dir (default: the system's temporary folder). The backlog exporter
     # (python -m producer.exporter) listens on exporter_port. task_events turns on Celery's
-    # task events, for Flower.
+    # task events, for Flower. metrics_host is the address the worker's metrics port listens
+    # on: loopback unless said otherwise (a container sets 0.0.0.0 so Prometheus reaches it).
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_dir: str | None = None
     exporter_port: int = 9808
     task_events: bool = False
@@ -187,6 +192,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Named subsets of the chain a stream may ask for (StreamSpec.chain):
     # RERANKQ_CHAIN_<NAME>="0,2" → {"name": [0, 2]}, member indexes in the order tried.
     chain_profiles: dict[str, list[int]] = {}
+
+    # Calibrated scores: a file of per-member maps from score to P(relevant), written by
+    # ``rerankq calibrate``; RERANKQ_CALIBRATION_<PROFILE>=path gives a chain profile its own.
+    calibration: str | None = None
+    calibration_profiles: dict[str, str] = {}
 
     members: list[MemberSettings] = []
 
@@ -261,6 +271,18 @@ def chain_profile_variable(name: str) -> str:
     return CHAIN_PROFILE_PREFIX + name.upper()
 
 
+CALIBRATION_PROFILE_PREFIX = PREFIX + "CALIBRATION_"
+
+
+def calibration_profile_variable(name: str) -> str:
+    return CALIBRATION_PROFILE_PREFIX + name.upper()
+
+
+def _read_calibration_profiles(environ: Mapping[str, str]) -> dict[str, str]:
+    return {match.group(1).lower(): value for key, value in environ.items()
+            if (match := re.fullmatch(rf"{CALIBRATION_PROFILE_PREFIX}([A-Za-z0-9_]{{1,64}})", key)) and value}
+
+
 def _read_chain_profiles(environ: Mapping[str, str]) -> dict[str, list[int]]:
     profiles: dict[str, list[int]] = {}
     for key, value in environ.items():
@@ -313,7 +335,7 @@ def load_settings(
             raise ConfigError(PREFIX + "CONFIG_FILE", f"cannot read {path}: {exc}") from None
         raw.pop("members", None)
     for field in Settings.__struct_fields__:
-        if field in ("members", "chain_profiles"):
+        if field in ("members", "chain_profiles", "calibration_profiles"):
             continue
         value = environ.get(_env_name(field))
         if value is not None:
@@ -323,13 +345,15 @@ def load_settings(
         raw["members"] = _read_members(environ)
     if "chain_profiles" not in overrides:
         raw["chain_profiles"] = {**raw.get("chain_profiles", {}), **_read_chain_profiles(environ)}
+    if "calibration_profiles" not in overrides:
+        raw["calibration_profiles"] = {**raw.get("calibration_profiles", {}), **_read_calibration_profiles(environ)}
     settings = _convert(raw, Settings, _env_name)
     _check(settings)
     return settings
 
 
 _OPTIONAL = {"redis_url", "broker_url", "min_score", "min_final_score", "worker_processes", "torch_threads", "coalesce",
-             "token_budget", "metrics_port", "metrics_dir"}
+             "token_budget", "metrics_port", "metrics_dir", "calibration"}
 
 
 def _check(settings: Settings) -> None:
@@ -354,6 +378,10 @@ def _check(settings: Settings) -> None:
         if not indexes or len(set(indexes)) != len(indexes) or not all(0 <= i < n_members for i in indexes):
             raise ConfigError(chain_profile_variable(name),
                               f"must name distinct members 0..{n_members - 1} of the chain, got {indexes}")
+    for name in settings.calibration_profiles:
+        if name not in settings.chain_profiles:
+            raise ConfigError(calibration_profile_variable(name),
+                              f"names no chain profile ({chain_profile_variable(name)} is not set)")
     if settings.flat_range < 0:
         raise ConfigError(_env_name("flat_range"), f"must not be negative, got {settings.flat_range}")
     _check_budget(settings)

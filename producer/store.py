@@ -265,7 +265,7 @@ class Store:
             return int(self._script(keys=stream.all(), args=args))
         if self._cluster:
             # A cluster pipeline refuses scripts, and the side writes' keys live on other
-            # slots than the stream's: each goes on its own, ahead of the commit, as before.
+            # slots than the stream's: each goes on its own, ahead of the commit.
             for side_write in side_writes:
                 side_write.run_now()
             return int(self._script(keys=stream.all(), args=args))

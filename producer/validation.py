@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import difflib
 import math
 import numbers
 import re
@@ -13,20 +14,20 @@ from typing import Any, Union
 
 import msgspec
 
+from producer.budget import parse_strategy_boosts
 from producer.errors import ValidationError
+from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
+from producer.options import MAX_TTL_S, OPTION_NAMES, StreamOptions
 from producer.settings import Settings
-from producer.wire import LANES, Boosts, Candidate, StreamSpec, TimeRange, encode
+from producer.wire import Candidate, StreamSpec, TimeRange, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
 # plain tokens, so neither can reach into another stream's key space. Always fullmatch:
 # "$" also matches before a trailing newline.
-_TOKEN_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_TOKEN_RE = re.compile(TOKEN_PATTERN)
 _STREAM_ID_RE = re.compile(r"s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64}")
 MAX_ID_CHARS = 256
-MAX_TTL_S = 7 * 24 * 3600
 MAX_EMBEDDING_DIMS = 8192
-# An instruction rides in every pair sent to a model: a few sentences, not a document.
-MAX_INSTRUCTION_CHARS = 2000
 # How deep any argument may nest (a candidate's metadata, counted from metadata itself).
 # Deeper input would end in a RecursionError in msgspec or in the encoder, not in an error.
 MAX_NESTING_DEPTH = 32
@@ -50,20 +51,6 @@ def check_stream_id(stream_id: str) -> str:
     return stream_id
 
 
-def _show(value: Any) -> str:
-    """A value for an error message: bounded, and ASCII-safe for lone surrogates (repr escapes them)."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _child(path: str, key: Any) -> str:
-    if isinstance(key, str) and key.isascii() and key.isidentifier():
-        return f"{path}.{key}" if path else key
-    if isinstance(key, int) and not isinstance(key, bool):
-        return f"{path}[{key}]"
-    return f"{path}[{_show(key)}]"
-
-
 # Where a value sits: a field name, or (parent, key). Formatted only for an error, since
 # every candidate's every value is walked and most input is fine.
 _At = Union[str, tuple[Any, Any]]
@@ -77,7 +64,7 @@ def _format(at: _At) -> str:
         keys.append(key)
     path = at
     for key in reversed(keys):
-        path = _child(path, key)
+        path = child(path, key)
     return path
 
 
@@ -152,32 +139,6 @@ def _plain_candidate(item: Any, at: _At) -> Any:
     return out
 
 
-_MSGSPEC_AT_KEY_RE = re.compile(r"(?s)(.*) - at `key` in `\$(.*)`")
-_MSGSPEC_AT_RE = re.compile(r"(?s)(.*) - at `\$(.*)`")
-_MSGSPEC_FIELD_RE = re.compile(r"(?s)Object (?:missing required|contains unknown) field `(.*)`")
-
-
-def _field_path(prefix: str, exc: msgspec.ValidationError) -> ValidationError:
-    """msgspec's ``... - at `$[2].text``` as ``prefix[2].text``; a missing or unknown field joins the path."""
-    text = str(exc)
-    key_error = _MSGSPEC_AT_KEY_RE.fullmatch(text)
-    located = key_error or _MSGSPEC_AT_RE.fullmatch(text)
-    message, path = (located.group(1), located.group(2)) if located else (text, "")
-    path = prefix + path
-    if key_error:
-        message += " (a mapping key)"
-    field = _MSGSPEC_FIELD_RE.fullmatch(message)
-    if field:
-        path = _child(path, field.group(1))
-    return ValidationError(path.lstrip("."), message)
-
-
-def msgspec_error(exc: msgspec.ValidationError, prefix: str = "") -> ValidationError:
-    """A msgspec decode or convert error as a ValidationError naming the field by its path
-    (``documents[2]``, ``boosts.recency_alpha``), for callers that decode input themselves."""
-    return _field_path(prefix, exc)
-
-
 def to_candidates(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[Candidate]:
     if isinstance(candidates, (str, bytes, Mapping)) or not isinstance(candidates, Iterable):
         raise ValidationError("candidates", f"must be a list of candidates, got {type(candidates).__name__}")
@@ -186,7 +147,7 @@ def to_candidates(candidates: Iterable[Candidate | Mapping[str, Any]]) -> list[C
     try:
         return msgspec.convert(items, list[Candidate])
     except msgspec.ValidationError as exc:
-        raise _field_path("candidates", exc) from None
+        raise from_msgspec(exc, "candidates") from None
 
 
 def _finite(field: str, value: float | None) -> None:
@@ -275,7 +236,7 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     try:
         spec = msgspec.convert(fields, StreamSpec)
     except msgspec.ValidationError as exc:
-        error = _field_path("", exc)
+        error = from_msgspec(exc)
         raise ValidationError(error.field or "spec", error.message) from None
     # Naive datetimes are UTC, as for candidates; a range mixing both could not even be compared.
     query_range = spec.query_range
@@ -314,16 +275,6 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
             raise ValidationError(f"boosts.{name}", f"must be within [0, 1], got {getattr(spec.boosts, name)}")
     if spec.query_range is not None and spec.query_range.start > spec.query_range.end:
         raise ValidationError("query_range", "start is after end")
-    if spec.tenant is not None and not _TOKEN_RE.fullmatch(spec.tenant):
-        raise ValidationError("tenant", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
-    if spec.chain is not None and not _TOKEN_RE.fullmatch(spec.chain):
-        raise ValidationError("chain", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
-    if spec.instruction is not None:
-        if not spec.instruction.strip():
-            raise ValidationError("instruction", "must not be empty or whitespace (leave it out instead)")
-        if len(spec.instruction) > MAX_INSTRUCTION_CHARS:
-            raise ValidationError("instruction", f"{len(spec.instruction)} characters exceeds the limit of "
-                                                 f"{MAX_INSTRUCTION_CHARS}")
     return spec
 
 
@@ -332,70 +283,34 @@ def _is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_open_arguments(
-    *,
-    query: Any,
-    window_size: Any,
-    first_windows: Any,
-    device: Any,
-    min_score: Any,
-    min_final_score: Any,
-    chain: Any,
-    tenant: Any,
-    boosts: Any,
-    reference_time: Any,
-    query_range: Any,
-    ttl_s: Any,
-    idempotency_key: Any,
-    budget: Any,
-    keep: Any,
-    allow_shallow: Any,
-    max_rerank_candidates: Any,
-    max_candidates_per_source: Any,
-    strategy_boosts: Any,
-    document_budget: Any,
-    lane: Any = "interactive",
-    instruction: Any = None,
-) -> None:
-    """What open() must refuse before its arguments are used at all (candidates: ``to_candidates``).
+def check_options(options: Mapping[str, Any]) -> StreamOptions:
+    """``open()``'s keyword arguments as ``StreamOptions``: each value walked, then converted.
 
-    Every argument is walked first, so nothing later can meet a lone surrogate or recurse
-    past MAX_NESTING_DEPTH (even an error message's repr would). Types whose wrong values
-    would be defaulted away (``boosts or Boosts()``) or read as another type are checked here.
+    The walk comes first, so nothing later can meet a lone surrogate or recurse past
+    MAX_NESTING_DEPTH (even an error message's repr would), and structs built in Python
+    (``Boosts``, ``TimeRange``) become dicts, so msgspec type-checks what is inside them.
     """
-    arguments = {
-        "query": query, "window_size": window_size, "first_windows": first_windows, "device": device,
-        "min_score": min_score, "min_final_score": min_final_score, "chain": chain, "tenant": tenant,
-        "boosts": boosts, "reference_time": reference_time, "query_range": query_range, "ttl_s": ttl_s,
-        "idempotency_key": idempotency_key, "budget": budget, "keep": keep, "allow_shallow": allow_shallow,
-        "max_rerank_candidates": max_rerank_candidates, "max_candidates_per_source": max_candidates_per_source,
-        "strategy_boosts": strategy_boosts, "document_budget": document_budget, "lane": lane,
-        "instruction": instruction,
-    }
-    for name, value in arguments.items():
-        _plain(value, name, name)
+    unknown = [name for name in options if name not in OPTION_NAMES]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], OPTION_NAMES, n=1)
+        raise ValidationError(unknown[0], "is not an option of open()" + (f"; did you mean {close[0]}?" if close
+                                                                           else ""))
+    plain = {name: _plain(value, name, name) for name, value in options.items()}
+    try:
+        chosen = msgspec.convert(plain, StreamOptions)
+    except msgspec.ValidationError as exc:
+        raise from_msgspec(exc) from None
+    # What a type cannot state: a finite number, and the text form of strategy boosts.
+    _finite("min_final_score", chosen.min_final_score)
+    parse_strategy_boosts(chosen.strategy_boosts)
+    return chosen
+
+
+def check_query(query: Any) -> str:
+    _plain(query, "query", "query")
     if not isinstance(query, str):
         raise ValidationError("query", f"must be a string, got {type(query).__name__}")
-    if device not in ("cpu", "gpu", "any"):
-        raise ValidationError("device", f"must be cpu, gpu or any, got {_show(device)}")
-    if not isinstance(lane, str) or lane not in LANES:
-        raise ValidationError("lane", f"must be interactive or batch, got {_show(lane)}")
-    if not _is_integer(first_windows) or first_windows < 1:
-        raise ValidationError("first_windows", f"must be a positive integer, got {_show(first_windows)}")
-    for name in ("window_size", "ttl_s", "keep", "max_rerank_candidates", "max_candidates_per_source",
-                 "document_budget"):
-        value = arguments[name]
-        if value is not None and not _is_integer(value):
-            raise ValidationError(name, f"must be an integer, got {type(value).__name__}")
-    if not isinstance(allow_shallow, bool):
-        raise ValidationError("allow_shallow", f"must be True or False, got {type(allow_shallow).__name__}")
-    if boosts is not None and not isinstance(boosts, (Boosts, Mapping)):
-        raise ValidationError("boosts", f"must be a Boosts or a mapping of its fields, got {type(boosts).__name__}")
-    if query_range is not None and not isinstance(query_range, (TimeRange, Mapping)):
-        raise ValidationError("query_range", f"must be a TimeRange or a mapping of start and end, "
-                                             f"got {type(query_range).__name__}")
-    if reference_time is not None and not isinstance(reference_time, dt.datetime):
-        raise ValidationError("reference_time", f"must be a datetime, got {type(reference_time).__name__}")
+    return query
 
 
 def check_pull_arguments(stream_id: Any, offset: Any, limit: Any, *, timeout: Any, raise_on_failed: Any) -> None:
@@ -405,7 +320,7 @@ def check_pull_arguments(stream_id: Any, offset: Any, limit: Any, *, timeout: An
     if not _is_integer(limit) or limit < 1:
         raise ValidationError("limit", "must be a positive integer")
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or math.isnan(timeout) or timeout < 0:
-        shown = _show(timeout) if isinstance(timeout, numbers.Real) else type(timeout).__name__
+        shown = show(timeout) if isinstance(timeout, numbers.Real) else type(timeout).__name__
         raise ValidationError("timeout", f"must be a number of seconds, 0 or more, got {shown}")
     if not isinstance(raise_on_failed, bool):
         raise ValidationError("raise_on_failed", f"must be True or False, got {type(raise_on_failed).__name__}")

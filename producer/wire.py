@@ -88,12 +88,18 @@ class StreamSpec(Base):
 
 
 class Ranked(Base, tag="ranked", tag_field="kind"):
+    """``score`` is the serving member's normalised score, or, when ``calibrated``, the
+    probability that the document is relevant that the member's map gives it; ``raw_score``
+    then keeps the member's own (normalised) score."""
+
     id: str
     index: int
     document: str
     score: float
     final_score: float
     served_by: str
+    raw_score: float | None = None
+    calibrated: bool = False
 
 
 class Filtered(Base, tag="filtered", tag_field="kind"):
@@ -106,6 +112,8 @@ class Filtered(Base, tag="filtered", tag_field="kind"):
     final_score: float
     served_by: str
     reason: str
+    raw_score: float | None = None
+    calibrated: bool = False
 
 
 class Omitted(Base, tag="omitted", tag_field="kind"):
@@ -214,6 +222,15 @@ class Row(Base):
     @property
     def served_by(self) -> str | None:
         return getattr(self.decision, "served_by", None)
+
+    @property
+    def raw_score(self) -> float | None:
+        """The member's own score, when ``score`` is a calibrated one."""
+        return getattr(self.decision, "raw_score", None)
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(getattr(self.decision, "calibrated", False))
 
     @property
     def reason(self) -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,18 +10,16 @@ from typing import Any
 
 import pytest
 import redis
+from rerank_servers import RerankServer
+from tiny_model import build_tiny_cross_encoder
 
+from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from producer import RerankClient, load_settings
 from producer.settings import Settings
-from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rerank_servers import RerankServer  # noqa: E402
-from tiny_model import build_tiny_cross_encoder  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +89,17 @@ def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, 
     return env
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every case on RabbitMQ, and every case on the oldest Redis supported (6.2), is a
+    deployment shape, whichever file parametrises it."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        if callspec.params.get("broker") == "amqp" or callspec.params.get("redis_server") == "bundled-6.2":
+            item.add_marker(pytest.mark.deployment)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
@@ -117,8 +125,11 @@ def start_worker(
         return worker.start()
 
     yield start
+    # Killed, not shut down warm: each test has its own namespace and queues, so nothing a
+    # worker leaves behind reaches another test, and a warm shutdown costs 2-5 s a worker
+    # (Celery's pool threads poll). A test about shutdown stops its worker itself.
     for worker in started:
-        worker.stop()
+        worker.kill()
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         for worker in started:

@@ -1,5 +1,5 @@
 """RabbitMQ as the broker, Redis as the store: the guarantees that depend on the broker, on a
-private RabbitMQ node (``worker.embedded.rabbitmq_server``) and real workers.
+private RabbitMQ node (``devservers.rabbitmq_server``) and real workers.
 
 The flow, kill, duplicate and lane tests of test_flow / test_delivery / test_lanes run on both
 brokers (parametrised); these are the ones only RabbitMQ has: its queues, the sweep without a
@@ -19,16 +19,16 @@ from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
 from kombu import Connection
 
+from devservers.rabbitmq_server import EmbeddedRabbitMQ
 from producer.amqp_broker import AmqpQueueProbe, AsyncAmqpBroker, dead_letter_queue, lane_queue
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ConfigError
 from producer.exporter.backlog import BacklogReader
 from producer.settings import load_settings
 from worker.cli.inspect import queue_view
-from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ
 from worker.sweep import sweep_once
 
-pytestmark = pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+pytestmark = [pytest.mark.deployment, pytest.mark.parametrize("broker", ["amqp"], indirect=True)]
 
 
 def test_the_amqp_settings_configure_rabbitmq_and_nothing_redis_only(base_env):

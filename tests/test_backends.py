@@ -22,6 +22,8 @@ from worker.engine.parity import spearman
 from worker.providers.base import ProviderStartError, ScoreRequest
 from worker.providers.local import LocalProvider
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("openvino")
 

@@ -232,11 +232,30 @@ def test_a_scale_switch_never_reads_a_score_on_the_other_scale(server, start_wor
     assert tei.count == 2 and [r.body["raw_scores"] for r in tei.requests] == [False, True]
 
 
+def test_one_tenant_repeating_anothers_query_and_documents_is_not_a_cache_hit(server, start_worker, make_client):
+    # A hit is answered without the member's round trip: if B's repeat of A's query and
+    # documents hit A's entries, B could time (or count) its way to what A sent.
+    tei = server("tei")
+    tei.mode, tei.hang_s = "ok", 0.0
+    start_worker(env={"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
+                      "RERANKQ_RERANKER_TIMEOUT_S": "2"}, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client()
+    candidates = make_candidates(6)
+    for tenant in ("acme", "globex", "acme", None, None):
+        stream = client.open(QUERY, candidates, window_size=6, tenant=tenant)
+        assert wait_committed(client, stream).windows[0].served_by == "0:tei"
+    # acme, globex and the tenant-less stream each asked the member once; each repeat hit its own.
+    assert tei.count == 3
+    assert client.store.counters()["pair_cache_hits"] == 12
+
+
 def test_a_member_trusted_with_the_tenant_is_cached_per_tenant(server, start_worker, make_client):
     # With SEND_TENANT the server sees the tenant and may answer per tenant (its own model
-    # or index per customer): one tenant's scores must not answer for another's.
+    # or index per customer): one tenant's scores must not answer for another's, even where
+    # the operator shares the cache across tenants.
     shared, per_tenant = server("cohere"), server("cohere")
     start_worker(env={
+        "RERANKQ_PAIR_CACHE_SHARED_ACROSS_TENANTS": "true",
         "RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": shared.url, "RERANKQ_RERANKER_TIMEOUT_S": "2",
         "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": per_tenant.url,
         "RERANKQ_RERANKER_1_SEND_TENANT": "true", "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
@@ -248,5 +267,5 @@ def test_a_member_trusted_with_the_tenant_is_cached_per_tenant(server, start_wor
         for profile in ("shared", "per_tenant"):
             stream = client.open(QUERY, candidates, window_size=6, chain=profile, tenant=tenant)
             assert wait_committed(client, stream).windows[0].served_by is not None
-    assert shared.count == 1  # the tenant never left the process: one answer serves all
+    assert shared.count == 1  # shared, and the tenant never left the process: one answer serves all
     assert [r.headers["x-rerankq-tenant"] for r in per_tenant.requests] == ["acme", "globex"]

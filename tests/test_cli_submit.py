@@ -178,15 +178,16 @@ def test_usage_errors_exit_2_and_help_shows_an_example(base_env, tmp_path):
 
 def test_a_resumed_output_keeps_whole_jobs_only(tmp_path):
     jsonl = tmp_path / "out.jsonl"
-    jsonl.write_text('{"id": "a", "rows": []}\n{"id": "b", "rows": []}\n{"id": "c", "ro')
+    a, b = (f'{{"id": "{job}", "stream": "s_1", "rows": []}}\n' for job in "ab")
+    jsonl.write_text(a + b + '{"id": "c", "ro')
     assert list(Output(jsonl, "jsonl").resume()) == ["a", "b"]
-    assert jsonl.read_text() == '{"id": "a", "rows": []}\n{"id": "b", "rows": []}\n'
+    assert jsonl.read_text() == a + b
 
     trec = tmp_path / "out.trec"
     whole = "1 Q0 d1 1 2 rq\n1 Q0 d2 2 1 rq\n2 Q0 d5 1 3 rq\n"
     trec.write_text(whole + "2 Q0 d6 2 2 rq\n3 Q0 d")
     # The last query may lack rows (the format has no count): it is cut and written again.
-    assert list(Output(trec, "trec").resume()) == ["1"]
+    assert list(Output(trec, "trec", tag="rq").resume()) == ["1"]
     assert trec.read_text() == "1 Q0 d1 1 2 rq\n1 Q0 d2 2 1 rq\n"
 
     foreign = tmp_path / "notes.txt"
@@ -194,3 +195,67 @@ def test_a_resumed_output_keeps_whole_jobs_only(tmp_path):
     with pytest.raises(OutputError):
         list(Output(foreign, "jsonl").resume())
     assert foreign.read_text() == "my notes\n"  # a file this command did not write is left alone
+
+
+UNRELATED = {
+    "notes without a trailing newline": "my notes, never ended with a newline",
+    "one word": "hello",
+    "a JSON object": '{"a": 1}',
+    "jobs (the input format)": '{"id": "job0", "query": "q", "candidates": []}\n{"id": "job1", "query": "q"',
+    "another system's TREC run": "1 Q0 d1 1 12.5 bm25\n1 Q0 d2 2 11.0 bm25\n",
+    "a TREC run cut short": "1 Q0 d1 1 2 rq\n1 Q0 d2 2 1 bm",
+}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "trec"])
+@pytest.mark.parametrize("what", sorted(UNRELATED))
+def test_an_output_file_this_command_did_not_write_is_refused_untouched(tmp_path, fmt, what):
+    """A file without a trailing newline once counted as one torn line: it was emptied."""
+    foreign = tmp_path / "precious.txt"
+    foreign.write_text(UNRELATED[what])
+    with pytest.raises(OutputError, match="did not write"):
+        list(Output(foreign, fmt, tag="rq").resume())
+    assert foreign.read_text() == UNRELATED[what]
+    link = tmp_path / "out.link"
+    link.symlink_to(foreign)
+    with pytest.raises(OutputError, match="did not write"):
+        list(Output(link, fmt, tag="rq").resume())
+    assert foreign.read_text() == UNRELATED[what]
+
+
+def test_submit_refuses_a_foreign_out_and_a_dangling_link_with_a_clear_error(base_env, tmp_path):
+    source = write_jsonl(tmp_path / "jobs.jsonl", make_jobs(2))
+    before = source.read_bytes()
+    onto_input = rerankq(["submit", str(source), "--out", str(source)], base_env)
+    assert onto_input.returncode == 1 and "did not write" in onto_input.stderr, onto_input.stderr
+    assert source.read_bytes() == before
+    dangling = tmp_path / "out.jsonl"
+    dangling.symlink_to(tmp_path / "missing" / "target.jsonl")
+    answer = rerankq(["submit", str(source), "--out", str(dangling)], base_env)
+    assert answer.returncode == 1 and "symbolic link" in answer.stderr and "does not exist" in answer.stderr
+    assert "Traceback" not in answer.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_job_lines_and_flags_set_every_stream_option(start_worker, base_env, tmp_path):
+    env = fast_env(base_env)
+    start_worker(env)
+    jobs = make_jobs(3, candidates=25)
+    own_key = "own-" + Path(tmp_path).name[-20:].replace("_", "-")
+    jobs[1].update(instruction="find the payment runbook", lane="interactive", first_windows=1)
+    jobs[2].update(idempotency_key=own_key)
+    source = write_jsonl(tmp_path / "jobs.jsonl", jobs)
+    out = tmp_path / "out.jsonl"
+
+    done = rerankq(["submit", str(source), "--out", str(out), "--instruction", "rank outage notes first",
+                    "--window-size", "10", "--json"], env)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    streams = {line["id"]: line["stream"] for line in read_jsonl(out)}
+    store = Store(connect(env["RERANKQ_REDIS_URL"]), env["RERANKQ_NAMESPACE"])
+    specs = {job_id: store.load_spec(stream) for job_id, stream in streams.items()}
+    assert {job_id: spec.instruction for job_id, spec in specs.items()} == {
+        "job0": "rank outage notes first", "job1": "find the payment runbook", "job2": "rank outage notes first"}
+    assert {spec.window_size for spec in specs.values()} == {10}
+    assert streams["job2"] == "k_" + own_key  # a job's own key is used as it is
+    assert streams["job0"] == "k_" + idempotency_key(json.loads(done.stdout)["run_id"], "job0")

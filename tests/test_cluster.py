@@ -29,10 +29,12 @@ from test_flow import (  # noqa: F401
     test_stream_is_scored_end_to_end,
 )
 
+from devservers.redis_cluster import EmbeddedRedisCluster
 from producer.errors import StoreError, StreamNotFound
 from producer.keys import SHARDS, Keys, shard_tag
 from producer.redis_clients import store_client
-from worker.embedded.redis_cluster import EmbeddedRedisCluster
+
+pytestmark = pytest.mark.deployment
 
 
 @pytest.fixture(scope="module")

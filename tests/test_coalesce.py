@@ -86,6 +86,7 @@ def score_streams(client, candidates) -> list[bytes]:
     return [msgspec.json.encode(client.pull(s, 0, len(candidates), timeout=90).rows) for s in streams]
 
 
+@pytest.mark.slow
 def test_same_decisions_with_and_without_coalescing(start_worker, make_client):
     candidates = make_candidates(30)
     no_cache = {"RERANKQ_PAIR_CACHE": "false"}
@@ -107,6 +108,7 @@ def test_same_decisions_with_and_without_coalescing(start_worker, make_client):
             assert ra["decision"]["score"] == pytest.approx(rb["decision"]["score"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_cache_and_coalescing_together_keep_decisions(start_worker, make_client):
     candidates = make_candidates(30)
     start_worker(env={"RERANKQ_COALESCE_DELAY_MS": "20"}, args=["--device", "cpu", "--pool", "threads"])

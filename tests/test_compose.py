@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from producer.exporter.main import build_parser as exporter_parser
+from producer.exporter.main import exporter as exporter_command
 from producer.settings import load_settings
 from worker.cli.worker_command import worker as worker_command
 
@@ -146,6 +146,11 @@ def test_the_default_image_is_the_cpu_worker():
     assert last == "worker-cpu" and STAGES[last].user == "rerankq"
 
 
+def exporter_options(args: list[str]) -> dict:
+    """What ``python -m producer.exporter`` makes of these arguments: the command's own parser."""
+    return exporter_command.make_context("exporter", list(args)).params
+
+
 def test_exporter_service():
     service = SERVICES["exporter"]
     assert service["build"]["target"] in STAGES
@@ -153,11 +158,11 @@ def test_exporter_service():
     assert chain_of(service["build"]["target"])[-1].user == "rerankq"
     command = service["command"]
     assert command[:3] == ["python", "-m", "producer.exporter"]
-    port = exporter_parser().parse_args(command[3:]).port or load_settings(compose_env(service)).exporter_port
+    port = exporter_options(command[3:])["port"] or load_settings(compose_env(service)).exporter_port
     health = service["healthcheck"]["test"]
     assert health[:4] == ["CMD", "python", "-m", "producer.exporter"]
-    checked = exporter_parser().parse_args(health[4:])
-    assert checked.healthcheck and (checked.port or load_settings(compose_env(service)).exporter_port) == port
+    checked = exporter_options(health[4:])
+    assert checked["healthcheck"] and (checked["port"] or load_settings(compose_env(service)).exporter_port) == port
     assert load_settings(compose_env(service)).redis_url
 
 
@@ -169,7 +174,7 @@ def test_prometheus_scrapes_the_services_on_their_ports():
     config = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
 
-    exporter_port = exporter_parser().parse_args(SERVICES["exporter"]["command"][3:]).port
+    exporter_port = exporter_options(SERVICES["exporter"]["command"][3:])["port"]
     assert jobs["rerankq-exporter"]["static_configs"][0]["targets"] == [f"exporter:{exporter_port}"]
     dns = jobs["rerankq-worker"]["dns_sd_configs"][0]
     # Every worker service of every profile, or that profile's workers go unwatched.
@@ -236,7 +241,7 @@ def test_deployment_profiles_run_workers_on_their_shape(profile, service):
 
 def test_the_gateway_service_serves_beyond_loopback_with_its_keys_file_mounted():
     from producer.gateway.config import load_gateway_settings
-    from producer.gateway.main import serve_parser
+    from producer.gateway.main import serve
 
     for name in ("gateway", "gateway-cluster", "gateway-sentinel"):
         service = SERVICES[name]
@@ -246,9 +251,10 @@ def test_the_gateway_service_serves_beyond_loopback_with_its_keys_file_mounted()
         assert any("[gateway]" in run for run in STAGES[target].runs)
         command = service["command"]
         assert command[:3] == ["python", "-m", "producer.gateway"]
-        args = serve_parser().parse_args(command[3:])
+        # What `python -m producer.gateway` accepts: the `rerankq serve` command's own parser.
+        args = serve.make_context("serve", list(command[3:])).params
         env = compose_env(service)
-        config = load_gateway_settings(env, host=args.host, port=args.port)
+        config = load_gateway_settings(env, host=args["host"], port=args["port"])
         assert config.host == "0.0.0.0"
         volumes = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", v) for v in service["volumes"]]
         mounts = {v.split(":")[1]: v.split(":")[0] for v in volumes}

@@ -12,6 +12,8 @@ from delivery_helpers import commits_per_window, provider_env, pull_until_comple
 from producer.celery_config import celery_config
 from producer.settings import load_settings
 
+pytestmark = pytest.mark.chaos
+
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_child_killed_mid_window_commits_once_and_stream_completes(start_worker, make_client, tmp_path, raw_redis, broker):

@@ -9,6 +9,8 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 
 def run_demo(extra_env: dict[str, str]) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}

@@ -48,6 +48,7 @@ def packaged_engine():
     return shared_embedding_engine(path, device="cpu", settings=load_settings({}, precision="fp32"))
 
 
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder
 def test_the_engine_gives_sentence_transformers_cosines_however_it_batches(packaged_engine):
     model = packaged_engine.sentence_transformer
     reference = model.encode([QUERY, *DOCUMENTS], convert_to_tensor=True, normalize_embeddings=True)
@@ -99,6 +100,7 @@ def test_packed_embeddings_round_trip_and_refuse_a_wrong_size():
         window_embeddings_decoder.decode(encode(short)).unpack()
 
 
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder
 def test_the_embedding_member_serves_through_a_worker_and_keeps_embeddings_for_mmr(
     start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], packaged_engine
 ) -> None:
@@ -139,6 +141,7 @@ def test_the_embedding_member_serves_through_a_worker_and_keeps_embeddings_for_m
     assert max(abs(a - b) for i in kept for a, b in zip(kept[i], kept_again[i])) < 1e-5
 
 
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder
 def test_with_no_chain_configured_an_offline_worker_reranks_with_the_packaged_model(
     start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
 ) -> None:
@@ -157,6 +160,7 @@ def test_with_no_chain_configured_an_offline_worker_reranks_with_the_packaged_mo
     assert {r.id for r in page.rows[:2]} == {"doc-00", "doc-07"}
 
 
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder
 def test_coalesced_windows_get_their_own_scores_and_embeddings(packaged_engine):
     """A threads-pool worker coalesces windows of many streams into one engine call."""
     from concurrent.futures import ThreadPoolExecutor
@@ -184,6 +188,7 @@ def test_coalesced_windows_get_their_own_scores_and_embeddings(packaged_engine):
         assert max(abs(x - y) for v, (_, w) in zip(vectors, alone) for x, y in zip(v, w)) < 1e-5
 
 
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder
 def test_a_gpu_worker_whose_only_model_is_the_bi_encoder_refuses_to_start_without_cuda(base_env):
     import subprocess
     import sys

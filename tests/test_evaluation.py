@@ -134,6 +134,7 @@ def test_the_harness_reranks_through_a_private_queue_and_reports_each_member_and
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_member_that_cannot_start_is_reported_not_fatal(tiny_collection, tmp_path):
     chain = {"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": "/nonexistent/model",
              "RERANKQ_RERANKER_1_PROVIDER": "rrf"}

@@ -13,6 +13,8 @@ from metrics_helpers import get, get_json, status_of
 
 from worker.embedded.redis_server import free_port
 
+pytestmark = pytest.mark.deployment
+
 pytest.importorskip("flower", reason="flower is in the dev extra")
 
 

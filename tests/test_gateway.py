@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,8 @@ import pytest
 import redis
 import redis.asyncio
 from delivery_providers import _score
-from gateway_helpers import GatewayProcess, sse_events, write_keys
+from gateway_helpers import GatewayProcess, queue_env, sse_events, write_keys
+from test_options import BAD
 
 from producer import RerankClient, load_settings
 from producer.gateway.config import load_gateway_settings
@@ -40,20 +40,6 @@ MAX_DOCUMENTS = 40
 MAX_CHARS = 3000
 MAX_BODY = 200_000
 MAX_WINDOW = 16
-
-
-def queue_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": redis_url,
-        "RERANKQ_NAMESPACE": namespace,
-        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-        "PYTHONPATH": str(ROOT),
-        **extra,
-    })
-    return env
 
 
 @dataclass
@@ -380,6 +366,61 @@ def test_stream_api_errors_name_the_field(deployment: Deployment) -> None:
     offset = deployment.get(f"/v1/streams/{first.json()['stream_id']}/page", offset=-1)
     assert offset.status_code == 422 and offset.json()["error"]["field"] == "offset"
     assert deployment.http.post("/v1/streams", content=b"{").status_code == 401  # auth before parsing
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_stream_api_refuses_each_bad_option_as_open_does(deployment: Deployment, name: str) -> None:
+    value, _, field = BAD[name]
+    refused = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}], name: value})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["field"] == field
+
+
+def test_stream_api_takes_every_option(deployment: Deployment) -> None:
+    options = {"window_size": 5, "first_windows": 2, "device": "cpu", "min_score": 0.0, "min_final_score": 0.0,
+               "chain": "fast", "tenant": "acme", "boosts": {"recency_alpha": 0.3},
+               "reference_time": "2024-03-01T12:00:00Z",
+               "query_range": {"start": "2024-01-01T00:00:00Z", "end": "2024-02-01T00:00:00Z"}, "ttl_s": 600,
+               "idempotency_key": "every-" + uuid.uuid4().hex[:8], "budget": "high", "keep": 1,
+               "allow_shallow": True, "max_rerank_candidates": 30, "max_candidates_per_source": 0,
+               "strategy_boosts": "graph:high", "document_budget": 500, "lane": "batch",
+               "instruction": "find the runbook for the outage"}
+    assert set(options) == set(BAD)  # every option, as the table of bad values has every option
+    candidates = [{"id": f"c{i}", "text": f"payment note {i}"} for i in range(12)]
+    opened = deployment.post("/v1/streams", {"query": "payment 502", "candidates": candidates, **options})
+    assert opened.status_code == 201, opened.text
+    stream_id = opened.json()["stream_id"]
+    spec = deployment.client.store.load_spec(stream_id)
+    assert (spec.window_size, spec.chain, spec.tenant, spec.ttl_s, spec.document_budget, spec.instruction) == \
+        (5, "fast", "acme", 600, 500, "find the runbook for the outage")
+    assert spec.boosts.recency_alpha == 0.3 and spec.strategy_boosts == {"graph": "high"}
+    assert deployment.client.status(stream_id).windows[1].state != "not_admitted"  # first_windows: 2
+    other = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "tenant": "other"})
+    assert other.status_code == 403 and other.json()["error"]["field"] == "tenant"
+
+
+@pytest.mark.parametrize("route", ["/v2/rerank", "/v1/rerank", "/rerank"])
+def test_an_instruction_reaches_the_stream_and_is_part_of_a_repeat(deployment: Deployment, route: str) -> None:
+    q = query("instruction")
+    def body(**extra: object) -> dict[str, object]:
+        base: dict[str, object] = {"query": q, "texts": DOCS} if route == "/rerank" else \
+            {"model": "m", "query": q, "documents": DOCS}
+        return {**base, **extra}
+
+    first = deployment.post(route, body(instruction="find the outage runbook"))
+    assert first.status_code == 200, first.text
+    stream_id = first.headers["x-rerankq-stream-id"]
+    assert deployment.client.store.load_spec(stream_id).instruction == "find the outage runbook"
+    before = deployment.calls()
+    again = deployment.post(route, body(instruction="find the outage runbook"))
+    assert again.headers["x-rerankq-stream-id"] == stream_id and deployment.calls() == before
+    other = deployment.post(route, body(instruction="find office facilities"))
+    assert other.status_code == 200 and other.headers["x-rerankq-stream-id"] != stream_id
+    plain = deployment.post(route, body())
+    assert plain.headers["x-rerankq-stream-id"] not in (stream_id, other.headers["x-rerankq-stream-id"])
+    assert deployment.client.store.load_spec(plain.headers["x-rerankq-stream-id"]).instruction is None
+    blank = deployment.post(route, body(instruction="  "))
+    assert blank.status_code in (400, 422) and "instruction" in blank.text
 
 
 def test_openapi_describes_every_route(deployment: Deployment) -> None:

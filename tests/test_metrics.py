@@ -141,6 +141,7 @@ def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_
     assert not list(directory.glob(f"gauge_live*_{victim}.db"))
 
 
+@pytest.mark.slow
 def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_model_dir, tmp_path):
     port, env = metrics_env(tmp_path)
     start_worker(env=env, args=["--device", "cpu", "--pool", "threads", "--threads", "4"])
@@ -194,6 +195,7 @@ def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_
     assert total(samples, COMMITTED) == counters["windows_committed"] == 12
 
 
+@pytest.mark.slow
 def test_not_ready_without_a_scoring_member_and_the_health_probe(start_worker, make_client, tmp_path):
     """A worker whose model cannot load serves fusion order: alive, healthy, not ready."""
     stale = tmp_path / "metrics" / "worker-999999999"

@@ -9,6 +9,8 @@ from delivery_helpers import commits_per_window, provider_env, pull_until_comple
 
 from producer import Failed
 
+pytestmark = pytest.mark.chaos
+
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_window_that_kills_every_process_commits_failed_after_max_attempts(start_worker, make_client, tmp_path,

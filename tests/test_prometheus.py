@@ -25,6 +25,8 @@ from metrics_helpers import get, status_of
 
 from worker.embedded.redis_server import free_port
 
+pytestmark = pytest.mark.deployment
+
 PROMETHEUS_DIR = ROOT / "ops" / "prometheus"
 KEDA = ROOT / "ops" / "autoscaling" / "keda-workers.yaml"
 PROMTOOL = shutil.which("promtool")

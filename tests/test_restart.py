@@ -9,6 +9,8 @@ from delivery_helpers import commits_per_window, provider_env, pull_until_comple
 
 from worker.embedded.redis_server import EmbeddedRedis
 
+pytestmark = pytest.mark.chaos
+
 
 @pytest.fixture
 def private_redis():

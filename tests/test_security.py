@@ -49,8 +49,10 @@ def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client,
     wait_for(lambda: worker.log().count("task_refused") >= 4, 20, "the hostile ids to be refused")
 
     assert not proof.exists(), "the pickle payload was executed"
-    # Nothing but the worker's own card (what rerankq inspect reads, written at start).
-    assert [k for k in namespace_keys(raw_redis, namespace) if not k.startswith(f"{namespace}:worker:".encode())] == []
+    # Nothing but the worker's own records: its card (what rerankq inspect reads), the queues it
+    # consumes (the no-worker warning) and the sweep's lock. No hostile id reached a key.
+    own = (f"{namespace}:worker:", f"{namespace}:consumers:", f"{namespace}:sweep-lock")
+    assert [k for k in namespace_keys(raw_redis, namespace) if not k.decode().startswith(own)] == []
     # The worker is still serving honest work.
     client = make_client()
     stream = client.open("payment gateway error", make_candidates(10), window_size=10)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import structlog
-from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from producer.amqp_broker import check_broker, kombu_queues
 from producer.settings import Settings
+from worker.message_door import Consumer as CheckingConsumer
 
 log = structlog.get_logger("rerankq.worker")
 
@@ -39,8 +39,8 @@ def prepare_amqp_broker(settings: Settings, timeout_s: float = 60.0) -> str | No
     return None
 
 
-class AmqpConsumer(CeleryConsumer):
-    """Celery's consumer without its native delayed delivery step.
+class AmqpConsumer(CheckingConsumer):
+    """The checking consumer (``worker.message_door``) without its native delayed delivery step.
 
     Celery turns that step on wherever it sees a quorum queue: at every start it declares a
     ladder of 28 delay queues and exchanges and binds ours to them, for ETA and countdown tasks.
@@ -48,6 +48,6 @@ class AmqpConsumer(CeleryConsumer):
     and broker resources, and warn about our direct exchanges.
     """
 
-    class Blueprint(CeleryConsumer.Blueprint):
-        default_steps = [step for step in CeleryConsumer.Blueprint.default_steps
+    class Blueprint(CheckingConsumer.Blueprint):
+        default_steps = [step for step in CheckingConsumer.Blueprint.default_steps
                          if not step.endswith(":DelayedDelivery")]

@@ -9,7 +9,7 @@ from celery.exceptions import Reject
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ValidationError
 from producer.settings import Settings
-from worker import card, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
+from worker import card, message_door, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
 from worker.metrics import MONITORING_OFF, Monitoring
 from worker.runtime import get_runtime, reset_runtime
 from worker.sweep import SweepTimer
@@ -32,9 +32,15 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
                monitoring: Monitoring = MONITORING_OFF) -> Celery:
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
+    # Every message is checked before Celery acts on it (worker.message_door).
     if settings.broker_kind == "amqp":
         app.conf.worker_consumer = "worker.amqp_check:AmqpConsumer"
+    else:
+        app.conf.worker_consumer = "worker.message_door:Consumer"
+        app.conf.broker_transport = message_door.guarded_transport(app.conf.broker_transport)
+        message_door.guard_sentinel_failover()
     recorder = monitoring.recorder
+    app.rerankq_recorder = recorder  # type: ignore[attr-defined] - read by the consumer's door
     app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the remote-control command
 
     @app.task(name=TASK_NAME, bind=True, ignore_result=True)

@@ -23,6 +23,7 @@ import structlog
 from producer import consumers
 from producer.settings import DEFAULT_MODEL, Settings
 from producer.store import Store, connect
+from worker.scoring.calibration import calibration_identity
 
 log = structlog.get_logger("rerankq.card")
 
@@ -55,6 +56,8 @@ def describe(runtime: Any) -> dict[str, Any]:
             "model": model,
             "precision": getattr(engine, "precision", None),
             "started": member.started,
+            # What its scores depend on besides the pair: what a calibration map is fitted for.
+            "identity": calibration_identity(member.identity) if member.identity else None,
             # Only a remote member goes through the shared breaker.
             "breaker": member.breaker_id if member.remote else None,
         })

@@ -17,6 +17,7 @@ from celery import Celery
 from producer.settings import Settings, load_settings
 from worker.app import create_app
 from worker.logs import configure_logging
+from worker.scoring.calibration import Calibrations
 
 log = structlog.get_logger("rerankq.worker")
 
@@ -64,6 +65,8 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
         # prefork even for one process: a child killed mid-window (OOM, segfault) is
         # noticed by the parent, which requeues the message.
         pool_name, concurrency = "prefork", count
+    # An unreadable calibration file stops the worker here, naming its variable, not in each process.
+    Calibrations.from_settings(settings)
     problem = device_problem(settings)
     if problem:
         log.error("worker_cannot_serve_device", device=device, problem=problem)

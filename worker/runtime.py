@@ -14,6 +14,7 @@ from producer.store import Store, connect
 from worker.chain import Chain
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import Provider
+from worker.scoring.calibration import Calibrations
 from worker.side_writes import SideWrite, write
 from worker.windows import WindowScorer
 
@@ -35,7 +36,8 @@ class Runtime:
                            settings.namespace, event_log_maxlen=settings.event_log_maxlen)
         self.chain = Chain.from_settings(settings, wrap=self._wrap_member, on_failover=self._count_failover,
                                          redis_client=self.store.client)
-        self.scorer = WindowScorer(settings, self.store, self.chain, recorder)
+        self.scorer = WindowScorer(settings, self.store, self.chain, recorder,
+                                   calibrations=Calibrations.from_settings(settings))
 
     def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
         """Meter real provider calls; in front of that, the pair-score cache (never for rrf,
@@ -55,6 +57,7 @@ class Runtime:
             return metered
         return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
                               ttl_s=self.settings.cache_ttl_s, count=self.count,
+                              shared_across_tenants=self.settings.pair_cache_shared_across_tenants,
                               on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses))
 
     def count(self, name: str, amount: int = 1, *, then: Callable[[], None] | None = None) -> None:

@@ -2,17 +2,16 @@
 
 Scoring a window writes a little besides its result: the pair cache's fresh scores (one
 script call), counters (``provider_calls:<member>``, failovers, cache hits) and, for a remote
-member, the breaker's record of a success. Each used to be a round trip of its own, while the
-window's task waited. While a window is scored they are
-held here instead and the commit sends them ahead of itself in one pipeline (no MULTI: each
+member, the breaker's record of a success. Sent one by one, each would be a round trip the
+window's task waits for; so while a window is scored they are held here and the commit sends
+them ahead of itself in one pipeline (no MULTI: each
 command is still atomic on its own, and a full Redis refuses none of the reads a MULTI would
 take down with it). A window that ends without a commit sends what it holds on its way out.
 
 What holds back: the counts land with the commit, a moment after the call, and a process
 killed between its provider call and its commit loses that call's count (its cache entries
 too, which costs a provider call later, nothing worse; a probe's success not recorded lets its
-lease lapse and another probe go). Outside a window (no collector), every write goes at once,
-as before. Each writer must write to the store's Redis, whose pipeline carries it: the
+lease lapse and another probe go). Outside a window (no collector), every write goes at once. Each writer must write to the store's Redis, whose pipeline carries it: the
 worker's runtime gives the cache and the breaker the store's client.
 """
 

@@ -28,6 +28,7 @@ from producer.wire import (
 from worker.chain import Chain, ChainOutcome
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
+from worker.scoring.calibration import Calibrations
 from worker.scoring.decide import decide
 from worker.scoring.documents import assemble, has_text
 from worker.side_writes import SideWrite, held_for_commit
@@ -91,11 +92,13 @@ def kept_embeddings(outcome: ChainOutcome, window: int, indexes: list[int], docu
 
 
 class WindowScorer:
-    def __init__(self, settings: Settings, store: Store, chain: Chain, recorder: Recorder = NO_METRICS) -> None:
+    def __init__(self, settings: Settings, store: Store, chain: Chain, recorder: Recorder = NO_METRICS,
+                 calibrations: Calibrations | None = None) -> None:
         self.settings = settings
         self.store = store
         self.chain = chain
         self.recorder = recorder
+        self.calibrations = calibrations
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
@@ -180,7 +183,11 @@ class WindowScorer:
             for pos, i in enumerate(scorable):
                 full[i] = outcome.scores[pos]
             outcome.scores = full
-        decisions = decide(spec, candidates, documents, outcome, first_index=start)
+        calibration = None
+        if self.calibrations is not None and outcome.served_by is not None and not outcome.passthrough:
+            calibration = self.calibrations.map_for(profile=spec.chain, label=outcome.served_by,
+                                                    cache_identity=outcome.identity)
+        decisions = decide(spec, candidates, documents, outcome, first_index=start, calibration=calibration)
         embeddings = kept_embeddings(outcome, window, [start + i for i in scorable], request.documents, bound)
         result = WindowResult(
             window=window, start=start, end=end, served_by=outcome.served_by, passthrough=outcome.passthrough,

@@ -4,25 +4,17 @@ The GPU worker's code path without the queue around it: N threads (as the thread
 pool runs N tasks) each hand windows to one Coalescer over one engine, against the
 same windows scored one after another by the engine. Alternated round by round.
 
-    python ops/bench/coalesce.py --device cuda --json /tmp/coalesce.json
+    python -m ops.bench.coalesce --device cuda --json /tmp/coalesce.json
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
-
+from ops.bench.common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.coalesce import Coalescer
 from worker.engine.parity import max_abs_diff

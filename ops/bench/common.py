@@ -1,7 +1,7 @@
 """What every benchmark shares: the bench model, realistic pairs, a private Redis, real
 workers, percentiles, a table, the JSON file.
 
-Run a benchmark from the repository root: ``python ops/bench/<name>.py``.
+Run a benchmark from the repository root as a module: ``python -m ops.bench.<name>``.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ import math
 import os
 import random
 import statistics
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_DIR = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from worker.embedded.worker_process import WorkerProcess  # noqa: E402
+from worker.embedded.worker_process import WorkerProcess
 
 CACHE_DIR = Path(os.environ.get("RERANKQ_BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
 
@@ -166,8 +163,7 @@ def worker_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         # The bench's custom providers load by import path from the repository root
-        # ("ops.bench.noop_provider:NoopProvider"); ops/bench itself is not put on the
-        # path, where its queue.py would shadow the standard library's queue.
+        # ("ops.bench.noop_provider:NoopProvider").
         "PYTHONPATH": str(ROOT),
     })
     env.update(extra)

@@ -13,7 +13,7 @@ every shape alike):
 
 The RabbitMQ shapes run rerankq's own amqp configuration (``producer.amqp_broker``: durable
 quorum lane queues, publisher confirms, per-consumer prefetch 1) on a private RabbitMQ node
-(``worker.embedded.rabbitmq_server``) unless ``--amqp-url`` names a broker to use instead.
+(``devservers.rabbitmq_server``) unless ``--amqp-url`` names a broker to use instead.
 
 Then the cost of ``open`` itself: a stream of the same candidates opened with 1 and with
 ``--windows`` first windows, one open at a time, workers stopped, per shape: the extra windows
@@ -33,38 +33,34 @@ is about one second of server time per second: windows/s per shard = 1e6 / (stor
 window). From that: shards (and Redis broker instances, each holding its share of the device
 queues) for 1,000,000 pairs/s = 40,000 windows of 25 a second, kept at half their ceiling.
 
-    python ops/bench/deployments.py --quick
-    python ops/bench/deployments.py --json /tmp/deployments.json
-    python ops/bench/deployments.py --amqp-url amqp://guest:guest@127.0.0.1:5672//   # a broker of your own
+    python -m ops.bench.deployments --quick
+    python -m ops.bench.deployments --json /tmp/deployments.json
+    python -m ops.bench.deployments --amqp-url amqp://guest:guest@127.0.0.1:5672//   # a broker of your own
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
-import argparse  # noqa: E402
-import math  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import math
+import statistics
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
-import redis  # noqa: E402
-from common import p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
+import redis
 
-from producer import RerankClient  # noqa: E402
-from producer.dispatch import Dispatcher  # noqa: E402
-from producer.settings import load_settings  # noqa: E402
-from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary  # noqa: E402
-from worker.embedded.redis_cluster import EmbeddedRedisCluster  # noqa: E402
-from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
+from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
+from devservers.redis_cluster import EmbeddedRedisCluster
+from ops.bench.common import p50, print_table, rerankq_worker, worker_env, write_json
+from producer import RerankClient
+from producer.dispatch import Dispatcher
+from producer.settings import load_settings
+from worker.embedded.redis_server import EmbeddedRedis
 
 WINDOW = 25
 TARGET_PAIRS_PER_S = 1_000_000

@@ -9,18 +9,13 @@
    request a new query: the gateway opening streams and waiting on commits.
 3. The same with repeated requests: answered from the retained decisions, no window sent.
 
-    python ops/bench/gateway.py --quick --json /tmp/gateway.json
+    python -m ops.bench.gateway --quick --json /tmp/gateway.json
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import asyncio
 import http.client
@@ -31,8 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import ROOT, p50, percentile, print_table, rerankq_worker, worker_env, write_json
-
+from ops.bench.common import ROOT, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis, free_port

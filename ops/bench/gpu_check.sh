@@ -36,21 +36,21 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep going on f
 }
 
 # Scoring: MiniLM-L6-sized, then larger encoders (random weights: timing only).
-step scoring-minilm 120 "$PY" ops/bench/scoring.py --device cuda --quick --json "$OUT/scoring-minilm.json"
-step scoring-base   100 "$PY" ops/bench/scoring.py --device cuda --quick --size base --json "$OUT/scoring-base.json"
-step scoring-large  100 "$PY" ops/bench/scoring.py --device cuda --quick --size large --no-variants \
+step scoring-minilm 120 "$PY" -m ops.bench.scoring --device cuda --quick --json "$OUT/scoring-minilm.json"
+step scoring-base   100 "$PY" -m ops.bench.scoring --device cuda --quick --size base --json "$OUT/scoring-base.json"
+step scoring-large  100 "$PY" -m ops.bench.scoring --device cuda --quick --size large --no-variants \
   --json "$OUT/scoring-large.json"
 # The onnx backend on ONNX Runtime's CUDA provider, where the onnxruntime-gpu build is installed.
 if "$PY" -c 'import sys, onnxruntime as o; sys.exit(0 if "CUDAExecutionProvider" in o.get_available_providers() else 1)' 2>/dev/null; then
-  step scoring-onnx 150 "$PY" ops/bench/scoring.py --device cuda --quick --backend onnx --no-rss \
+  step scoring-onnx 150 "$PY" -m ops.bench.scoring --device cuda --quick --backend onnx --no-rss \
     --json "$OUT/scoring-onnx.json"
 else
   echo; echo "== scoring-onnx skipped: onnxruntime here has no CUDAExecutionProvider (install onnxruntime-gpu)"
 fi
 # Coalescing gain: many windows through one Coalescer against one window at a time.
-step coalesce 60 "$PY" ops/bench/coalesce.py --device cuda --quick --threads 8 --json "$OUT/coalesce.json"
+step coalesce 60 "$PY" -m ops.bench.coalesce --device cuda --quick --threads 8 --json "$OUT/coalesce.json"
 # The coalescing path through real GPU workers (threads pool), against a plain one.
-step worker-check 90 "$PY" ops/bench/worker_check.py --device gpu --quick --json "$OUT/worker-check.json"
+step worker-check 90 "$PY" -m ops.bench.worker_check --device gpu --quick --json "$OUT/worker-check.json"
 
 echo
 "$PY" - "$OUT" <<'PY'

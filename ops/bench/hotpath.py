@@ -20,27 +20,23 @@ Two views of a one-window stream (25 candidates, the no-op provider) on a privat
 Celery's own receive and dispatch are not split out: they are the same for the raw Celery
 round trip that ``queue.py`` subtracts.
 
-    python ops/bench/queue.py --profile          (or: python ops/bench/hotpath.py)
+    python -m ops.bench.queue --profile          (or: python -m ops.bench.hotpath)
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import functools
 import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Callable
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
+from ops.bench.common import candidates, p50, print_table, rerankq_worker, worker_env, write_json
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections import Counter, defaultdict  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
-
-from common import candidates, p50, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
 
 WINDOW = 25
 

@@ -13,18 +13,13 @@ committed; throughput is windows per second. The provider does nothing by defaul
 window costs only the queue, the store and the metrics: the worst case for their share. With
 --model, a MiniLM-L6-sized cross-encoder arm is run too (the realistic case).
 
-    python ops/bench/metrics.py --quick --json /tmp/metrics.json
+    python -m ops.bench.metrics --quick --json /tmp/metrics.json
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import statistics
 import tempfile
@@ -33,8 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import bench_model, p50, print_table, rerankq_worker, worker_env, write_json
-
+from ops.bench.common import bench_model, p50, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis, free_port

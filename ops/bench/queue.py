@@ -8,8 +8,8 @@
 3. A deeper pull over a committed 300-candidate stream: page reads that must cost no
    provider call.
 
-    python ops/bench/queue.py --quick --json /tmp/queue.json
-    python ops/bench/queue.py --profile      (where the time goes: ops/bench/hotpath.py)
+    python -m ops.bench.queue --quick --json /tmp/queue.json
+    python -m ops.bench.queue --profile      (where the time goes: ops/bench/hotpath.py)
 """
 
 from __future__ import annotations
@@ -17,18 +17,13 @@ from __future__ import annotations
 import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import random
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, bench_model, candidates, p50, percentile, print_table, rerankq_worker, worker_env, write_json
-
+from ops.bench.common import ROOT, bench_model, candidates, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
@@ -57,7 +52,7 @@ def main() -> None:
                         help="instead: one window's per-step costs and Redis round trips (ops/bench/hotpath.py)")
     args = parser.parse_args()
     if args.profile:
-        import hotpath
+        from ops.bench import hotpath
 
         hotpath.main(["--json", args.json_path] if args.json_path else [])
         return

@@ -1,7 +1,7 @@
 """Re-sends under a backlog: does the sweep re-send windows that are only waiting in a queue?
 
-    python ops/bench/resend.py            # backlog of 5x what the worker drains per redelivery period
-    python ops/bench/resend.py --quick
+    python -m ops.bench.resend            # backlog of 5x what the worker drains per redelivery period
+    python -m ops.bench.resend --quick
 
 One worker drains windows at a known pace (a provider that takes ``--window-s`` per window).
 A backlog of ``--backlog`` times what it drains in one redelivery period
@@ -15,24 +15,18 @@ deadline the sweep re-sent them (bound: ``REDELIVER_AFTER_S + SWEEP_INTERVAL_S``
 
 from __future__ import annotations
 
-import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
 
-from common import ROOT, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
-
-from producer import RerankClient, load_settings  # noqa: E402
-from producer.broker_queues import QueueProbe  # noqa: E402
-from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
+from ops.bench.common import ROOT, print_table, rerankq_worker, worker_env, write_json
+from producer import RerankClient, load_settings
+from producer.broker_queues import QueueProbe
+from worker.embedded.redis_server import EmbeddedRedis
 
 OVERLAY = ROOT / "ops" / "bench" / "overlays" / "sweep_without_probe"
 

@@ -7,25 +7,17 @@ per second from the first open to the last page; memory is each worker process's
 resident set after the run (one model copy per process). A third row runs the
 threads pool with coalescing, the GPU worker's code path, on the CPU.
 
-    python ops/bench/scale.py --quick --json /tmp/scale.json
+    python -m ops.bench.scale --quick --json /tmp/scale.json
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import tempfile
 import time
 from pathlib import Path
 
-from common import bench_model, cpu_quota, p50, print_table, realistic_pairs, rerankq_worker, worker_env, write_json
-
+from ops.bench.common import bench_model, cpu_quota, p50, print_table, realistic_pairs, rerankq_worker, worker_env, write_json
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis

@@ -18,7 +18,7 @@ so its speed and parity are both seen, with the resident memory of a process tha
 loads only it (measured in a subprocess each). int8 is calibrated on windows drawn
 like the timed ones but not among them.
 
-    python ops/bench/scoring.py --quick --json /tmp/scoring.json
+    python -m ops.bench.scoring --quick --json /tmp/scoring.json
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ from __future__ import annotations
 import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import atexit
 import dataclasses
@@ -43,8 +39,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
-
+from ops.bench.common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 from worker.engine.precision import cpu_has_native_bf16
@@ -147,7 +142,6 @@ class Subject:
 # A process that loads one backend as a worker does and scores a window: its resident memory.
 _RSS_PROBE = """
 import json, sys
-sys.path.insert(0, sys.argv[2])
 import psutil
 from producer.settings import load_settings
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
@@ -165,7 +159,7 @@ def process_rss_mb(subject: Subject, *, model: str, device: str, threads: int, w
     assert subject.choice is not None
     args = {"model": model, "device": device, "threads": threads, "window": window,
             "precision": "bf16" if subject.precision == "bf16" else "fp32", "choice": vars(subject.choice)}
-    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, json.dumps(args), str(ROOT)],
+    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, json.dumps(args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         print(f"rss of {subject.name}: the probe process failed: {done.stderr.strip()[-400:]}", flush=True)

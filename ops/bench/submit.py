@@ -1,7 +1,7 @@
 """``rerankq submit`` against a Python loop, and interactive latency while a batch drains.
 
-    python ops/bench/submit.py            # 2,000 jobs per arm, RSS at 2,000 and 20,000 lines
-    python ops/bench/submit.py --quick
+    python -m ops.bench.submit            # 2,000 jobs per arm, RSS at 2,000 and 20,000 lines
+    python -m ops.bench.submit --quick
 
 1. Throughput: the same 2,000 small jobs (25 candidates, one window each) through ``rrf`` on
    one CPU worker, once by ``rerankq submit`` (a subprocess, as a user runs it) and once by a
@@ -22,26 +22,20 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
 
-from common import p50, percentile, print_table, rerankq_worker, worker_env, write_json  # noqa: E402
-
-from producer import RerankClient, load_settings  # noqa: E402
-from worker.embedded.redis_server import EmbeddedRedis  # noqa: E402
+from ops.bench.common import p50, percentile, print_table, rerankq_worker, worker_env, write_json
+from producer import RerankClient, load_settings
+from worker.embedded.redis_server import EmbeddedRedis
 
 CANDIDATES = 25
 RERANKQ = [sys.executable, "-m", "worker.cli"]

@@ -6,25 +6,19 @@ coalescing worker must have shared forward passes between windows.
 On a GPU: ``--device gpu`` (the GPU worker: threads pool, coalescing on by default).
 On a CPU: ``--device cpu`` runs the same code path with ``--pool threads``.
 
-    python ops/bench/worker_check.py --device cpu --quick
+    python -m ops.bench.worker_check --device cpu --quick
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-# This folder holds queue.py, which must not shadow the standard library's queue:
-# keep the folder on the path, but after the standard library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE] + [_HERE]
 import argparse
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, bench_model, print_table, realistic_pairs, worker_env, write_json
-
+from ops.bench.common import ROOT, bench_model, print_table, realistic_pairs, worker_env, write_json
 from producer import RerankClient
 from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis

@@ -1,6 +1,6 @@
 """``ops/chaos.py --broker amqp``: the chaos run with RabbitMQ as the broker, Redis the store.
 
-A private RabbitMQ node (``worker.embedded.rabbitmq_server``) beside the private Redis, and
+A private RabbitMQ node (``devservers.rabbitmq_server``) beside the private Redis, and
 the broker's faults:
 
 - the node restarted, cleanly (SIGTERM) or crashed (SIGKILL) and started again on its data:
@@ -27,9 +27,9 @@ from pathlib import Path
 import amqp
 from kombu import Connection
 
+from devservers.rabbitmq_server import EmbeddedRabbitMQ
 from producer.amqp_broker import consumed_queues
 from producer.dispatch import Dispatcher
-from worker.embedded.rabbitmq_server import EmbeddedRabbitMQ
 
 _WINDOW = re.compile(r"^rq:([^:]+):(\d+):")
 #: A lost message is re-sent once its queued mark is this old: well inside the drain.

@@ -34,10 +34,10 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+from devservers.redis_cluster import EmbeddedRedisCluster
+from devservers.redis_sentinel import EmbeddedSentinel
 from producer.keys import Keys
 from producer.redis_clients import store_client
-from worker.embedded.redis_cluster import EmbeddedRedisCluster
-from worker.embedded.redis_sentinel import EmbeddedSentinel
 from worker.embedded.redis_server import EmbeddedRedis
 
 SHAPES = ("single", "cluster", "sentinel")

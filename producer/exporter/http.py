@@ -1,15 +1,18 @@
 """A small HTTP server for /metrics and health paths, shared by the exporter and the workers.
 
 Each path maps to a function that builds the whole answer; the server runs on a daemon
-thread, answers GET only, and never lets a failing check take the process down.
+thread, answers GET only, bounds what a connection may cost (no thread per connection, a
+timeout, a cap on open connections), and never lets a failing check take the process down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -21,6 +24,13 @@ log = get_logger("rerankq.metrics_http")
 #: An answer: status, content type, body. A route gets the request's Accept header.
 Answer = tuple[int, str, bytes]
 Route = Callable[[str], Answer]
+
+#: Connections open at once; a new one past it displaces the oldest still sending its request.
+MAX_CONNECTIONS = 64
+#: How long a connection has to send its request head, and again to take the answer.
+REQUEST_TIMEOUT_S = 5.0
+MAX_REQUEST_BYTES = 16 * 1024
+ANSWER_THREADS = 2
 
 
 def metrics_route(registry_factory: Callable[[], Any]) -> Route:
@@ -61,27 +71,68 @@ def reachable(client: redis.Redis) -> bool:
 
 
 class MetricsServer:
+    """An asyncio server on its own thread and event loop: an idle or slow connection costs a
+    socket, never a thread. Each connection has ``REQUEST_TIMEOUT_S`` to send its request head
+    (at most ``MAX_REQUEST_BYTES``) and as long again to take the answer; with
+    ``MAX_CONNECTIONS`` open, a new one takes the place of the one that has waited longest
+    without sending its request. Answers are built on
+    ``ANSWER_THREADS`` threads (a scrape reads files and Redis), one request per connection.
+    """
+
     def __init__(self, host: str, port: int, routes: Mapping[str, Route]) -> None:
         self.routes = dict(routes)
-        self._httpd = ThreadingHTTPServer((host, port), self._handler_class())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="rerankq-metrics-http", daemon=True)
+        # Bound here, so a port that is taken fails the caller at once.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.create_server((host, port), family=family, backlog=128)
+        self._socket.setblocking(False)
+        self._pool = ThreadPoolExecutor(max_workers=ANSWER_THREADS, thread_name_prefix="rerankq-metrics-answer")
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Future[None] | None = None
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._open = 0
+        self._reading: dict[asyncio.StreamWriter, None] = {}  # still sending their request, oldest first
+        self._thread = threading.Thread(target=self.serve_forever, name="rerankq-metrics-http", daemon=True)
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return int(self._socket.getsockname()[1])
 
     def start(self) -> MetricsServer:
         self._thread.start()
+        self._ready.wait(10)
         return self
 
     def serve_forever(self) -> None:
-        self._httpd.serve_forever()
+        """Serve until ``stop``; on this thread."""
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            server = loop.run_until_complete(asyncio.start_server(self._serve, sock=self._socket,
+                                                                  limit=MAX_REQUEST_BYTES))
+            self._stop = loop.create_future()
+            self._ready.set()
+            loop.run_until_complete(self._stop)
+            server.close()
+            loop.run_until_complete(server.wait_closed())
+        finally:
+            self._ready.set()
+            loop.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._done.set()
 
     def stop(self) -> None:
-        """Stop serving; from another thread than the one serving (``shutdown`` waits for it)."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Stop serving (from any thread) and wait, briefly, until it has."""
+        self._ready.wait(10)
+        stop = self._stop
+        if stop is not None and not self._loop.is_closed():
+            def finish() -> None:
+                if not stop.done():
+                    stop.set_result(None)
+
+            self._loop.call_soon_threadsafe(finish)
+            self._done.wait(10)
+        self._socket.close()
 
     def answer(self, path: str, accept: str) -> Answer:
         route = self.routes.get(path.split("?", 1)[0])
@@ -93,22 +144,52 @@ class MetricsServer:
             log.warning("metrics_route_failed", path=path, error=type(exc).__name__, detail=str(exc)[:200])
             return 500, "text/plain; charset=utf-8", f"{type(exc).__name__}\n".encode()
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        server = self
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            if not self._reading:
+                writer.transport.abort()
+                return
+            # Full: the connection that has waited longest without sending its request makes
+            # room, so idle connections cannot lock a scraper out.
+            oldest = next(iter(self._reading))
+            del self._reading[oldest]
+            oldest.transport.abort()
+        self._open += 1
+        self._reading[writer] = None
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+            self._reading.pop(writer, None)
+            status, content_type, body = await self._answer_head(head)
+            writer.write(_response(status, content_type, body))
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError):
+            pass  # too slow, too long, or gone: closed unanswered
+        finally:
+            self._reading.pop(writer, None)
+            self._open -= 1
+            writer.close()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                status, content_type, body = server.answer(self.path, self.headers.get("Accept", ""))
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", content_type)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except OSError:
-                    pass  # the scraper went away
+    async def _answer_head(self, head: bytes) -> Answer:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return 400, "text/plain; charset=utf-8", b"bad request\n"
+        method, path, _ = parts
+        if method != "GET":
+            return 405, "text/plain; charset=utf-8", b"GET only\n"
+        accept = ""
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "accept":
+                accept = value.strip()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.answer, path, accept)
 
-            def log_message(self, *args: Any) -> None:
-                pass  # one line per scrape is noise
 
-        return Handler
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _response(status: int, content_type: str, body: bytes) -> bytes:
+    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    return head.encode("latin-1") + body

@@ -1,36 +1,28 @@
-"""The backlog exporter's command: ``python -m producer.exporter`` (or ``rerankq exporter``)."""
+"""The backlog exporter's command: ``rerankq exporter`` (also ``python -m producer.exporter``)."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import click
+
+from producer.command_line import Host, apply_host_logging, run_command
 from producer.errors import ConfigError
 
-DESCRIPTION = """\
-Serve rerankq's queue backlog for Prometheus: per device queue, the messages waiting, the
-messages fetched and not acknowledged, the age of the oldest waiting message; per device, the
-admitted windows not yet committed; the live streams. Reads Redis on each scrape with a fixed
-number of commands (no stream is scanned) and needs no worker, so an autoscaler can scale a
-device's workers from zero. Configured by the same RERANKQ_* variables as everything else.
+EPILOG = """\b
+Examples:
+  rerankq exporter                                       # /metrics and /healthz on 0.0.0.0:9808
+  rerankq exporter --host 127.0.0.1 --port 9900
+  rerankq exporter --once                                # one scrape to stdout, then exit
+  rerankq exporter --healthcheck                         # a container's health check: exit 0 when healthy
 """
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rerankq-exporter", description=DESCRIPTION)
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=None, help="port to listen on (default RERANKQ_EXPORTER_PORT, 9808)")
-    parser.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
-    parser.add_argument("--healthcheck", action="store_true",
-                        help="ask a running exporter on this host and port for /healthz; exit 0 when healthy")
-    return parser
 
 
 def healthz(port: int, *, timeout_s: float = 3.0) -> bool:
@@ -41,22 +33,33 @@ def healthz(port: int, *, timeout_s: float = 3.0) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None, *,
-         host_logging: Callable[[str], None] | None = None) -> int:
-    """Serve the queues' backlog per device for Prometheus and autoscalers (no workers needed)."""
-    args = build_parser().parse_args(argv)
+@click.command(name="exporter", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="0.0.0.0", show_default=True, help="address to listen on")
+@click.option("--port", type=int, default=None, help="port to listen on (RERANKQ_EXPORTER_PORT, default 9808)")
+@click.option("--once", is_flag=True, help="print one scrape to stdout and exit")
+@click.option("--healthcheck", is_flag=True,
+              help="ask a running exporter on this host and port for /healthz; exit 0 when healthy")
+def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
+    """Serve the queues' backlog per device for Prometheus and autoscalers (no workers needed).
+
+    Per device queue: the messages waiting, the messages fetched and not acknowledged, the
+    age of the oldest waiting message; per device, the admitted windows not yet committed;
+    the live streams. It reads Redis on each scrape with a fixed number of commands (no
+    stream is scanned) and needs no worker, so an autoscaler can scale a device's workers
+    from zero. Configured by the same RERANKQ_* variables as everything else.
+    """
     from producer.settings import load_settings
 
     try:
-        settings = load_settings(environ)
+        settings = load_settings()
     except ConfigError as exc:
-        print(f"rerankq-exporter: {exc}", file=sys.stderr)
+        click.echo(f"rerankq-exporter: {exc}", err=True)
         return 2
-    port = args.port if args.port is not None else settings.exporter_port
-    if args.healthcheck:
+    port = port if port is not None else settings.exporter_port
+    if healthcheck:
         return 0 if healthz(port) else 1
     if not settings.redis_url:
-        print("rerankq-exporter: RERANKQ_REDIS_URL is not set", file=sys.stderr)
+        click.echo("rerankq-exporter: RERANKQ_REDIS_URL is not set", err=True)
         return 2
 
     from prometheus_client import CollectorRegistry, generate_latest
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         broker_client = store_client if settings.broker == settings.redis_url else connect_broker(settings.broker)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client, amqp_probe)))
-    if args.once:
+    if once:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
 
@@ -97,9 +100,8 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         checks = {"redis": reachable(store_probe), "broker": broker_reachable()}
         return all(checks.values()), checks
 
-    if host_logging is not None:  # the host renders records (``rerankq exporter``); never this module
-        host_logging("INFO")
-    server = MetricsServer(args.host, port, {"/metrics": metrics_route(lambda: registry),
+    apply_host_logging("INFO")  # the host renders records (``rerankq exporter``); never this module
+    server = MetricsServer(host, port, {"/metrics": metrics_route(lambda: registry),
                                              "/healthz": check_route(health)})
 
     def stop(signum: int, frame: object) -> None:
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    logging.getLogger("rerankq.exporter").info("exporter_listening host=%s port=%d", args.host, server.port)
+    logging.getLogger("rerankq.exporter").info("exporter_listening host=%s port=%d", host, server.port)
     server.serve_forever()
     store_client.close()
     if broker_client is not None and broker_client is not store_client:
@@ -117,3 +119,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         amqp_probe.close()
     return 0
 
+
+def main(argv: Sequence[str] | None = None, *, host_logging: Callable[[str], None] | None = None,
+         prog_name: str = "python -m producer.exporter") -> int:
+    """Run the exporter on ``argv`` and return its exit status; ``host_logging(level)`` is the
+    host's way to render records."""
+    return run_command(exporter, sys.argv[1:] if argv is None else argv, prog_name=prog_name,
+                       host=Host(logging=host_logging))

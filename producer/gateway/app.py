@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -33,6 +34,7 @@ from producer.gateway.config import GatewaySettings, load_gateway_settings
 from producer.gateway.limits import Backlog, CountingDispatcher
 from producer.gateway.openapi import openapi_document
 from producer.gateway.service import Gateway
+from producer.gateway.tenants import TenantShares
 from producer.logs import get_logger
 from producer.settings import Settings, load_settings
 
@@ -103,14 +105,15 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         dispatcher = CountingDispatcher(settings)
         client = RerankClient(settings, dispatcher=dispatcher)
-        store_redis = async_redis(settings.redis_url or "")
+        store_redis = async_redis(settings.redis_url or "", config)
         if settings.broker_kind == "amqp":
             broker_redis: Any = AsyncAmqpBroker(settings.broker)
         else:
-            broker_redis = store_redis if settings.broker == settings.redis_url else async_redis(settings.broker)
+            broker_redis = store_redis if settings.broker == settings.redis_url else async_redis(settings.broker, config)
         backlog = Backlog(broker_redis, dispatcher, settings, config)
         app.state.gateway = Gateway(settings, config, keyring, QueueBridge(client, store_redis, backlog,
-                                                                           threads=config.threads))
+                                                                           threads=config.threads,
+                                                                           heartbeat_s=config.sse_heartbeat_s))
         sampler = asyncio.create_task(backlog.sample_forever())
         log.info("gateway_started", namespace=settings.namespace, keys=len(keyring), auth=not keyring.insecure)
         try:
@@ -125,7 +128,8 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
             app.state.gateway.bridge.close()
             client.close()
 
-    return Starlette(routes=routes(), lifespan=lifespan)
+    return Starlette(routes=routes(), lifespan=lifespan,
+                     middleware=[Middleware(TenantShares, keyring=keyring, config=config)])
 
 
 def app_from_environment() -> Starlette:

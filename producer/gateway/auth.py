@@ -6,7 +6,7 @@ holds no key, only its SHA-256::
 
     [{"key_sha256": "3b1f…", "tenant": "acme", "chain": "private", "devices": ["cpu", "gpu"]}]
 
-Keys are 256 random bits (``python -m producer.gateway keygen``), so a plain SHA-256 cannot
+Keys are 256 random bits (``rerankq serve keygen``), so a plain SHA-256 cannot
 be reversed by guessing, and a slow password hash would only add milliseconds to every
 request. A presented key is hashed and compared with every stored digest by
 ``hmac.compare_digest``, without stopping at a match, so the time taken says nothing about
@@ -30,7 +30,7 @@ from producer.settings import Settings, chain_profile_variable
 
 ALL_DEVICES: tuple[Device, ...] = ("cpu", "gpu", "any")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-_TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 KEY_PREFIX = "rq_"
 
 
@@ -128,6 +128,13 @@ def load_keyring(gateway: GatewaySettings, settings: Settings) -> KeyRing:
     else:
         raise ConfigError(variable("keys_file"), "no API keys configured: set it (or RERANKQ_GATEWAY_KEYS), "
                                                  "or start with --insecure-no-auth to serve without keys")
+    return KeyRing(parse_entries(raw, source=source, settings=settings))
+
+
+def parse_entries(raw: bytes, *, source: str, settings: Settings | None) -> list[KeyEntry]:
+    """The entries of a keys file's JSON, each checked; a bad one raises ``ConfigError(source)``
+    naming its index and field, never its digest. Each entry's chain must be one of the
+    settings' profiles; with no settings (a file edited away from the gateway) it is not checked."""
     try:
         entries = msgspec.json.decode(raw, type=list[KeyEntry])
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -143,13 +150,13 @@ def load_keyring(gateway: GatewaySettings, settings: Settings) -> KeyRing:
         if entry.key_sha256 in seen:
             raise ConfigError(source, f"{at}.key_sha256 repeats an earlier entry")
         seen.add(entry.key_sha256)
-        if not _TOKEN.fullmatch(entry.tenant):
+        if not TENANT_NAME.fullmatch(entry.tenant):
             raise ConfigError(source, f"{at}.tenant must be 1-64 characters of A-Z a-z 0-9 _ . -")
         if entry.chain is not None:
             entry.chain = entry.chain.lower()
-            if entry.chain not in settings.chain_profiles:
+            if settings is not None and entry.chain not in settings.chain_profiles:
                 raise ConfigError(source, f"{at}.chain names no chain profile; "
                                           f"set {chain_profile_variable(entry.chain)}")
         if not entry.devices or len(set(entry.devices)) != len(entry.devices):
             raise ConfigError(source, f"{at}.devices must list distinct devices of cpu, gpu, any")
-    return KeyRing(entries)
+    return entries

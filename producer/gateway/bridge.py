@@ -27,6 +27,7 @@ import redis.asyncio
 from producer.client import RerankClient
 from producer.errors import IdempotencyConflict, StoreError, StreamNotFound, ValidationError
 from producer.gateway.auth import Principal
+from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob, Scored, failure, scored
 from producer.gateway.limits import Backlog, CountingDispatcher
 from producer.gateway.problems import Problem
@@ -57,16 +58,18 @@ MAX_GENERATIONS = 4
 FRESH_WAIT_MAX_WINDOWS = 64
 #: How many answered jobs a gateway process remembers for the repeat fast path.
 ANSWERED_MEMORY = 10_000
-#: An event stream sends a comment this often while nothing commits, so proxies keep it open.
-HEARTBEAT_S = 15.0
+#: A blocking read that ends this close to a heartbeat's time counts as reaching it (its
+#: timeout is whole milliseconds, rounded down).
+HEARTBEAT_SLACK_S = 0.005
 
 
-def async_redis(url: str) -> redis.asyncio.Redis:
+def async_redis(url: str, config: GatewaySettings) -> redis.asyncio.Redis:
     """An asyncio client with the store's socket bounds (above the longest blocking read), for
-    every deployment shape (``producer.redis_clients``)."""
+    every deployment shape (``producer.redis_clients``), its pool bounded as ``config`` says."""
     from producer.redis_clients import async_store_client
 
-    return async_store_client(url)
+    return async_store_client(url, max_connections=config.redis_max_connections,
+                              pool_timeout_s=config.redis_pool_timeout_s)
 
 
 def window_status(result: WindowResult) -> WindowStatus:
@@ -80,13 +83,15 @@ def window_status(result: WindowResult) -> WindowStatus:
 
 class QueueBridge:
     def __init__(self, client: RerankClient, store_redis: redis.asyncio.Redis, backlog: Backlog, *,
-                 threads: int) -> None:
+                 threads: int, heartbeat_s: float) -> None:
         self.client = client
         assert isinstance(client.dispatcher, CountingDispatcher)
         self.dispatcher = client.dispatcher
         self.store: Store = client.store
         self.redis = store_redis
         self.backlog = backlog
+        #: An event stream sends a comment this often while nothing commits.
+        self.heartbeat_s = heartbeat_s
         # A plain executor: its hand-off costs less than anyio's worker threads (25 against
         # 39 µs per call, measured here under uvloop), and its size bounds the threads.
         #: Jobs this process answered lately (first key -> stream), so a repeat reads its stream at once.
@@ -210,18 +215,16 @@ class QueueBridge:
     def _open(self, job: RerankJob, key: str) -> bool:
         """Open the job's stream (in a pool thread); True when this call created it and sent its windows."""
         self.dispatcher.take_thread_sent()
-        self.client.open(job.query, job.candidates(), window_size=job.window_size, first_windows=job.n_windows,
-                         device=job.device, chain=job.chain, tenant=job.tenant, ttl_s=job.ttl_s,
-                         idempotency_key=key, max_rerank_candidates=len(job.texts),
-                         document_budget=job.document_budget)
+        self.client.open(job.query, job.candidates(), **job.open_options(key))
         return self.dispatcher.take_thread_sent() > 0
 
     # -- the stream API -------------------------------------------------------
 
-    async def open_stream(self, principal: Principal, arguments: dict[str, Any]) -> str:
-        device = arguments["device"]
+    async def open_stream(self, principal: Principal, query: str, candidates: list[dict[str, Any]],
+                          options: dict[str, Any]) -> str:
+        device = options["device"]
         self.backlog.check(device)
-        stream_id = await self.blocking(self.client.open, **arguments)
+        stream_id = await self.blocking(self.client.open, query, candidates, **options)
         log.info("gateway_stream_opened", stream=stream_id, tenant=principal.tenant, device=device)
         return stream_id
 
@@ -264,6 +267,9 @@ class QueueBridge:
         keys = self.store.keys.stream(stream_id)
         last = after
         block: int | None = None  # the first read, and the one after the last commit, do not wait
+        # Reads block in chunks no longer than the store's longest blocking read (well inside
+        # the socket timeout), so a quiet stream is never taken for a Redis that stopped answering.
+        heartbeat_due = time.monotonic() + self.heartbeat_s
         while True:
             reply = await self.redis.xread({keys.events: last}, count=100, block=block)
             entries = reply[0][1] if reply else []
@@ -276,8 +282,10 @@ class QueueBridge:
                     if raw is not None:
                         summary = window_status(window_result_decoder.decode(raw))
                         yield "commit", entry_id.decode(), msgspec.json.encode(summary)
-            elif block is not None:
+                heartbeat_due = time.monotonic() + self.heartbeat_s
+            elif block is not None and time.monotonic() >= heartbeat_due - HEARTBEAT_SLACK_S:
                 yield "heartbeat", None, b""
+                heartbeat_due = time.monotonic() + self.heartbeat_s
             meta = await self.redis.hmget(keys.meta, "n", "window_size", "committed")
             if meta[0] is None:
                 yield "gone", None, msgspec.json.encode({"stream_id": stream_id, "message": "the stream expired"})
@@ -289,7 +297,8 @@ class QueueBridge:
                     continue
                 yield "complete", None, msgspec.json.encode({"stream_id": stream_id, "windows": n_windows})
                 return
-            block = int(HEARTBEAT_S * 1000)
+            wait_s = min(max(heartbeat_due - time.monotonic(), 0.0), BLOCK_CHUNK_S)
+            block = max(1, int(wait_s * 1000))
 
 
 def store_problem(exc: Exception) -> Problem:

@@ -20,7 +20,9 @@ chain profile decides who scores); ``max_tokens_per_doc`` becomes a document bud
 points (``service.CHARS_PER_TOKEN``); long documents are cut to the budget, not chunked, so
 ``max_chunks_per_doc`` changes nothing; one search unit is billed per 100 documents (Cohere's
 rule for documents under 500 tokens). Unknown fields are refused, naming the field, so a
-misspelt ``top_n`` is not silently ignored.
+misspelt ``top_n`` is not silently ignored. One field is rerankq's own: ``instruction``, the
+stream option of that name (what an instruction-aware reranker is asked to do); it is part of
+the job, so the same documents under another instruction are scored again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from producer.gateway.jobs import Scored
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
+from producer.options import InstructionOption
 
 DOCUMENTS_PER_SEARCH_UNIT = 100
 
@@ -48,6 +51,7 @@ class CohereV2Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_n: int | None = None
     max_tokens_per_doc: int | None = None
     priority: int | None = None
+    instruction: InstructionOption = None
 
 
 class CohereV1Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -58,6 +62,7 @@ class CohereV1Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     rank_fields: list[str] | None = None
     return_documents: bool | None = None
     max_chunks_per_doc: int | None = None
+    instruction: InstructionOption = None
 
 
 class CohereResult(msgspec.Struct, omit_defaults=True):
@@ -133,7 +138,7 @@ async def rerank_v2(request: Request) -> Response:
     positive("max_tokens_per_doc", payload.max_tokens_per_doc)
     positive("priority", payload.priority, minimum=0)
     job = gateway.job(payload.query, payload.documents, device, principal,
-                      max_tokens_per_doc=payload.max_tokens_per_doc)
+                      max_tokens_per_doc=payload.max_tokens_per_doc, instruction=payload.instruction)
     stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
     return answer(str(uuid.uuid4()), stream_id, "2", scores, len(payload.documents), payload.top_n)
 
@@ -177,7 +182,7 @@ async def rerank_v1(request: Request) -> Response:
     gateway.check_documents(texts, "documents")
     positive("top_n", payload.top_n)
     positive("max_chunks_per_doc", payload.max_chunks_per_doc)
-    job = gateway.job(payload.query, texts, device, principal)
+    job = gateway.job(payload.query, texts, device, principal, instruction=payload.instruction)
     stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
     documents = None
     if payload.return_documents:

@@ -8,13 +8,13 @@ where the API keys are, how long a synchronous call waits, and the request and b
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
 
 from producer.errors import ConfigError
+from producer.field_errors import from_msgspec
 from producer.settings import Settings
 
 PREFIX = "RERANKQ_GATEWAY_"
@@ -55,6 +55,24 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stream_ttl_s: int | None = None
     #: Threads for the blocking parts of a request (opening a stream, reading a status).
     threads: int = 32
+    #: Redis connections this process's asyncio pool may open (every wait holds one while it
+    #: blocks); a request that finds them all taken waits up to redis_pool_timeout_s for one
+    #: instead of failing at once.
+    redis_max_connections: int = 256
+    redis_pool_timeout_s: float = 10.0
+    #: Per tenant and process: open event streams (``GET /v1/streams/{id}/events``) and other
+    #: requests in flight. Past its share a tenant gets 429 with Retry-After, so one tenant
+    #: cannot hold the connections another needs (their sum stays under the Redis pool).
+    tenant_max_streams: int = 32
+    tenant_max_requests: int = 160
+    #: An event stream with nothing to say sends a comment this often, so proxies keep it open.
+    sse_heartbeat_s: float = 10.0
+    #: A connection's request line and headers: at most this many bytes (431 past it), all of
+    #: them within header_timeout_s of the connection opening or of its previous response (408).
+    max_header_bytes: int = 32 * 1024
+    header_timeout_s: float = 10.0
+    #: An idle keep-alive connection is closed after this long.
+    keep_alive_s: int = 5
     access_log: bool = False
     log_level: str = "INFO"
 
@@ -70,7 +88,9 @@ def variable(field: str) -> str:
 
 
 _POSITIVE = ("port", "workers", "timeout_s", "max_timeout_s", "max_wait_s", "max_documents", "max_body_bytes",
-             "max_backlog", "max_retry_after_s", "drain_sample_s", "threads")
+             "max_backlog", "max_retry_after_s", "drain_sample_s", "threads", "redis_max_connections",
+             "redis_pool_timeout_s", "tenant_max_streams", "tenant_max_requests", "sse_heartbeat_s",
+             "max_header_bytes", "header_timeout_s", "keep_alive_s")
 
 
 def load_gateway_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> GatewaySettings:
@@ -85,9 +105,9 @@ def load_gateway_settings(environ: Mapping[str, str] | None = None, **overrides:
     try:
         gateway = msgspec.convert(raw, GatewaySettings, strict=False)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        match = re.search(r"at `\$\.(\w+)", text)
-        raise ConfigError(variable(match.group(1)) if match else PREFIX + "*", text.split(" - at ")[0]) from None
+        error = from_msgspec(exc)
+        field = error.field.split(".", 1)[0].split("[", 1)[0]
+        raise ConfigError(variable(field) if field else PREFIX + "*", error.message) from None
     for field in _POSITIVE:
         if getattr(gateway, field) <= 0:
             raise ConfigError(variable(field), f"must be positive, got {getattr(gateway, field)}")
@@ -97,6 +117,11 @@ def load_gateway_settings(environ: Mapping[str, str] | None = None, **overrides:
             raise ConfigError(variable(field), f"must be positive, got {value}")
     if gateway.timeout_s > gateway.max_timeout_s:
         raise ConfigError(variable("timeout_s"), f"exceeds RERANKQ_GATEWAY_MAX_TIMEOUT_S={gateway.max_timeout_s}")
+    if gateway.tenant_max_streams + gateway.tenant_max_requests >= gateway.redis_max_connections:
+        raise ConfigError(variable("redis_max_connections"),
+                          f"must exceed RERANKQ_GATEWAY_TENANT_MAX_STREAMS + _TENANT_MAX_REQUESTS "
+                          f"({gateway.tenant_max_streams + gateway.tenant_max_requests}), so one tenant "
+                          "cannot take every connection")
     if gateway.keys_file and gateway.keys:
         raise ConfigError(variable("keys"), "give the keys in a file or in the variable, not both")
     return gateway

@@ -1,8 +1,9 @@
 """A synchronous rerank call as a stream: its candidates, its windows, its idempotency key.
 
-The key derives from everything that decides the scores (tenant, chain profile, device,
-window size, document budget, filters, query, documents) and nothing that only shapes the
-answer (``top_n``, ``return_documents``, ``raw_scores``), so the same request again (from
+The key derives from everything that decides the scores (the stream's options: tenant,
+chain profile, device, window size, document budget, filters, instruction, and any option
+added later; the query and the documents) and nothing that only shapes the answer
+(``top_n``, ``return_documents``, ``raw_scores``), so the same request again (from
 any of the three APIs) finds the stream the first one opened and is answered from its
 retained decisions without a provider call. ``generation`` moves a request past a retained
 stream that cannot answer it (one whose windows failed, or a key left by a differently
@@ -14,15 +15,17 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
 from producer.gateway.problems import Problem
+from producer.options import StreamOptions, given
 from producer.store import Snapshot
 from producer.wire import Failed, Filtered, Ranked
 
 #: Bump when the derivation changes, so old streams are never read as new answers.
-KEY_VERSION = 1
+KEY_VERSION = 2
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -30,14 +33,23 @@ _encoder = msgspec.msgpack.Encoder()
 class RerankJob:
     query: str
     texts: list[str]
-    device: str
-    chain: str | None
-    tenant: str | None
-    window_size: int
-    document_budget: int
-    ttl_s: int
-    min_score: float | None
-    min_final_score: float | None
+    #: The stream's options, every one that decides the scores; device and window_size are set.
+    options: StreamOptions
+
+    @property
+    def device(self) -> str:
+        assert self.options.device is not None
+        return self.options.device
+
+    @property
+    def window_size(self) -> int:
+        assert self.options.window_size is not None
+        return self.options.window_size
+
+    @property
+    def document_budget(self) -> int:
+        assert self.options.document_budget is not None
+        return self.options.document_budget
 
     @property
     def n_windows(self) -> int:
@@ -46,11 +58,15 @@ class RerankJob:
     def candidates(self) -> list[dict[str, str]]:
         return [{"id": str(i), "text": text} for i, text in enumerate(self.texts)]
 
+    def open_options(self, key: str) -> dict[str, Any]:
+        """``open``'s options for this job under ``key``: every window sent at once, every document kept."""
+        return {**given(self.options), "first_windows": self.n_windows, "idempotency_key": key,
+                "max_rerank_candidates": len(self.texts)}
+
     def idempotency_key(self, generation: int) -> str:
-        digest = hashlib.blake2b(_encoder.encode([
-            KEY_VERSION, self.tenant, self.chain, self.device, self.window_size, self.document_budget, self.ttl_s,
-            self.min_score, self.min_final_score, self.query, self.texts,
-        ]), digest_size=20).hexdigest()
+        # The whole options struct, so an option added to it is part of the job without a change here.
+        digest = hashlib.blake2b(_encoder.encode([KEY_VERSION, self.options, self.query, self.texts]),
+                                 digest_size=20).hexdigest()
         return f"gw-{digest}-{generation}"
 
 
@@ -70,7 +86,7 @@ def failure(snapshot: Snapshot) -> str | None:
 
 
 def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
-    """Every scored document, best first (ties in input order).
+    """Every scored document, best first (ties in the member's order, then input order).
 
     A filtered decision (under a configured min score) still has its score and is answered,
     as the rerank APIs answer every document; one a provider's subset left out is not.
@@ -78,7 +94,9 @@ def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
     reason = failure(snapshot)
     if reason is not None:
         raise Problem("failed", f"reranking failed: {reason}", stream_id=stream_id)
-    out = [Scored(d.index, d.score) for window in sorted(snapshot.results)
-           for d in snapshot.results[window].decisions if isinstance(d, (Ranked, Filtered))]
-    out.sort(key=lambda s: (-s.score, s.index))
-    return out
+    decisions = [d for window in sorted(snapshot.results)
+                 for d in snapshot.results[window].decisions if isinstance(d, (Ranked, Filtered))]
+    # A flat stretch of a calibration map ties documents the member scored apart: its own score
+    # breaks the tie (uncalibrated, raw_score is unset and the order is as it always was).
+    decisions.sort(key=lambda d: (-d.score, -(d.score if d.raw_score is None else d.raw_score), d.index))
+    return [Scored(d.index, d.score) for d in decisions]

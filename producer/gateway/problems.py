@@ -14,7 +14,9 @@ from typing import Literal
 import msgspec
 
 from producer.errors import ValidationError
-from producer.validation import msgspec_error
+from producer.field_errors import from_msgspec
+from producer.gateway.nesting import too_deep_field
+from producer.validation import MAX_NESTING_DEPTH
 
 Kind = Literal[
     "invalid",          # a field is wrong (named)
@@ -61,10 +63,17 @@ STREAM_HEADER = "X-Rerankq-Stream-Id"
 
 
 def decode(body: bytes, type_: type) -> object:
-    """A JSON body as ``type_``; a wrong field is ``invalid`` naming its path, broken JSON ``malformed``."""
+    """A JSON body as ``type_``; a wrong field is ``invalid`` naming its path (an unknown one
+    with the field it is close to), broken JSON ``malformed``."""
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise Problem.from_validation(msgspec_error(exc)) from None
+        known = getattr(type_, "__struct_fields__", ())
+        raise Problem.from_validation(from_msgspec(exc, known=known)) from None
     except msgspec.DecodeError as exc:
         raise Problem("malformed", f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        field = too_deep_field(body)
+        where = field or "the body"
+        raise Problem("invalid", f"{where}: is nested more than {MAX_NESTING_DEPTH} levels deep",
+                      field=field) from None

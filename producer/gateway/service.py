@@ -19,6 +19,7 @@ from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
 from producer.gateway.problems import Problem
 from producer.logs import get_logger
+from producer.options import StreamOptions
 from producer.settings import Settings
 
 log = get_logger("rerankq.gateway")
@@ -29,6 +30,9 @@ TIMEOUT_HEADER = "x-rerankq-timeout"
 #: English subword token is about four characters, so a budget of 4 per token keeps at least
 #: as much text as the caller allowed (the operator's RERANKQ_DOCUMENT_BUDGET stays the ceiling).
 CHARS_PER_TOKEN = 4
+
+#: The key ``producer.gateway.tenants`` keeps a request's principal under in its state.
+PRINCIPAL_STATE = "rerankq_principal"
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -41,7 +45,8 @@ class Gateway:
     bridge: QueueBridge
 
     def principal(self, request: Request) -> Principal:
-        return self.keyring.authenticate(request.headers.get("authorization"))
+        known = request.scope.get("state", {}).get(PRINCIPAL_STATE)  # authenticated already (tenants.py)
+        return known if known is not None else self.keyring.authenticate(request.headers.get("authorization"))
 
     def device(self, request: Request, principal: Principal, asked: str | None = None) -> str:
         """The device asked for (a body field), else the route's (``/gpu/v2/rerank``), else the
@@ -79,23 +84,29 @@ class Gateway:
                           field=field)
         chars = self.config.document_chars(self.settings)
         for i, text in enumerate(texts):
-            if not text:
-                raise Problem("invalid", f"{field}[{i}]: must not be empty", field=f"{field}[{i}]")
+            if not text.strip():
+                # Whitespace is no text: the worker would score it minus infinity (a null score).
+                raise Problem("invalid", f"{field}[{i}]: must not be empty or only whitespace",
+                              field=f"{field}[{i}]")
             if len(text) > chars:
                 raise Problem("invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}",
                               field=f"{field}[{i}]")
 
     def job(self, query: str, texts: list[str], device: str, principal: Principal, *,
-            max_tokens_per_doc: int | None = None) -> RerankJob:
+            max_tokens_per_doc: int | None = None, instruction: str | None = None) -> RerankJob:
+        """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
+        fields, the API key and the gateway's settings say."""
         budget = self.settings.document_budget
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
-        return RerankJob(
-            query=query, texts=texts, device=device, chain=principal.chain, tenant=principal.tenant,
+        options = StreamOptions(
+            device=device, chain=principal.chain, tenant=principal.tenant,
             window_size=min(len(texts), self.settings.max_window_size), document_budget=budget,
             ttl_s=self.config.stream_ttl_s or self.settings.stream_ttl_s,
             min_score=self.settings.min_score, min_final_score=self.settings.min_final_score,
+            instruction=instruction,
         )
+        return RerankJob(query=query, texts=texts, options=options)
 
 
 def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handler]:
@@ -115,6 +126,9 @@ def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handl
                 return _answer(render, Problem("not_found", str(error), stream_id=error.stream_id), request)
             except (StoreError, redis.RedisError, OSError) as exc:
                 return _answer(render, store_problem(exc), request)
+            except RecursionError:
+                # Input nested deeper than the interpreter can walk, found past decoding.
+                return _answer(render, Problem("invalid", "the request is nested too deeply"), request)
 
         return run
 

@@ -1,8 +1,10 @@
 """The stream API: the asynchronous path the queue is for, over HTTP.
 
-- ``POST /v1/streams`` takes the arguments of ``RerankClient.open`` (the tenant comes from
-  the API key) and answers 201 ``{"stream_id"}``. An ``idempotency_key`` is scoped to the
-  key's tenant, so two tenants using the same key never meet.
+- ``POST /v1/streams`` takes the arguments of ``RerankClient.open``: ``query``,
+  ``candidates`` and every field of ``StreamOptions``, and answers 201 ``{"stream_id"}``.
+  The tenant is the API key's (a ``tenant`` field must name it); the device, when absent, is
+  the key's default. An ``idempotency_key`` is scoped to the key's tenant, so two tenants
+  using the same key never meet.
 - ``GET /v1/streams/{id}/page?offset=&limit=&wait=`` is ``pull``: the same page (rows of the
   committed prefix, ``total``, ``complete``, ``pending_windows``), admitting deeper windows
   when the committed ones cannot fill it, and waiting up to ``wait`` seconds for them.
@@ -19,7 +21,6 @@ with ``Retry-After``, 503.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import re
 from collections.abc import AsyncIterator
@@ -34,32 +35,17 @@ from producer.errors import IdempotencyConflict, StoreError, ValidationError
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
+from producer.options import StreamOptions, given
 from producer.validation import check_idempotency_key
 
 _EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
-class OpenStreamRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class OpenStreamRequest(StreamOptions, frozen=True):
+    """The arguments of RerankClient.open: the query, the candidates, and the stream's options."""
+
     query: str
     candidates: list[dict[str, Any]]
-    window_size: int | None = None
-    first_windows: int = 1
-    device: str | None = None
-    min_score: float | None = None
-    min_final_score: float | None = None
-    chain: str | None = None
-    boosts: dict[str, Any] | None = None
-    reference_time: dt.datetime | None = None
-    query_range: dict[str, Any] | None = None
-    ttl_s: int | None = None
-    idempotency_key: str | None = None
-    budget: str | None = None
-    keep: int | None = None
-    allow_shallow: bool = False
-    max_rerank_candidates: int | None = None
-    max_candidates_per_source: int | None = None
-    strategy_boosts: str | dict[str, str] | None = None
-    document_budget: int | None = None
 
 
 class Opened(msgspec.Struct):
@@ -107,14 +93,17 @@ async def open_stream(request: Request) -> Response:
     principal = gateway.principal(request)
     payload = decode(await read_body(request, gateway.config.max_body_bytes), OpenStreamRequest)
     assert isinstance(payload, OpenStreamRequest)
-    arguments = {name: getattr(payload, name) for name in payload.__struct_fields__}
-    arguments["device"] = gateway.device(request, principal, payload.device)
-    arguments["chain"] = principal.check_chain(payload.chain)
-    arguments["tenant"] = principal.tenant
+    options = given(payload)
+    del options["query"], options["candidates"]
+    if payload.tenant is not None and payload.tenant != principal.tenant:
+        raise Problem("forbidden", "tenant: must be the API key's own tenant (or left out)", field="tenant")
+    options["device"] = gateway.device(request, principal, payload.device)
+    options["chain"] = principal.check_chain(payload.chain)
+    options["tenant"] = principal.tenant
     try:
         if payload.idempotency_key is not None:
-            arguments["idempotency_key"] = tenant_key(principal.tenant, payload.idempotency_key)
-        stream_id = await gateway.bridge.open_stream(principal, arguments)
+            options["idempotency_key"] = tenant_key(principal.tenant, payload.idempotency_key)
+        stream_id = await gateway.bridge.open_stream(principal, payload.query, payload.candidates, options)
     except ValidationError as error:
         raise Problem.from_validation(error) from None
     except IdempotencyConflict:
@@ -165,8 +154,9 @@ async def read_events(request: Request) -> Response:
     principal = gateway.principal(request)
     stream_id = request.path_params["stream_id"]
     after = request.headers.get("last-event-id", "0-0")
-    if not _EVENT_ID.fullmatch(after):
-        raise Problem("invalid", "Last-Event-ID: must be an event id this stream sent (digits-digits)",
+    # Redis stream ids are two unsigned 64-bit numbers: a larger one is refused here, not by Redis.
+    if not _EVENT_ID.fullmatch(after) or any(int(part) >= 2**64 for part in after.split("-")):
+        raise Problem("malformed", "Last-Event-ID: must be an event id this stream sent (digits-digits)",
                       field="Last-Event-ID")
     await gateway.bridge.check_owner(principal, stream_id)
     return StreamingResponse(_sse(gateway, stream_id, after.encode()), media_type="text/event-stream",

@@ -25,6 +25,8 @@ that sigmoid, so a client that applies the sigmoid itself gets the same number b
 stream's document budget around the first query-term match; ``truncate: false`` refuses a
 longer text with 422 instead, as TEI refuses an input past the model's length.
 ``truncation_direction`` is checked and otherwise unused: the cut keeps the matching part.
+``instruction`` is rerankq's own field, the stream option of that name (TEI takes none); it is
+part of the job, so the same texts under another instruction are scored again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from starlette.responses import Response
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
+from producer.options import InstructionOption
 
 #: Logits of scores at 0 or 1 would be infinite, which JSON cannot carry.
 SCORE_EPSILON = 1e-12
@@ -51,6 +54,7 @@ class TeiRequest(msgspec.Struct, kw_only=True):
     truncation_direction: Literal["left", "right", "Left", "Right"] = "right"
     raw_scores: bool = False
     return_text: bool = False
+    instruction: InstructionOption = None
 
 
 class TeiRank(msgspec.Struct, omit_defaults=True):
@@ -105,7 +109,7 @@ async def rerank(request: Request) -> Response:
         raise Problem("too_many", f"batch size {len(payload.texts)} > maximum allowed batch size {limit}",
                       field="texts")
     gateway.check_documents(payload.texts, "texts")
-    job = gateway.job(payload.query, payload.texts, device, principal)
+    job = gateway.job(payload.query, payload.texts, device, principal, instruction=payload.instruction)
     if payload.truncate is False:
         for i, text in enumerate(payload.texts):
             if len(text) > job.document_budget:

@@ -18,6 +18,13 @@ digest of the identity, the query and the ordered documents, and served only for
 exact window. Re-asking for just the misses cannot work: no request for a subset of
 the misses says which of the cached ones the provider would have kept.
 
+Where a stream has a tenant, its entries are the tenant's own (the tenant is in the
+digest): otherwise tenant B repeating tenant A's query and documents would be answered
+from A's scores, at cache speed, and learn what A sent. Sharing across tenants is the
+operator's explicit choice (``RERANKQ_PAIR_CACHE_SHARED_ACROSS_TENANTS``, off by default).
+The hit and miss counters are fleet-wide and for operators only (``rerankq inspect``, the
+workers' metrics): nothing a tenant can read reports them.
+
 It wraps a built member provider through ``Chain.from_settings(wrap=...)``.
 """
 
@@ -119,7 +126,8 @@ class CachedProvider:
 
     def __init__(self, inner: Provider, *, member: MemberSettings, client: redis.Redis, keys: Keys, ttl_s: int,
                  count: Callable[..., None] | None = None,
-                 on_counted: Callable[[int, int], None] | None = None) -> None:
+                 on_counted: Callable[[int, int], None] | None = None,
+                 shared_across_tenants: bool = False) -> None:
         """``count(name, n, then=...)`` adds to the store's counters and calls ``then()`` once
         counted; ``on_counted(hits, misses)`` hears of every count the store has taken (the
         metrics count at the same points)."""
@@ -127,8 +135,10 @@ class CachedProvider:
         self.kind = inner.kind
         self.identity = provider_identity(member, inner)
         self.per_window = answers_subsets(member, inner)
-        # A member trusted with the tenant may answer per tenant: its scores are kept per tenant.
-        self.per_tenant = member.send_tenant
+        # Per tenant unless the operator shares scores across tenants: a hit answered faster
+        # (or counted) would tell one tenant what another sent. A member trusted with the
+        # tenant may answer per tenant: its scores are kept per tenant even when shared.
+        self.per_tenant = member.send_tenant or not shared_across_tenants
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s

@@ -24,6 +24,7 @@ from producer.keys import Keys
 from producer.settings import MEMBER_PREFIX, MemberSettings, Settings, chain_profile_variable
 from producer.store import connect
 from worker.chain.breaker import Breaker, Gate, breaker_id
+from worker.chain.cache import provider_identity
 from worker.chain.checks import FLAT_MIN_WINDOW, FLAT_RANGE, CheckedProvider, check_scores
 from worker.providers import build_provider
 from worker.providers.base import (
@@ -54,6 +55,8 @@ class ChainOutcome:
     embed: Callable[[list[str]], list[list[float]]] | None = None
     #: The serving member, when the stream had an instruction and that member cannot use one.
     instruction_ignored_by: str | None = None
+    #: The serving member's cache identity (what its scores depend on besides the pair).
+    identity: str | None = None
 
     @property
     def passthrough(self) -> bool:
@@ -106,10 +109,18 @@ class Member:
         self._failed_at: float | None = None
         self._last_error: ProviderStartError | None = None
         self.start_attempts = 0
+        self._identity: str | None = None
 
     @property
     def started(self) -> bool:
         return self._provider is not None
+
+    @property
+    def identity(self) -> str | None:
+        """The started provider's cache identity (``worker.chain.cache.provider_identity``)."""
+        if self._identity is None and self._provider is not None:
+            self._identity = provider_identity(self.settings, self._provider)
+        return self._identity
 
     @property
     def uses_instructions(self) -> bool:
@@ -130,6 +141,7 @@ class Member:
                 reason = self._last_error.reason if self._last_error else "start_failed"
                 raise ProviderStartError("not_started", f"last start failed ({reason}); next try in {wait:.1f}s")
         self.start_attempts += 1
+        self._identity = None
         try:
             self._provider = self._build()
         except ProviderStartError as exc:
@@ -305,7 +317,8 @@ class Chain:
                        and not member.uses_instructions)
             return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers,
                                 embed=embed if callable(embed) else None,
-                                instruction_ignored_by=member.label if ignored else None)
+                                instruction_ignored_by=member.label if ignored else None,
+                                identity=member.identity if provider.scale is not None else None)
         return ChainOutcome(
             served_by=None, scale=None, scores=None, failovers=failovers,
             reason="all members failed: " + "; ".join(failovers),

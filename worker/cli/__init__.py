@@ -1,11 +1,12 @@
 """The ``rerankq`` command line: one script, one small module per command.
 
-Commands are registered by name in ``COMMANDS`` and imported only when run, so
-``rerankq submit/status/pull/inspect`` start without torch (a pipeline-only install has
-none) and only ``worker`` and ``demo`` load the scoring side. A command is either a click
-command (``"module:attribute"``) or, for a module that parses its own arguments, its
-``main(argv) -> int`` (``"module:main"`` under ``PASSTHROUGH``), which gets every argument
-after the command name as it is.
+Commands are click commands registered by name in ``COMMANDS`` and imported only when
+run, so ``rerankq submit/status/pull/inspect/serve/exporter`` start without torch (a
+pipeline-only install has none) and only ``worker``, ``demo`` and ``eval`` load the scoring
+side. ``serve`` and ``exporter`` live in ``producer`` (they are producers, like any
+pipeline); ``python -m producer.gateway`` and ``python -m producer.exporter`` run the same
+commands. How their records render is this script's choice, passed to them in
+``producer.command_line.Host``.
 
 Exit status: 0 success, 1 failure (a job or a window failed, Redis unreachable, bad input),
 2 usage error, 130 interrupted.
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
 
 import click
 
+from producer.command_line import Host
 from worker.logs import stdlib_host_logging
 
 #: name -> "module:attribute". Adding a command is one line here.
@@ -29,14 +30,11 @@ COMMANDS: dict[str, str] = {
     "status": "worker.cli.status:status",
     "pull": "worker.cli.pull:pull",
     "inspect": "worker.cli.inspect:inspect",
-    "serve": "producer.gateway.main:main",
-    "exporter": "producer.exporter.main:main",
-    "eval": "worker.evaluation.command:main",
+    "serve": "producer.gateway.main:serve",
+    "exporter": "producer.exporter.main:exporter",
+    "eval": "worker.evaluation.command:evaluate_command",
+    "calibrate": "worker.cli.calibrate_command:calibrate",
 }
-#: Commands whose target is a ``main(argv) -> int`` that parses its own arguments.
-PASSTHROUGH: set[str] = {"serve", "exporter", "eval"}
-#: Passthrough commands whose ``main`` takes the host's logging setup (producer modules never configure it).
-HOST_LOGGING: set[str] = {"serve", "exporter"}
 
 EPILOG = """\b
 Examples:
@@ -46,31 +44,18 @@ Examples:
   rerankq serve --keys-file keys.json                    # the Cohere/TEI-compatible HTTP gateway
   rerankq exporter                                       # queue backlog metrics for Prometheus
   rerankq eval --plots out/                              # nDCG, P@k, R@k of each chain member (shipped collection)
+  rerankq COMMAND --help                                 # each command's options and examples
 Settings come from RERANKQ_* variables and RERANKQ_CONFIG_FILE (see README).
+Shell completion (bash): eval "$(_RERANKQ_COMPLETE=bash_source rerankq)"
 """
 
 
 def _load(name: str) -> click.Command:
     module_name, _, attribute = COMMANDS[name].partition(":")
     target = getattr(importlib.import_module(module_name), attribute)
-    if isinstance(target, click.Command):
-        return target
-    if name not in PASSTHROUGH:
-        raise TypeError(f"{COMMANDS[name]} is not a click command; list {name!r} in PASSTHROUGH")
-    return _passthrough(name, target)
-
-
-def _passthrough(name: str, main: Any) -> click.Command:
-    @click.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                                "help_option_names": []}, add_help_option=False)
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def command(args: tuple[str, ...]) -> int:
-        if name in HOST_LOGGING:
-            return int(main(list(args), host_logging=stdlib_host_logging) or 0)
-        return int(main(list(args)) or 0)
-
-    command.help = (getattr(main, "__doc__", None) or f"Run {COMMANDS[name]}.").strip().splitlines()[0]
-    return command
+    if not isinstance(target, click.Command):
+        raise TypeError(f"{COMMANDS[name]} is not a click command")
+    return target
 
 
 class Commands(click.Group):
@@ -84,6 +69,7 @@ class Commands(click.Group):
 
 
 @click.group(cls=Commands, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rerankq", prog_name="rerankq", message="%(prog)s %(version)s")
 def cli() -> None:
     """rerankq: batch reranking, workers, and an operator's view of the queue."""
 
@@ -100,7 +86,8 @@ def main(argv: list[str] | None = None, prog_name: str = "rerankq") -> int:
     """Run a command and return its exit status (the console script exits with it)."""
     _invoked[:] = sys.argv[1:] if argv is None else argv
     try:
-        result = cli.main(args=argv, prog_name=prog_name, standalone_mode=False)
+        result = cli.main(args=argv, prog_name=prog_name, standalone_mode=False,
+                          obj=Host(logging=stdlib_host_logging))
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:  # usage errors are 2, others 1

@@ -8,7 +8,7 @@ from worker.cli.common import client, console, json_option, print_json, to_built
 
 
 @click.command(epilog="""\b
-Example:
+Examples:
   rerankq status k_nightly-0042
   rerankq status s_0123456789abcdef0123456789abcdef --json | jq '.windows[] | select(.state != "committed")'
 """)

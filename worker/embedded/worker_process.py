@@ -52,6 +52,7 @@ class WorkerProcess:
         return out
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Warm shutdown (SIGTERM): windows in hand finish, the broker gets its messages back."""
         if self.proc is None:
             return
         self.proc.terminate()
@@ -60,4 +61,14 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """Stop at once (SIGKILL), for a caller that is done with the worker and its queues, as a
+        test at teardown: a warm shutdown waits seconds for Celery's pool threads to notice.
+        The pool processes die with it (Celery sets their parent-death signal)."""
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait()
         self.proc = None

@@ -99,7 +99,34 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     paths.append(_save(fig, plt, directory / "per_query_ndcg10.png"))
+    calibrated = [(colour, m) for colour, m in zip(COLOURS, served) if "calibration" in m]
+    if calibrated:
+        paths.append(_reliability(plt, calibrated, directory / "reliability.png", full))
     return paths
+
+
+def _reliability(plt: Any, members: list[tuple[str, Mapping[str, Any]]], path: Path, full: str) -> Path:
+    """Predicted against observed relevance per score bin: the member's own scores dashed,
+    calibrated ones solid; the diagonal is a score that means what it says."""
+    fig, ax = plt.subplots(figsize=(6.4, 6.4), dpi=120)
+    ax.plot([0, 1], [0, 1], color=INPUT_COLOUR, linestyle=":", label="perfectly calibrated")
+    for colour, member in members:
+        calibration = member["calibration"]
+        for key, style, name in (("raw", "--", "raw"), ("served", "-", "calibrated")):
+            summary = calibration[key]
+            if summary is None:
+                continue
+            points = summary["bins"]
+            ax.plot([b["predicted"] for b in points], [b["observed"] for b in points], linestyle=style, marker="o",
+                    color=colour, label=f"{member['label']} {name} (ECE {summary['ece']:.3f})")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("predicted: mean score in the bin (10 bins)")
+    ax.set_ylabel("observed: share of relevant documents in the bin")
+    ax.set_title(f"Reliability, reranking the top {full}")
+    ax.grid(True, alpha=0.3)
+    _legend_below(fig, ax)
+    return _save(fig, plt, path)
 
 
 def _legend_below(fig: Any, ax: Any) -> None:

@@ -40,6 +40,22 @@ def scored(scores: Scores, baseline: Scores | None) -> dict[str, Any]:
     return out
 
 
+def calibration_of(run: MemberRun, relevant_grade: int) -> dict[str, Any] | None:
+    """ECE (10 bins) and the reliability points of the member's own scores and, where its rows
+    were calibrated, of the calibrated ones; an unjudged document is not relevant (trec_eval's rule)."""
+    from worker.evaluation.reliability import summary
+
+    pairs = [p for q in run.queries for p in q.scored]
+    if not pairs:
+        return None  # a passthrough member: its seeded scores are fusion ranks, not relevance
+    relevant = [p.grade is not None and p.grade >= relevant_grade for p in pairs]
+    calibrated = all(p.calibrated for p in pairs)
+    return {"pairs": len(pairs), "positives": sum(relevant), "calibrated": calibrated,
+            "partly_calibrated": not calibrated and any(p.calibrated for p in pairs),
+            "raw": summary([p.raw for p in pairs], relevant),
+            "served": summary([p.score for p in pairs], relevant) if calibrated else None}
+
+
 def build_report(*, collection: Mapping[str, Any], relevant_grade: int, depths: Sequence[int],
                  input_scores: Scores, members: Sequence[Mapping[str, Any]],
                  runs: Mapping[tuple[str, int], MemberRun], scores: Mapping[tuple[str, int], Scores],
@@ -64,6 +80,9 @@ def build_report(*, collection: Mapping[str, Any], relevant_grade: int, depths: 
                     "failed_queries": {q.qid: q.failed for q in run.failed},
                     "served_by": sorted({q.served_by for q in run.queries if q.served_by}),
                 }
+            calibration = calibration_of(runs[(label, max(depths))], relevant_grade)
+            if calibration is not None:
+                entry["calibration"] = calibration
         report_members.append(entry)
     return {
         "collection": dict(collection),
@@ -134,6 +153,17 @@ def render(report: Mapping[str, Any]) -> str:
         "scoring = worker start to commit)",
         ["", "depth", "total p50", "total p95", "queue p50", "queue p95", "scoring p50", "scoring p95",
          "calls/query", "failed"], timing))
+    calibrated = [m for m in _served(report) if "calibration" in m]
+    if calibrated:
+        blocks.append(_table(
+            f"Calibration: ECE (10 bins) of the scores as probabilities of relevance, reranking the top {full} "
+            f"(grade >= {grade} relevant, unjudged not)",
+            ["", "pairs", "relevant", "ECE raw", "ECE calibrated"],
+            [[m["label"], str(m["calibration"]["pairs"]), str(m["calibration"]["positives"]),
+              f"{m['calibration']['raw']['ece']:.3f}",
+              f"{m['calibration']['served']['ece']:.3f}" if m["calibration"]["served"] else
+              ("partly calibrated" if m["calibration"]["partly_calibrated"] else "not calibrated")]
+             for m in calibrated]))
     stack = report["stack"]
     blocks.append(f"{'private redis-server and worker' if stack.get('private') else 'configured Redis and workers'}"
                   f"; pair-score cache {'off' if stack.get('pair_cache') is False else 'as configured'}"

@@ -14,6 +14,7 @@ embeddings). Queries run one at a time, so no query waits behind another.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from producer import RerankClient, load_settings
 from producer.settings import MemberSettings
-from producer.wire import Failed
+from producer.wire import Failed, Filtered, Ranked
 from worker.evaluation.trec import Collection
 
 #: The chain profile that forces member ``i``: RERANKQ_CHAIN_EVAL<i>=<i>.
@@ -34,6 +35,18 @@ PROFILE_PREFIX = "eval"
 
 def profile_name(index: int) -> str:
     return f"{PROFILE_PREFIX}{index}"
+
+
+@dataclass(frozen=True)
+class ScoredPair:
+    """One reranked document: the score its row got, the member's own (``raw``; the same
+    number unless the row is calibrated), and its judged grade (None: unjudged)."""
+
+    docid: str
+    score: float
+    raw: float
+    calibrated: bool
+    grade: int | None
 
 
 @dataclass
@@ -45,6 +58,7 @@ class QueryRun:
     scoring_ms: float | None
     served_by: str | None
     failed: str | None = None
+    scored: list[ScoredPair] = field(default_factory=list)
 
 
 @dataclass
@@ -106,11 +120,16 @@ def rerank_query(client: RerankClient, collection: Collection, qid: str, *, dept
     rest = [r.docid for r in collection.run[qid][depth:]]
     failed = (result.reason or "failed") if any(isinstance(d, Failed) for d in result.decisions) else None
     began = result.began_at
+    judged = collection.qrels.get(qid, {})
+    scored = [ScoredPair(docid=d.id, score=d.score, raw=d.raw_score if d.raw_score is not None else d.score,
+                         calibrated=d.calibrated, grade=judged.get(d.id))
+              for d in result.decisions
+              if isinstance(d, (Ranked, Filtered)) and not result.passthrough and math.isfinite(d.score)]
     return QueryRun(
         qid=qid, ranking=reranked + rest, total_ms=total_ms,
         queue_ms=(began - sent_at) * 1000 if began is not None else None,
         scoring_ms=(result.committed_at - began) * 1000 if began is not None else None,
-        served_by=result.served_by, failed=failed,
+        served_by=result.served_by, failed=failed, scored=scored,
     )
 
 

@@ -86,6 +86,10 @@ class WorkerMetrics(Recorder):
                                   registry=None)
         self.cache_misses = Counter("rerankq_pair_cache_misses", "Pair scores the cache did not hold", ["member"],
                                     registry=None)
+        self.refused = Counter("rerankq_task_messages_refused",
+                               "Queue messages the worker refused and dropped: not a rerankq task message "
+                               "(reason: envelope, headers, task, eta, content, body, arguments)", ["device", "reason"],
+                               registry=None)
         self.redelivered = Counter("rerankq_windows_redelivered", "Windows the sweep re-sent (no message was queued)",
                                    registry=None)
         self.info = Gauge("rerankq_worker_info", "What a worker process runs (value 1)",
@@ -177,6 +181,9 @@ class WorkerMetrics(Recorder):
 
     def process_ready(self, ready: bool) -> None:
         self.ready.labels(self.device).set(1 if ready else 0)
+
+    def message_refused(self, reason: str) -> None:
+        self.refused.labels(self.device, reason).inc()
 
     def worker_info(self, *, model: str, precision: str, torch_threads: int | None) -> None:
         self.info.labels(rerankq_version(), self.device, model, precision, str(torch_threads or ""), self.pool).set(1)

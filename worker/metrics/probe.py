@@ -1,5 +1,5 @@
 """A container health check: ``python -m worker.metrics.probe /readyz`` exits 0 when the
-worker on this host answers 200 on ``RERANKQ_METRICS_PORT``, 1 otherwise (the reason on stderr)."""
+worker on this host answers 200 on ``RERANKQ_METRICS_PORT`` (at ``RERANKQ_METRICS_HOST``), 1 otherwise (the reason on stderr)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     if not port:
         print("RERANKQ_METRICS_PORT is not set: the worker serves no health endpoint", file=sys.stderr)
         return 1
-    url = f"http://127.0.0.1:{port}{path}"
+    host = os.environ.get("RERANKQ_METRICS_HOST", "").strip()
+    if host in ("", "0.0.0.0", "::"):  # every address: this host's loopback is one of them
+        host = "127.0.0.1"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=3) as reply:
             return 0 if reply.status == 200 else 1

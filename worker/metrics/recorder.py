@@ -49,6 +49,9 @@ class Recorder:
     def process_ready(self, ready: bool) -> None:
         """This process can score: a scoring member started on the device asked for."""
 
+    def message_refused(self, reason: str) -> None:
+        """The worker refused a queue message that is not a rerankq task message (dropped)."""
+
     def worker_info(self, *, model: str, precision: str, torch_threads: int | None) -> None:
         """What this process runs."""
 

@@ -1,7 +1,9 @@
-"""Turn a chain outcome into a window's decisions: normalise, seed, boost, filter, order.
+"""Turn a chain outcome into a window's decisions: normalise, calibrate, seed, boost, filter, order.
 
 ``score`` on a decision is the normalised relevance (absolute: a weak best hit stays
-weak); ``final_score`` is that times the bounded boost multiplier.
+weak), or, with a calibration map for the serving member, the probability of relevance the
+map gives that normalised score (kept as ``raw_score``); ``final_score`` is ``score`` times
+the bounded boost multiplier. Boosts and filters see the calibrated score.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
+from worker.scoring.calibration import ScoreMap
 from worker.scoring.documents import has_text
 
 
@@ -78,8 +81,14 @@ def decide(
     outcome: ChainOutcome,
     *,
     first_index: int,
+    calibration: ScoreMap | None = None,
 ) -> list[Decision]:
-    """Decisions for one window, in final order (final score desc, fusion order on ties)."""
+    """Decisions for one window, in final order (final score desc; on ties a calibrated
+    window's raw score, so a flat stretch of its map keeps the member's order; then fusion order).
+
+    ``calibration`` maps the serving member's normalised score to P(relevant); never applied
+    to a passthrough window's seeded scores.
+    """
     if outcome.failed:
         reason = outcome.reason or "failed"
         return [
@@ -90,10 +99,13 @@ def decide(
     base = base_scores(candidates, outcome)
     reference = boosts.reference_time(spec)
 
-    scored: list[tuple[float, int, Decision]] = []
+    calibrate = calibration if calibration is not None and not outcome.passthrough else None
+
+    scored: list[tuple[float, float, int, Decision]] = []
     omitted: list[Decision] = []
     for i, c in enumerate(candidates):
         index = first_index + i
+        raw: float | None = None
         if not has_text(c):
             # No text: sinks to the bottom of its window, never dropped.
             score = final = -math.inf
@@ -102,15 +114,18 @@ def decide(
             continue
         else:
             score = base[i]  # type: ignore[assignment]
+            if calibrate is not None:
+                raw, score = score, calibrate(score)
             final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
         decision: Decision
         if reason:
             decision = Filtered(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                                served_by=served_by, reason=reason)
+                                served_by=served_by, reason=reason, raw_score=raw, calibrated=raw is not None)
         else:
             decision = Ranked(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                              served_by=served_by)
-        scored.append((final, i, decision))
-    scored.sort(key=lambda item: (-item[0], item[1]))
-    return [d for _, _, d in scored] + omitted
+                              served_by=served_by, raw_score=raw, calibrated=raw is not None)
+        # Uncalibrated, equal final scores keep fusion order, as they always have.
+        scored.append((final, raw if raw is not None else 0.0, i, decision))
+    scored.sort(key=lambda item: (-item[0], -item[1], item[2]))
+    return [d for *_, d in scored] + omitted

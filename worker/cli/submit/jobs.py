@@ -1,13 +1,13 @@
 """Jobs as the input holds them, read one at a time (memory stays flat in the input size).
 
-A job is one stream to open: an id, a query, candidates in fusion order, and options of
-``open()`` that override the command line's. A line that cannot be a job is a ``BadLine``
-naming the file, the line and the field, so the run can stop on it or skip it.
+A job is one stream to open: an id, a query, candidates in fusion order, and any of the
+stream's options (``producer.options.StreamOptions``), which override the command line's. A
+line that cannot be a job is a ``BadLine`` naming the file, the line and the field, so the
+run can stop on it or skip it.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from producer.wire import Boosts, TimeRange
+from producer.field_errors import from_msgspec
+from producer.options import StreamOptions
 
 #: How long a job id may be; it names the job in the output and feeds its idempotency key.
 MAX_JOB_ID_CHARS = 256
@@ -49,47 +50,18 @@ class BadLine(msgspec.Struct, kw_only=True):
         return f"{self.file}:{self.line}: {self.field}: {self.message}"
 
 
-class JobLine(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One JSONL line: the job and, optionally, its own ``open()`` options."""
+class JobLine(StreamOptions, frozen=True):
+    """One JSONL line: the job, how deep to rerank it, and any of its stream's options."""
 
     id: str | int
     query: str
     candidates: list[Any]
     depth: int | None = None
-    window_size: int | None = None
-    device: str | None = None
-    chain: str | None = None
-    tenant: str | None = None
-    min_score: float | None = None
-    min_final_score: float | None = None
-    boosts: Boosts | None = None
-    reference_time: dt.datetime | None = None
-    query_range: TimeRange | None = None
-    ttl_s: int | None = None
-    budget: str | None = None
-    keep: int | None = None
-    allow_shallow: bool | None = None
-    max_rerank_candidates: int | None = None
-    max_candidates_per_source: int | None = None
-    strategy_boosts: str | dict[str, str] | None = None
-    document_budget: int | None = None
 
 
-JOB_OPTIONS = tuple(f for f in JobLine.__struct_fields__ if f not in ("id", "query", "candidates"))
+#: What a job line may set beside the job itself: the stream's options, and depth.
+JOB_OPTIONS = (*StreamOptions.__struct_fields__, "depth")
 _decode_line = msgspec.json.Decoder(JobLine).decode
-_AT = re.compile(r"(?s)(.*) - at `\$\.?(.*)`")
-_NAMED = re.compile(r"Object (?:missing required|contains unknown) field `(.*)`")
-
-
-def field_of(exc: msgspec.MsgspecError) -> tuple[str, str]:
-    """msgspec's ``Expected `str`, got `int` - at `$.query``` as ``("query", "Expected ...")``."""
-    text = str(exc)
-    located = _AT.fullmatch(text)
-    message, path = (located.group(1), located.group(2)) if located else (text, "")
-    named = _NAMED.fullmatch(message)
-    if named:
-        path = f"{path}.{named.group(1)}" if path else named.group(1)
-    return path or "line", message
 
 
 def check_job_id(raw: Any) -> str:
@@ -122,12 +94,13 @@ def jsonl_jobs(path: Path) -> Iterator[Job | BadLine]:
                 continue
             try:
                 line = _decode_line(raw)
+            # ValidationError first: it is a DecodeError too.
+            except msgspec.ValidationError as exc:
+                error = from_msgspec(exc, known=JobLine.__struct_fields__)
+                yield BadLine(file=name, line=number, field=error.field or "line", message=error.message)
+                continue
             except msgspec.DecodeError as exc:
                 yield BadLine(file=name, line=number, field="line", message=f"not a JSON object: {exc}")
-                continue
-            except msgspec.ValidationError as exc:
-                field, message = field_of(exc)
-                yield BadLine(file=name, line=number, field=field, message=message)
                 continue
             try:
                 job_id = check_job_id(line.id)

@@ -62,10 +62,9 @@ def idempotency_key(run_id: str, job_id: str) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    #: ``open()`` options from the command line; a job's own options override them.
+    #: The stream's options from the command line; a job's own options override them.
     open_options: dict[str, Any]
     depth: int | None
-    lane: str
     max_in_flight: int
     on_error: str
     run_id: str
@@ -205,8 +204,9 @@ class Runner:
         candidates = job.candidates[:depth]
         window_size = options.get("window_size") or self.plan.default_window_size
         windows = max(1, -(-len(candidates) // window_size) if isinstance(window_size, int) and window_size > 0 else 1)
-        opening = self._openers.submit(self.rerank.open, job.query, candidates, **options, first_windows=windows,
-                                       idempotency_key=idempotency_key(self.plan.run_id, job.id), lane=self.plan.lane)
+        # Every window is sent at once unless told otherwise; a job's own key is used as it is.
+        options = {"first_windows": windows, "idempotency_key": idempotency_key(self.plan.run_id, job.id), **options}
+        opening = self._openers.submit(self.rerank.open, job.query, candidates, **options)
         self.opening[opening] = (job, windows)
 
     def _opened(self) -> None:

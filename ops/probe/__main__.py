@@ -1,0 +1,30 @@
+"""Every hostile probe in turn: the queue's messages (Redis, then RabbitMQ where it is installed)
+and the gateway's doors. Exits with the worst exit status of the parts, so one failing door
+fails the whole run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from types import ModuleType
+
+from ops.probe import gateway_doors, queue_messages
+
+
+def main() -> int:
+    parts: list[tuple[str, list[str], ModuleType]] = [("queue messages on redis", ["--broker", "redis"], queue_messages)]
+    if shutil.which("rabbitmq-server") or os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
+        parts.append(("queue messages on rabbitmq", ["--broker", "amqp"], queue_messages))
+    parts.append(("gateway doors", [], gateway_doors))
+    worst = 0
+    for title, argv, module in parts:
+        print(f"== {title}", flush=True)
+        status = int(module.main(argv))
+        worst = max(worst, status)
+    print(f"== probes {'passed' if worst == 0 else 'FAILED'}", flush=True)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

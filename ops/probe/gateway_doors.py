@@ -1,0 +1,461 @@
+"""Probe the gateway's doors from outside, the way a hostile caller would.
+
+    python -m ops.probe.gateway_doors [--quiet-s 16] [--keep]
+
+Starts its own private Redis, one worker and ``rerankq serve`` (two tenants in a keys file,
+``--access-log`` on), all on loopback, with a slow loopback rerank server (TEI's shape,
+250 ms a call, counting its requests) as the chain's first member and ``rrf`` behind it.
+Then, each bounded in count and time:
+
+- ``huge_header``: a 64 MB ``Authorization`` header is refused with 431 within seconds, and
+  the gateway's memory stays flat;
+- ``slow_header`` / ``idle_connection`` / ``idle_keep_alive``: a connection sending a byte at
+  a time, one sending nothing, and one idle after a response are all closed;
+- ``nested_json``: 10,000-level nesting in a v1 document object, metadata, boosts and a field
+  TEI ignores is a 4xx naming the field, and no ``RecursionError`` reaches the log;
+- ``whitespace_documents``: refused naming the document;
+- ``quiet_stream``: an event stream with nothing to say gets heartbeats and no error past 15 s;
+- ``bad_last_event_id``: an out-of-range ``Last-Event-ID`` is a 400 naming the header;
+- ``secret_in_url``: a key in the query string does not reach the access log;
+- ``one_tenant_streams``: tenant A opening 120 event streams is held to its share (429)
+  while tenant B's rerank, B's own stream and ``/ready`` still answer;
+- ``concurrent_reranks``: 130 concurrent fresh ``/v2/rerank`` calls get 200 (or 429), never 503;
+- ``cross_tenant_cache``: tenant B sending tenant A's query and documents reaches the member
+  again (counted by the member's requests, not timed).
+
+One line per probe, ``probe <name>: ok`` or ``probe <name>: FAIL <why>``; exit status 1 when
+any probe failed (a crash, a 5xx that is not an outage, a cross-tenant signal, lost data), 2
+when the deployment would not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+from producer.gateway.auth import digest, new_key
+from worker.embedded.redis_server import EmbeddedRedis, free_port
+from worker.embedded.worker_process import WorkerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+MEMBER_DELAY_S = 0.25
+DOCS = ["checkout returned 502 after the certificate expired", "the printer on floor 3",
+        "a payment gateway runbook", "how to recover checkout after 502s"]
+
+
+class ProbeFailed(Exception):
+    pass
+
+
+def check(condition: bool, why: str) -> None:
+    if not condition:
+        raise ProbeFailed(why)
+
+
+# -- the deployment -------------------------------------------------------------------------------
+
+
+class SlowMember:
+    """A TEI-shaped rerank server on loopback: a fixed score per text, MEMBER_DELAY_S a call."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._lock = threading.Lock()
+        member = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+                with member._lock:
+                    member.requests += 1
+                time.sleep(MEMBER_DELAY_S)
+                texts = body.get("texts") or []
+                answer = sorted(({"index": i, "score": 0.05 + 0.9 * (sum(t.encode()) % 1000) / 1000}
+                                 for i, t in enumerate(texts)), key=lambda r: -r["score"])
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def count(self) -> int:
+        with self._lock:
+            return self.requests
+
+    def start(self) -> SlowMember:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Deployment:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        (tmp / "redis").mkdir()
+        self.redis = EmbeddedRedis(directory=str(tmp / "redis")).start()
+        self.member = SlowMember().start()
+        namespace = "probe" + uuid.uuid4().hex[:6]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
+        self.env.update({
+            "RERANKQ_REDIS_URL": self.redis.url, "RERANKQ_NAMESPACE": namespace,
+            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu", "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{namespace}.any", "PYTHONPATH": str(ROOT),
+            "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": self.member.url,
+            "RERANKQ_RERANKER_TIMEOUT_S": "5", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+        })
+        self.keys = {"a": new_key(), "b": new_key()}
+        entries = [{"key_sha256": digest(key), "tenant": f"tenant-{name}", "devices": ["cpu", "gpu"]}
+                   for name, key in self.keys.items()]
+        (tmp / "keys.json").write_text(json.dumps(entries))
+        self.worker = WorkerProcess.rerankq(self.env, tmp / "worker.log", "--device", "cpu", cwd=ROOT)
+        self.port = free_port()
+        self.gateway_log = tmp / "gateway.log"
+        self.gateway: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Deployment:
+        self.worker.start()
+        with open(self.gateway_log, "wb") as log:
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "worker.cli", "serve", "--port", str(self.port), "--access-log",
+                 "--keys-file", str(self.tmp / "keys.json")], env=self.env, cwd=ROOT, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.gateway.poll() is not None:
+                raise RuntimeError(f"rerankq serve exited {self.gateway.returncode}: {self.log()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/ready", timeout=1).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("rerankq serve not ready after 60 s")
+
+    def log(self) -> str:
+        return self.gateway_log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.gateway is not None and self.gateway.poll() is None
+
+    def auth(self, tenant: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[tenant]}"}
+
+    def stop(self) -> None:
+        if self.gateway is not None and self.gateway.poll() is None:
+            self.gateway.terminate()
+            try:
+                self.gateway.wait(20)
+            except subprocess.TimeoutExpired:
+                self.gateway.kill()
+                self.gateway.wait()
+        self.worker.stop()
+        self.member.stop()
+        self.redis.stop()
+
+
+# -- raw connections --------------------------------------------------------------------------------
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float | None]:
+    started, data = time.monotonic(), b""
+    while (remaining := timeout_s - (time.monotonic() - started)) > 0:
+        if not select.select([sock], [], [], remaining)[0]:
+            continue
+        try:
+            part = sock.recv(65536)
+        except ConnectionResetError:
+            part = b""
+        if not part:
+            return data, time.monotonic() - started
+        data += part
+    return data, None
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def gateway_pid(d: Deployment) -> int:
+    assert d.gateway is not None
+    return d.gateway.pid
+
+
+# -- the probes -------------------------------------------------------------------------------------
+
+
+def probe_huge_header(d: Deployment) -> None:
+    before = rss_mb(gateway_pid(d))
+    head = b"POST /v2/rerank HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + b"a" * (64 << 20) + b"\r\n\r\n"
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", d.port), timeout=30) as sock:
+        view = memoryview(head)
+        for at in range(0, len(head), 256 * 1024):
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(view[at:at + 256 * 1024])
+            except OSError:
+                break
+        answer, _ = read_until_closed(sock, 30)
+    took = time.monotonic() - started
+    grown = rss_mb(gateway_pid(d)) - before
+    check(answer.startswith(b"HTTP/1.1 431 "), f"answered {answer[:40]!r}, not 431")
+    check(took < 5, f"took {took:.1f} s")
+    check(grown < 50, f"gateway memory grew {grown:.0f} MB")
+    check(httpx.get(d.url + "/health", timeout=5).status_code == 200, "/health did not answer after")
+
+
+def probe_slow_header(d: Deployment) -> None:
+    with socket.create_connection(("127.0.0.1", d.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        started = time.monotonic()
+        while time.monotonic() - started < 30:
+            try:
+                sock.sendall(b"X")
+            except OSError:
+                return
+            if read_until_closed(sock, 1.0)[1] is not None:
+                return
+    raise ProbeFailed("a byte-a-second request head was still open after 30 s")
+
+
+def probe_idle_connection(d: Deployment) -> None:
+    with socket.create_connection(("127.0.0.1", d.port)) as sock:
+        _, closed_after = read_until_closed(sock, 30)
+    check(closed_after is not None, "a connection sending nothing was still open after 30 s")
+
+
+def probe_idle_keep_alive(d: Deployment) -> None:
+    with socket.create_connection(("127.0.0.1", d.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer, closed_after = read_until_closed(sock, 30)
+    check(answer.startswith(b"HTTP/1.1 200 "), f"answered {answer[:40]!r}")
+    check(closed_after is not None, "an idle keep-alive connection was still open after 30 s")
+
+
+def probe_nested_json(d: Deployment) -> None:
+    deep = "[" * 10_000 + "]" * 10_000
+    cases = [("/v1/rerank", '{"query": "q", "documents": ["a", {"text": "t", "extra": %s}]}', "documents[1].extra"),
+             ("/v1/streams", '{"query": "q", "candidates": [{"id": "a", "metadata": {"m": %s}}]}',
+              "candidates[0].metadata"),
+             ("/v1/streams", '{"query": "q", "candidates": [{"id": "a"}], "boosts": {"recency_curve": %s}}',
+              "boosts.recency_curve"),
+             ("/rerank", '{"query": "q", "texts": ["a"], "ignored": %s}', "ignored")]
+    for path, body, field in cases:
+        answer = httpx.post(d.url + path, content=body % deep, headers=d.auth("a"), timeout=30)
+        check(400 <= answer.status_code < 500, f"{path}: answered {answer.status_code}")
+        check(field in answer.text, f"{path}: the answer does not name {field}")
+    check("RecursionError" not in d.log(), "a RecursionError reached the log")
+
+
+def probe_whitespace_documents(d: Deployment) -> None:
+    answer = httpx.post(d.url + "/v2/rerank", json={"model": "m", "query": "q", "documents": ["a", "  \n "]},
+                        headers=d.auth("a"), timeout=30)
+    check(answer.status_code == 400, f"answered {answer.status_code}")
+    check("documents[1]" in answer.text, "the answer does not name documents[1]")
+
+
+def quiet_stream(d: Deployment, tenant: str) -> str:
+    """A stream on the GPU queue, which no worker serves: its events have nothing to say."""
+    opened = httpx.post(d.url + "/v1/streams", json={"query": "q", "candidates": [{"id": "x", "text": "t"}],
+                                                     "device": "gpu"}, headers=d.auth(tenant), timeout=30)
+    check(opened.status_code == 201, f"opening a stream answered {opened.status_code}")
+    return opened.json()["stream_id"]
+
+
+def probe_quiet_stream(d: Deployment, quiet_s: float) -> None:
+    stream_id = quiet_stream(d, "a")
+    received, started = b"", time.monotonic()
+    with httpx.stream("GET", f"{d.url}/v1/streams/{stream_id}/events", headers=d.auth("a"),
+                      timeout=httpx.Timeout(30.0)) as events:
+        check(events.status_code == 200, f"answered {events.status_code}")
+        for part in events.iter_raw():
+            received += part
+            if b"event:" in received or time.monotonic() - started > quiet_s:
+                break
+    check(b"event: error" not in received, f"an error event: {received[-200:]!r}")
+    check(b"event:" not in received, f"the stream ended: {received[-200:]!r}")
+    check(b": keep-alive" in received, "no heartbeat")
+
+
+def probe_bad_last_event_id(d: Deployment) -> None:
+    stream_id = quiet_stream(d, "a")
+    answer = httpx.get(f"{d.url}/v1/streams/{stream_id}/events", timeout=30,
+                       headers={**d.auth("a"), "Last-Event-ID": "99999999999999999999-0"})
+    check(answer.status_code == 400, f"answered {answer.status_code}")
+    check("Last-Event-ID" in answer.text, "the answer does not name Last-Event-ID")
+
+
+def probe_secret_in_url(d: Deployment) -> None:
+    secret = "rq_" + uuid.uuid4().hex
+    httpx.get(f"{d.url}/health?api_key={secret}&token={secret}", timeout=10)
+    time.sleep(0.3)
+    check(secret not in d.log(), "the key in the URL reached the access log")
+
+
+def probe_one_tenant_streams(d: Deployment) -> None:
+    quiet = quiet_stream(d, "a")
+
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=d.url, timeout=30, limits=limits) as client, \
+                contextlib.AsyncExitStack() as held:
+            async def open_one(tenant: str, stream_id: str) -> httpx.Response:
+                response = await client.send(client.build_request(
+                    "GET", f"/v1/streams/{stream_id}/events", headers=d.auth(tenant)), stream=True)
+                held.push_async_callback(response.aclose)
+                return response
+
+            opened = await asyncio.gather(*(open_one("a", quiet) for _ in range(120)))
+            await asyncio.sleep(1.5)
+            codes = [r.status_code for r in opened]
+            check(set(codes) <= {200, 429}, f"tenant A's streams answered {sorted(set(codes))}")
+            check(429 in codes, "tenant A was let hold 120 streams")
+            rerank = await client.post("/v2/rerank", json={"model": "m", "query": f"b {uuid.uuid4().hex}",
+                                                           "documents": DOCS}, headers=d.auth("b"))
+            check(rerank.status_code == 200, f"tenant B's rerank answered {rerank.status_code}: {rerank.text[:120]}")
+            ready = await client.get("/ready")
+            check(ready.status_code == 200, f"/ready answered {ready.status_code}")
+            own = await open_one("b", quiet_stream(d, "b"))
+            check(own.status_code == 200, f"tenant B's stream answered {own.status_code}")
+
+    asyncio.run(run())
+
+
+def probe_concurrent_reranks(d: Deployment) -> None:
+    async def run() -> list[int]:
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=d.url, timeout=120, limits=limits) as client:
+            tag = uuid.uuid4().hex[:8]
+            answers = await asyncio.gather(*(
+                client.post("/v2/rerank", json={"model": "m", "query": f"q {tag} {i}", "documents": DOCS},
+                            headers={**d.auth("a"), "X-Rerankq-Timeout": "110"}) for i in range(130)))
+            return [a.status_code for a in answers]
+
+    codes = asyncio.run(run())
+    check(set(codes) <= {200, 429}, f"answered {sorted(set(codes))}: {[codes.count(c) for c in sorted(set(codes))]}")
+
+
+def probe_cross_tenant_cache(d: Deployment) -> None:
+    body = {"model": "m", "query": f"is this sent {uuid.uuid4().hex}", "documents": DOCS}
+    first = httpx.post(d.url + "/v2/rerank", json=body, headers=d.auth("a"), timeout=60)
+    check(first.status_code == 200, f"tenant A answered {first.status_code}")
+    before = d.member.count()
+    second = httpx.post(d.url + "/v2/rerank", json=body, headers=d.auth("b"), timeout=60)
+    check(second.status_code == 200, f"tenant B answered {second.status_code}")
+    check(d.member.count() > before, "tenant B's repeat of tenant A's query and documents did not reach the "
+                                     "member: a cache hit tells B what A sent")
+    check(second.json()["results"] == first.json()["results"], "the two tenants' scores differ (lost data)")
+
+
+def probes(quiet_s: float) -> list[tuple[str, Callable[[Deployment], None]]]:
+    return [
+        ("huge_header", probe_huge_header),
+        ("slow_header", probe_slow_header),
+        ("idle_connection", probe_idle_connection),
+        ("idle_keep_alive", probe_idle_keep_alive),
+        ("nested_json", probe_nested_json),
+        ("whitespace_documents", probe_whitespace_documents),
+        ("quiet_stream", lambda d: probe_quiet_stream(d, quiet_s)),
+        ("bad_last_event_id", probe_bad_last_event_id),
+        ("secret_in_url", probe_secret_in_url),
+        ("one_tenant_streams", probe_one_tenant_streams),
+        ("concurrent_reranks", probe_concurrent_reranks),
+        ("cross_tenant_cache", probe_cross_tenant_cache),
+    ]
+
+
+@contextlib.contextmanager
+def deployment(keep: bool) -> Iterator[Deployment]:
+    tmp = Path(tempfile.mkdtemp(prefix="rerankq-probe-"))
+    d = Deployment(tmp)
+    try:
+        yield d.start()
+    finally:
+        d.stop()
+        if keep:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ops.probe.gateway_doors", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quiet-s", type=float, default=16.0,
+                        help="how long the quiet event stream is watched (past the 15 s Redis socket timeout)")
+    parser.add_argument("--keep", action="store_true", help="keep the deployment's logs")
+    parser.add_argument("--only", action="append", help="run only this probe (repeatable)")
+    args = parser.parse_args(argv)
+    failed = 0
+    try:
+        context = deployment(args.keep)
+        d = context.__enter__()
+    except Exception as exc:  # noqa: BLE001 - any failure to start is reported, not raised
+        print(f"probe deployment: FAIL {type(exc).__name__}: {str(exc)[:300]}")
+        return 2
+    try:
+        for name, probe in probes(args.quiet_s):
+            if args.only and name not in args.only:
+                continue
+            try:
+                probe(d)
+                if not d.alive():
+                    raise ProbeFailed(f"the gateway exited ({d.gateway.returncode if d.gateway else '?'})")
+                print(f"probe {name}: ok", flush=True)
+            except ProbeFailed as why:
+                failed += 1
+                print(f"probe {name}: FAIL {why}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a probe that crashes is a failure, reported
+                failed += 1
+                print(f"probe {name}: FAIL {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        for line in d.log().splitlines():
+            if " ERROR " in line or "Traceback" in line:
+                failed += 1
+                print(f"probe gateway_log: FAIL {line[:200]}")
+                break
+    finally:
+        context.__exit__(None, None, None)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

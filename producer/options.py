@@ -1,0 +1,154 @@
+"""Every option of a stream, said once: ``StreamOptions``.
+
+``RerankClient.open(query, candidates, **options)`` validates its keyword arguments through
+this struct; the gateway's ``POST /v1/streams`` body is this struct plus the query and the
+candidates (and its OpenAPI schema is generated from it); a ``rerankq submit`` job line embeds
+its fields, and submit's flags are generated from it. Each field's type and ``Meta`` are its
+limits and its one documentation, so a new option is added here and nowhere else.
+
+Every option defaults to ``None``, meaning "not given": the deployment's setting or the stated
+default applies. That is what lets the surfaces layer (a submit flag under a job line's own
+value, a gateway route's default device under the body's) without telling a default from a
+choice. Limits that depend on the settings (``window_size`` up to ``RERANKQ_MAX_WINDOW_SIZE``,
+``document_budget`` up to ``RERANKQ_MAX_TEXT_CHARS``) are checked after conversion, by
+``producer.validation.check_spec``, naming the field.
+"""
+
+# No ``from __future__ import annotations`` here: the routes reuse these aliases as real types.
+import datetime as dt
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, Optional, TypeVar, Union
+
+import msgspec
+from msgspec import Meta
+
+from producer.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
+from producer.wire import Boosts, BudgetLevel, Device, Lane, TimeRange
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The longest a stream may be kept.
+MAX_TTL_S = 7 * 24 * 3600
+#: An instruction rides in every pair sent to a model: a few sentences, not a document.
+MAX_INSTRUCTION_CHARS = 2000
+
+Token = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
+
+#: The ``instruction`` option's type, reused as is by the Cohere and TEI routes' own field.
+InstructionOption = Annotated[
+    Optional[Annotated[str, Meta(min_length=1, max_length=MAX_INSTRUCTION_CHARS, pattern=NOT_BLANK_PATTERN)]],
+    Meta(description="what the model is asked to do, sent with every pair of the stream to a member that takes "
+                     "one (its prompt); a window served by a member that cannot names it in "
+                     f"instruction_ignored_by; up to {MAX_INSTRUCTION_CHARS} characters  [default: none]"),
+]
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """The options of one stream (``RerankClient.open``'s keyword arguments)."""
+
+    window_size: Annotated[Optional[Annotated[int, Meta(ge=1)]], Meta(
+        description="candidates per window, the batch a worker scores at once; at most RERANKQ_MAX_WINDOW_SIZE  "
+                    "[default: RERANKQ_WINDOW_SIZE]")] = None
+    first_windows: Annotated[Optional[Annotated[int, Meta(ge=1)]], Meta(
+        description="windows admitted and sent when the stream opens; deeper ones are admitted when a pull needs "
+                    "them  [default: 1]")] = None
+    device: Annotated[Optional[Device], Meta(
+        description="the device queue that scores the stream: cpu, gpu, or any (whichever worker is free)  "
+                    "[default: cpu]")] = None
+    min_score: Annotated[Optional[Annotated[float, Meta(ge=0.0, le=1.0)]], Meta(
+        description="a row whose normalised score is below this is filtered: kept, but not paged  "
+                    "[default: RERANKQ_MIN_SCORE]")] = None
+    min_final_score: Annotated[Optional[float], Meta(
+        description="a row whose final (boosted) score is below this is filtered; a finite number  "
+                    "[default: RERANKQ_MIN_FINAL_SCORE]")] = None
+    chain: Annotated[Optional[Token], Meta(
+        description="a chain profile (RERANKQ_CHAIN_<NAME>) that scores the stream instead of the whole chain  "
+                    "[default: the whole chain]")] = None
+    tenant: Annotated[Optional[Token], Meta(
+        description="the tenant the stream belongs to; pair-score caches are per tenant  [default: none]")] = None
+    boosts: Annotated[Optional[Boosts], Meta(
+        description="recency, temporal and proof boosts that multiply the score: recency_alpha, temporal_alpha, "
+                    "proof_alpha, recency_curve (linear, exponential, none), recency_window_days, recency_floor, "
+                    "recency_half_life_days, temporal_decay_days  [default: 0.2, 0.2, 0.1, linear, 365, 0.1, "
+                    "90, 30]")] = None
+    reference_time: Annotated[Optional[dt.datetime], Meta(
+        description="the time ages are measured from, RFC 3339 (without an offset it is UTC)  "
+                    "[default: now]")] = None
+    query_range: Annotated[Optional[TimeRange], Meta(
+        description="the period the query is about (start, end), for the temporal boost  [default: none]")] = None
+    ttl_s: Annotated[Optional[Annotated[int, Meta(ge=1, le=MAX_TTL_S)]], Meta(
+        description="seconds the stream and its decisions are kept in Redis  "
+                    "[default: RERANKQ_STREAM_TTL_S]")] = None
+    idempotency_key: Annotated[Optional[Token], Meta(
+        description="the job's own key: opening the same job with it again returns the same stream and sends "
+                    "nothing; another job with it is refused  [default: a new stream each time]")] = None
+    budget: Annotated[Optional[BudgetLevel], Meta(
+        description="the candidate budget's level: low, mid or high picks "
+                    "RERANKQ_MAX_RERANK_CANDIDATES_LOW/_MID/_HIGH  [default: RERANKQ_MAX_RERANK_CANDIDATES]")] = None
+    keep: Annotated[Optional[Annotated[int, Meta(ge=1)]], Meta(
+        description="rows the reader keeps: a set smaller than max(25, 4 x keep) after the budget is refused "
+                    "unless allow_shallow  [default: no over-fetch check]")] = None
+    allow_shallow: Annotated[Optional[bool], Meta(
+        description="accept a set smaller than the over-fetch rule asks for keep  [default: false]")] = None
+    max_rerank_candidates: Annotated[Optional[Annotated[int, Meta(ge=1)]], Meta(
+        description="the candidate budget's cap: at most this many candidates are reranked  "
+                    "[default: RERANKQ_MAX_RERANK_CANDIDATES, or the budget level's]")] = None
+    max_candidates_per_source: Annotated[Optional[Annotated[int, Meta(ge=0)]], Meta(
+        description="at most this many candidates of each source, applied before the cap; 0 for no limit  "
+                    "[default: RERANKQ_MAX_CANDIDATES_PER_SOURCE]")] = None
+    strategy_boosts: Annotated[Optional[Union[str, dict[str, str]]], Meta(
+        description="source:level pairs (graph:high,bm25:low, or a mapping) that decide who survives the cap and "
+                    "nudge the order after scoring  [default: RERANKQ_STRATEGY_BOOSTS]")] = None
+    document_budget: Annotated[Optional[Annotated[int, Meta(ge=1)]], Meta(
+        description="code points of each assembled document that are scored and returned; at most "
+                    "RERANKQ_MAX_TEXT_CHARS  [default: RERANKQ_DOCUMENT_BUDGET]")] = None
+    lane: Annotated[Optional[Lane], Meta(
+        description="interactive or batch: a batch stream's windows wait behind every interactive window of "
+                    "their device queue; a retried open keeps the lane it was first opened with  "
+                    "[default: interactive]")] = None
+    instruction: InstructionOption = None
+
+
+#: Option names, in declaration order.
+OPTION_NAMES: tuple[str, ...] = StreamOptions.__struct_fields__
+
+
+def option_types(options: type[StreamOptions] = StreamOptions) -> dict[str, Any]:
+    """Each option's type with its ``Meta`` (``Annotated``), for the surfaces generated from it."""
+    return typing.get_type_hints(options, include_extras=True)
+
+
+def description(annotation: Any) -> str:
+    """The ``Meta`` description of an option's type."""
+    for meta in getattr(annotation, "__metadata__", ()):
+        if isinstance(meta, Meta) and meta.description:
+            return meta.description
+    return ""
+
+
+def given(options: StreamOptions) -> dict[str, Any]:
+    """The options that were given (not None), as keyword arguments."""
+    return {name: value for name in options.__struct_fields__
+            if (value := getattr(options, name)) is not None}
+
+
+def takes_stream_options(function: F) -> F:
+    """Marks ``function(..., **options)`` as taking ``StreamOptions``: ``help()`` and
+    ``inspect.signature`` show every option as a keyword-only parameter, typed as the struct
+    types it (``None`` meaning "not given"), and its docstring lists each with its description."""
+    hints = typing.get_type_hints(StreamOptions)
+    head = inspect.signature(function)
+    parameters = [p for p in head.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hints[name])
+                   for name in StreamOptions.__struct_fields__]
+    vars(function)["__signature__"] = head.replace(parameters=parameters)
+    indent = " " * 8
+    function.__doc__ = (function.__doc__ or "").rstrip(" ") + options_help(indent + "    ") + indent
+    return function
+
+
+def options_help(indent: str, options: type[StreamOptions] = StreamOptions) -> str:
+    """Every option with its description, a line each: the ``Options`` section of ``open``'s docstring."""
+    return "".join(f"{indent}{name}: {description(annotation)}\n" for name, annotation in option_types(options).items())

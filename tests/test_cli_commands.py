@@ -1,0 +1,139 @@
+"""The ``rerankq`` script as one click program: every command's help with examples, the
+version, shell completion, and ``serve keygen`` making keys a real gateway accepts."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from cli_helpers import RERANKQ, rerankq
+from conftest import ROOT
+from gateway_helpers import GatewayProcess
+
+from worker.cli import COMMANDS
+
+
+def plain_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_") and not k.startswith("_RERANKQ")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def test_version_is_the_installed_distributions() -> None:
+    done = rerankq(["--version"], plain_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"rerankq {importlib.metadata.version('rerankq')}"
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "serve keygen"])
+def test_every_command_has_its_own_help_with_examples(command: str) -> None:
+    done = rerankq([*command.split(), "--help"], plain_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: rerankq {command} ")
+    assert "Examples:" in done.stdout and f"rerankq {command}" in done.stdout.split("Examples:")[1]
+
+
+@pytest.mark.parametrize("program,command", [("producer.gateway", "serve"), ("producer.exporter", "exporter"),
+                                             ("worker.evaluation", "eval")])
+def test_the_python_m_programs_run_the_same_commands(program: str, command: str) -> None:
+    done = subprocess.run([sys.executable, "-m", program, "--help"], env=plain_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    same = rerankq([command, "--help"], plain_env()).stdout
+    assert done.stdout == same.replace(f"Usage: rerankq {command} ", f"Usage: python -m {program} ", 1)
+
+
+def test_a_usage_error_exits_2_naming_the_option() -> None:
+    done = rerankq(["eval", "--depths", "ten"], plain_env())
+    assert done.returncode == 2 and "--depths" in done.stderr
+
+
+def test_bash_completion_is_generated_and_completes_commands_and_options() -> None:
+    script = rerankq([], plain_env(_RERANKQ_COMPLETE="bash_source"))
+    assert script.returncode == 0 and "_rerankq_completion()" in script.stdout and "complete " in script.stdout
+    commands = rerankq([], plain_env(_RERANKQ_COMPLETE="bash_complete", COMP_WORDS="rerankq se", COMP_CWORD="1"))
+    assert "plain,serve" in commands.stdout.split()
+    options = rerankq([], plain_env(_RERANKQ_COMPLETE="bash_complete", COMP_WORDS="rerankq serve keygen --te",
+                                    COMP_CWORD="3"))
+    assert "plain,--tenant" in options.stdout.split()
+
+
+# -- serve keygen ---------------------------------------------------------------------------------
+
+
+def keygen(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return rerankq(["serve", "keygen", *args], env or plain_env())
+
+
+def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_key(redis_server, tmp_path) -> None:
+    keys_file = tmp_path / "keys.json"
+    first = keygen("--tenant", "acme", "--keys-file", str(keys_file))
+    assert first.returncode == 0, first.stderr
+    acme = first.stdout.strip()
+    assert acme.startswith("rq_") and "\n" not in acme  # stdout is the key alone, for KEY=$(...)
+    assert oct(keys_file.stat().st_mode & 0o777) == "0o600"
+    # The file named by the gateway's own variable is the default.
+    second = keygen("--tenant", "ops", "--devices", "cpu,gpu",
+                    env=plain_env(RERANKQ_GATEWAY_KEYS_FILE=str(keys_file)))
+    assert second.returncode == 0, second.stderr
+    ops = second.stdout.strip()
+    stored = json.loads(keys_file.read_text())
+    assert [(e["tenant"], e["devices"]) for e in stored] == [("acme", ["cpu"]), ("ops", ["cpu", "gpu"])]
+    text = keys_file.read_text()
+    assert acme not in text and ops not in text  # only digests
+    assert acme not in first.stderr and ops not in second.stderr
+    assert "shown once" in second.stderr and str(keys_file) in second.stderr
+
+    namespace = "k" + uuid.uuid4().hex[:10]
+    env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_NAMESPACE=namespace,
+                    RERANKQ_GATEWAY_KEYS_FILE=str(keys_file))
+    gateway = GatewayProcess(env, tmp_path / "gateway.log", program=[str(RERANKQ), "serve"]).start()
+    try:
+        missing = "/v1/streams/s_" + "0" * 32
+        for key in (acme, ops):  # authenticated: the stream is simply not there
+            assert httpx.get(gateway.url + missing, headers={"Authorization": f"Bearer {key}"},
+                             timeout=10).status_code == 404
+        assert httpx.get(gateway.url + missing, headers={"Authorization": "Bearer rq_unknown"},
+                         timeout=10).status_code == 401
+    finally:
+        gateway.stop()
+    # rerankq renders the gateway's records (its modules configure no logging); no key is in them.
+    log = gateway.log()
+    assert " INFO uvicorn.error " in log and "Uvicorn running on" in log
+    assert acme not in log and ops not in log
+
+
+def test_keygen_leaves_a_file_that_is_not_a_keys_file_as_it_was(tmp_path: Path) -> None:
+    other = tmp_path / "notes.json"
+    other.write_text('{"not": "a list of keys"}\n')
+    done = keygen("--tenant", "acme", "--keys-file", str(other))
+    assert done.returncode == 2 and "left as it was" in done.stderr
+    assert done.stdout == ""  # no key was made for a file it could not write
+    assert other.read_text() == '{"not": "a list of keys"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json"]
+
+
+def test_keygen_without_a_file_prints_the_entry_to_add(tmp_path: Path) -> None:
+    done = keygen("--tenant", "acme", "--chain", "private", env=plain_env(RERANKQ_CHAIN_PRIVATE="0"))
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip()
+    entry = json.loads(done.stderr.strip().splitlines()[-1])
+    assert entry["tenant"] == "acme" and entry["chain"] == "private" and key not in done.stderr
+    refused = keygen("--tenant", "acme", "--chain", "nope")
+    assert refused.returncode == 2 and "RERANKQ_CHAIN_NOPE" in refused.stderr and refused.stdout == ""
+
+
+def test_keygen_appends_beside_entries_bound_to_profiles_this_host_does_not_define(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.json"
+    bound = {"key_sha256": "ab" * 32, "tenant": "acme", "chain": "private", "devices": ["gpu"]}
+    keys_file.write_text(json.dumps([bound]))
+    done = keygen("--tenant", "ops", "--keys-file", str(keys_file))  # no RERANKQ_CHAIN_PRIVATE here
+    assert done.returncode == 0, done.stderr
+    assert [e["tenant"] for e in json.loads(keys_file.read_text())] == ["acme", "ops"]
+    assert json.loads(keys_file.read_text())[0] == bound  # kept as it was written
