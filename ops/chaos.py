@@ -242,7 +242,7 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
                     "RERANKQ_TORCH_THREADS": "1"})
     else:
         env.update({"RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
-                    "RERANKQ_TEST_SLEEP_S": str(args.window_s)})
+                    "TEST_PROVIDER_SLEEP_S": str(args.window_s)})
     break_workers(env, args.breakage)
     return env
 
@@ -351,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     canaries = [AcknowledgedWrites(client=c, key=key, name=what) for what, c, key in canary_clients(shape)]
     client = RerankClient(settings)
     dispatcher = Dispatcher(settings)
-    queue_faults = (broker.queue_faults(settings.all_queues(), dispatcher) if broker is not None
-                    else QueueFaults(broker_client(shape.broker_url), settings.all_queues(), dispatcher))
+    queue_faults = (broker.queue_faults(settings.queues.all_queues(), dispatcher) if broker is not None
+                    else QueueFaults(broker_client(shape.broker_url), settings.queues.all_queues(), dispatcher))
     faults = FaultLoop(fleet, shape, queue_faults, Ledger(), random.Random(seed), (1.0, 3.0),  # type: ignore[arg-type]
                        extra=broker.faults() if broker is not None else None)
     ledger = faults.ledger

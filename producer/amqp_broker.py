@@ -84,8 +84,8 @@ def quorum_arguments(queue: str) -> dict[str, Any]:
 def kombu_queues(settings: Settings) -> list[Queue]:
     """Every lane queue of every device queue, and their dead-letter queues, as Celery declares them."""
     out: list[Queue] = []
-    consumer_args = {"x-consumer-timeout": settings.amqp_consumer_timeout_s * 1000}
-    for queue in dict.fromkeys(settings.all_queues()):
+    consumer_args = {"x-consumer-timeout": settings.queues.amqp_consumer_timeout_s * 1000}
+    for queue in dict.fromkeys(settings.queues.all_queues()):
         for lane in LANES:
             name = lane_queue(queue, lane)
             out.append(Queue(name, Exchange(name, type="direct", durable=True), routing_key=name, durable=True,
@@ -118,9 +118,9 @@ def celery_options(settings: Settings) -> dict[str, Any]:
         # Quorum queues refuse a channel-wide prefetch: Celery sees them and uses per-consumer QoS.
         "worker_detect_quorum_queues": True,
         "broker_heartbeat": 30,
-        "task_default_queue": settings.cpu_queue,
-        "task_default_exchange": settings.cpu_queue,
-        "task_default_routing_key": settings.cpu_queue,
+        "task_default_queue": settings.queues.cpu_queue,
+        "task_default_exchange": settings.queues.cpu_queue,
+        "task_default_routing_key": settings.queues.cpu_queue,
     }
 
 
@@ -152,16 +152,16 @@ def check_broker(settings: Settings, connection: Connection) -> BrokerCheck:
     """Whether the broker will let a window run its whole time limit before it takes its message back."""
     version = server_version(connection)
     source = "per_consumer" if per_consumer_timeout(version) else "server"
-    timeout = settings.amqp_consumer_timeout_s
+    timeout = settings.queues.amqp_consumer_timeout_s
     problem = None
-    if timeout <= settings.redeliver_after_s:
+    if timeout <= settings.queues.redeliver_after_s:
         where = ("asked per consumer" if source == "per_consumer"
                  else "the server's consumer_timeout (set server-wide on RabbitMQ before 3.11.15)")
         problem = (f"the delivery acknowledgement timeout, {timeout} s ({where}, RERANKQ_AMQP_CONSUMER_TIMEOUT_S), "
-                   f"must exceed the window time limit RERANKQ_REDELIVER_AFTER_S={settings.redeliver_after_s}; "
+                   f"must exceed the window time limit RERANKQ_REDELIVER_AFTER_S={settings.queues.redeliver_after_s}; "
                    "otherwise RabbitMQ takes a running window's message back and hands it to another worker")
     return BrokerCheck(broker="amqp", server_version=".".join(map(str, version)), consumer_timeout_source=source,
-                       consumer_timeout_s=timeout, task_time_limit_s=settings.redeliver_after_s, problem=problem)
+                       consumer_timeout_s=timeout, task_time_limit_s=settings.queues.redeliver_after_s, problem=problem)
 
 
 class QueueCount(msgspec.Struct, frozen=True):

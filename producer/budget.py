@@ -172,15 +172,15 @@ def limits_for(
 ) -> BudgetLimits:
     """The limits for one open: per-call values win over settings; the budget level picks an override."""
     overrides = {
-        "low": settings.max_rerank_candidates_low,
-        "mid": settings.max_rerank_candidates_mid,
-        "high": settings.max_rerank_candidates_high,
+        "low": settings.budget.max_rerank_candidates_low,
+        "mid": settings.budget.max_rerank_candidates_mid,
+        "high": settings.budget.max_rerank_candidates_high,
     }
-    cap = global_cap(settings.max_rerank_candidates, overrides, budget)
+    cap = global_cap(settings.budget.max_rerank_candidates, overrides, budget)
     if max_rerank_candidates is not None:
         cap = max_rerank_candidates
     return BudgetLimits(
         max_candidates=cap,
-        per_source=max_candidates_per_source if max_candidates_per_source is not None else settings.max_candidates_per_source,
-        strategy_boosts=parse_strategy_boosts(strategy_boosts if strategy_boosts is not None else settings.strategy_boosts),
+        per_source=max_candidates_per_source if max_candidates_per_source is not None else settings.budget.max_candidates_per_source,
+        strategy_boosts=parse_strategy_boosts(strategy_boosts if strategy_boosts is not None else settings.budget.strategy_boosts),
     )

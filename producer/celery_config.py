@@ -32,7 +32,7 @@ def transport_options(settings: Settings) -> dict[str, Any]:
         # the longest a window may run (task_time_limit below), and every client of the
         # broker must use the same value: kombu's restore of old unacked messages runs
         # in whichever worker gets there first, with its own value.
-        "visibility_timeout": settings.visibility_timeout_s,
+        "visibility_timeout": settings.queues.visibility_timeout_s,
         "socket_keepalive": True,
         "retry_on_timeout": True,
         # A publish must not hang forever on a half-open connection (failover, NAT).
@@ -80,7 +80,7 @@ def broker_transport(url: str) -> str | None:
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     config = _common_config(settings)
-    if settings.broker_kind == "amqp":
+    if settings.store.broker_kind == "amqp":
         # Nothing Redis-only survives: no visibility timeout (RabbitMQ takes an unacked message
         # back when its consumer's channel closes, or at its consumer timeout), no priority steps
         # (lanes are queues), no disable_prefetch (Redis-only; quorum queues give per-consumer prefetch).
@@ -94,29 +94,29 @@ def delivery_summary(settings: Settings) -> dict[str, Any]:
     """What this configuration sets for delivery, naming the broker it configures (logged at worker start)."""
     conf = celery_config(settings)
     summary: dict[str, Any] = {
-        "broker": settings.broker_kind,
+        "broker": settings.store.broker_kind,
         "acks_late": conf["task_acks_late"],
         "prefetch_multiplier": conf["worker_prefetch_multiplier"],
         "task_time_limit_s": conf["task_time_limit"],
     }
-    if settings.broker_kind == "redis":
+    if settings.store.broker_kind == "redis":
         summary.update(visibility_timeout_s=conf["broker_transport_options"]["visibility_timeout"],
                        disable_prefetch=conf["worker_disable_prefetch"], lanes="priority_steps 0/9")
     else:
         summary.update(queue_type="quorum", publisher_confirms=conf["broker_transport_options"]["confirm_publish"],
-                       consumer_timeout_s=settings.amqp_consumer_timeout_s, lanes="queues <queue>, <queue>.batch",
-                       dead_letter="<queue>.dead", queued_max_age_s=settings.queued_max_age_s)
+                       consumer_timeout_s=settings.queues.amqp_consumer_timeout_s, lanes="queues <queue>, <queue>.batch",
+                       dead_letter="<queue>.dead", queued_max_age_s=settings.queues.queued_max_age_s)
     return summary
 
 
 def _common_config(settings: Settings) -> dict[str, Any]:
     # A redis+sentinel:// broker becomes kombu's sentinel:// URL list plus its master_name option.
-    broker_url, sentinel_options = kombu_broker(settings.broker)
+    broker_url, sentinel_options = kombu_broker(settings.store.broker)
     transport = {**transport_options(settings), **sentinel_options}
     return {
-        "broker_use_ssl": broker_tls(settings.broker),
+        "broker_use_ssl": broker_tls(settings.store.broker),
         "broker_url": broker_url,
-        "broker_transport": broker_transport(settings.broker),
+        "broker_transport": broker_transport(settings.store.broker),
         "broker_transport_options": transport,
         # Should a Redis result backend ever be configured, it reads the same options.
         "result_backend_transport_options": transport,
@@ -147,7 +147,7 @@ def _common_config(settings: Settings) -> dict[str, Any]:
         # A window may run at most as long as its lease; then its process is killed and
         # the sweep re-sends it. Keeps every attempt under the visibility timeout.
         # (Enforced by the prefork pool; the GPU worker's threads pool cannot enforce it.)
-        "task_time_limit": settings.redeliver_after_s,
+        "task_time_limit": settings.queues.redeliver_after_s,
         # Long tasks: a process reserves only the message it works on, and a worker
         # fetches a message only when a process is free (Redis-only setting), so a
         # queued window never waits behind a busy worker while another sits idle.
@@ -167,12 +167,12 @@ def _common_config(settings: Settings) -> dict[str, Any]:
         # unacked messages to the queue at once, instead of after the visibility timeout.
         # Keep it under the orchestrator's stop grace period. Not on idle: we use no ETA
         # tasks, so an idle worker has nothing to hand back and exits at once.
-        "worker_soft_shutdown_timeout": settings.soft_shutdown_s,
+        "worker_soft_shutdown_timeout": settings.worker.soft_shutdown_s,
         "worker_enable_soft_shutdown_on_idle": False,
         "worker_hijack_root_logger": False,
-        "task_default_queue": settings.cpu_queue,
+        "task_default_queue": settings.queues.cpu_queue,
         "task_create_missing_queues": True,
         # Task events cost a message per task state change; on only for a monitor (Flower).
-        "worker_send_task_events": settings.task_events,
-        "task_send_sent_event": settings.task_events,
+        "worker_send_task_events": settings.worker.task_events,
+        "task_send_sent_event": settings.worker.task_events,
     }

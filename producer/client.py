@@ -122,10 +122,10 @@ class RerankClient:
     """A producer: light (no torch), safe to share across threads of one process."""
 
     def __init__(self, settings: Settings, *, dispatcher: Dispatcher | None = None) -> None:
-        if not settings.redis_url:
+        if not settings.store.redis_url:
             raise ValidationError("redis_url", "RERANKQ_REDIS_URL is not set")
         self.settings = settings
-        self.store = Store(connect(settings.redis_url), settings.namespace, event_log_maxlen=settings.event_log_maxlen)
+        self.store = Store(connect(settings.store.redis_url), settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen)
         self.dispatcher = dispatcher or Dispatcher(settings)
         self._consumers = ConsumerCheck(self.store.client, self.store.keys)
         # Streams this client just created, as their open left them (nothing committed, the
@@ -190,11 +190,11 @@ class RerankClient:
         spec = check_spec(
             StreamSpec(
                 query=query,
-                window_size=chosen.window_size if chosen.window_size is not None else settings.window_size,
+                window_size=chosen.window_size if chosen.window_size is not None else settings.streams.window_size,
                 device=device,
-                min_score=chosen.min_score if chosen.min_score is not None else settings.min_score,
+                min_score=chosen.min_score if chosen.min_score is not None else settings.streams.min_score,
                 min_final_score=chosen.min_final_score if chosen.min_final_score is not None
-                else settings.min_final_score,
+                else settings.streams.min_final_score,
                 chain=chosen.chain,
                 tenant=chosen.tenant,
                 boosts=chosen.boosts or Boosts(),
@@ -202,17 +202,17 @@ class RerankClient:
                 query_range=chosen.query_range,
                 strategy_boosts=dict(limits.strategy_boosts),
                 document_budget=chosen.document_budget if chosen.document_budget is not None
-                else settings.document_budget,
-                ttl_s=chosen.ttl_s if chosen.ttl_s is not None else settings.stream_ttl_s,
+                else settings.streams.document_budget,
+                ttl_s=chosen.ttl_s if chosen.ttl_s is not None else settings.streams.stream_ttl_s,
                 n_candidates=len(items),
                 instruction=chosen.instruction,
             ),
             settings,
         )
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)
-        with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.redis_url):
+        with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.store.redis_url):
             created, admitted = self.store.open(
-                stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.redeliver_after_s,
+                stream_id, spec, items, first_windows=first_windows, enqueue_grace_s=self.settings.queues.redeliver_after_s,
                 fingerprint=fingerprint, lane=lane,
             )
         if created:
@@ -225,7 +225,7 @@ class RerankClient:
         unserved = self.unserved_warning(spec.device) if admitted else None
         if unserved is not None:
             log.warning("no_live_worker", stream=stream_id, device=spec.device,
-                        queue=self.settings.queue_for(spec.device), problem=unserved)
+                        queue=self.settings.queues.queue_for(spec.device), problem=unserved)
         log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
                  lane=lane, budget_dropped_per_source=budgeted.dropped_per_source,
                  budget_dropped_global=budgeted.dropped_global)
@@ -234,7 +234,7 @@ class RerankClient:
     def unserved_warning(self, device: str) -> str | None:
         """What to tell a caller when no live worker consumes ``device``'s queue (the windows would
         wait in silence); None when one does, or when that cannot be told. Cached briefly."""
-        queue = self.settings.queue_for(device)
+        queue = self.settings.queues.queue_for(device)
         return no_worker_warning(queue, device) if self._consumers.count(queue) == 0 else None
 
     def _remember_fresh(self, stream_id: str, snapshot: Snapshot) -> None:
@@ -288,7 +288,7 @@ class RerankClient:
         check_pull_arguments(stream_id, offset, limit, timeout=timeout, raise_on_failed=raise_on_failed)
         deadline = time.monotonic() + timeout
         # Reads are safe to repeat; an admit is too (it admits each window once, whoever asks).
-        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
+        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
             fresh = self._fresh_snapshot(stream_id)
             snapshot = fresh or self.store.snapshot(stream_id)
             while True:
@@ -296,7 +296,7 @@ class RerankClient:
                 if target < 0:
                     return page
                 if target > snapshot.admitted:
-                    admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.redeliver_after_s)
+                    admitted = self.store.admit(stream_id, target, enqueue_grace_s=self.settings.queues.redeliver_after_s)
                     if admitted:
                         self._send(stream_id, admitted, snapshot.device, snapshot.lane)  # type: ignore[arg-type]
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
@@ -340,7 +340,7 @@ class RerankClient:
         kept: dict[int, list[float]] = {}
         if options.needs_candidates and page.rows:
             end = max(row.decision.index for row in page.rows) + 1
-            with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
+            with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
                 candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
                 if options.mmr_lambda is not None and not any(c.embedding for c in candidates.values()):
                     kept = self.store.load_embeddings(stream_id, sorted({row.window for row in page.rows}))
@@ -350,7 +350,7 @@ class RerankClient:
     def status(self, stream_id: str) -> StreamStatus:
         """Where every window of a stream stands: not admitted, admitted, or committed with counts."""
         check_stream_id(stream_id)
-        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
+        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
             snapshot = self.store.snapshot(stream_id)
             attempts = self.store.attempts(stream_id)
         windows = []
@@ -386,7 +386,7 @@ class RerankClient:
                 check_stream_id(stream_id)
             except ValidationError:
                 raise ValidationError(f"stream_ids[{i}]", "is not a rerankq stream id") from None
-        with store_errors("", written=True, retry_safe=True, url=self.settings.redis_url, reading=True):
+        with store_errors("", written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
             found = self.store.progress(stream_ids)
         return dict(zip(stream_ids, found))
 

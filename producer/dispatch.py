@@ -24,15 +24,15 @@ class Dispatcher:
             app = Celery("rerankq-producer", set_as_current=False)
             app.conf.update(celery_config(settings))
         self.app = app
-        self._bursts = (ConfirmedBursts(settings.broker, transport_options(settings))
-                        if settings.broker_kind == "amqp" and confirm_bursts else None)
+        self._bursts = (ConfirmedBursts(settings.store.broker, transport_options(settings))
+                        if settings.store.broker_kind == "amqp" and confirm_bursts else None)
 
     def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
         """One message per window to the device's queue, in the stream's lane: a Celery priority on
         Redis, a queue of its own on RabbitMQ (``producer.amqp_broker``)."""
-        queue = self.settings.queue_for(device)
+        queue = self.settings.queues.queue_for(device)
         priority: int | None = LANE_PRIORITY[lane]
-        if self.settings.broker_kind == "amqp":
+        if self.settings.store.broker_kind == "amqp":
             queue, priority = lane_queue(queue, lane), None
         if self._bursts is not None:
             # RabbitMQ: publish all, then wait once for their confirms.

@@ -166,9 +166,9 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
     by a new struct, the others are returned as they came (msgspec structs from ``to_candidates``)."""
     if not candidates:
         raise ValidationError("candidates", "must not be empty")
-    if len(candidates) > settings.max_candidates:
+    if len(candidates) > settings.streams.max_candidates:
         raise ValidationError(
-            "candidates", f"{len(candidates)} exceeds the limit of {settings.max_candidates} per stream"
+            "candidates", f"{len(candidates)} exceeds the limit of {settings.streams.max_candidates} per stream"
         )
     seen: set[str] = set()
     dims: int | None = None
@@ -184,12 +184,12 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
         seen.add(c.id)
         for name in ("text", "context"):
             value = getattr(c, name)
-            if value is not None and len(value) > settings.max_text_chars:
+            if value is not None and len(value) > settings.streams.max_text_chars:
                 raise ValidationError(
-                    f"{at}.{name}", f"{len(value)} characters exceeds the limit of {settings.max_text_chars}"
+                    f"{at}.{name}", f"{len(value)} characters exceeds the limit of {settings.streams.max_text_chars}"
                 )
-        if sum(len(h) for h in c.heading_path) > settings.max_text_chars:
-            raise ValidationError(f"{at}.heading_path", f"exceeds the limit of {settings.max_text_chars} characters")
+        if sum(len(h) for h in c.heading_path) > settings.streams.max_text_chars:
+            raise ValidationError(f"{at}.heading_path", f"exceeds the limit of {settings.streams.max_text_chars} characters")
         _finite(f"{at}.fusion_score", c.fusion_score)
         if c.proof_count is not None and not 0 <= c.proof_count < 2**63:
             raise ValidationError(f"{at}.proof_count", "must be a non-negative 64-bit integer")
@@ -199,8 +199,8 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
                 size = len(encode(c.metadata))
             except (OverflowError, TypeError, msgspec.EncodeError) as exc:
                 raise ValidationError(f"{at}.metadata", f"cannot be stored: {exc}") from None
-            if size > settings.max_text_chars:
-                raise ValidationError(f"{at}.metadata", f"{size} bytes encoded exceeds the limit of {settings.max_text_chars}")
+            if size > settings.streams.max_text_chars:
+                raise ValidationError(f"{at}.metadata", f"{size} bytes encoded exceeds the limit of {settings.streams.max_text_chars}")
         if c.embedding is not None:
             if not c.embedding:
                 raise ValidationError(f"{at}.embedding", "must not be empty")
@@ -222,8 +222,8 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
         out.append(c)
     # The per-field limits bound each candidate; this bounds the stream (its memory in Redis).
     size = sum(len(encode(c)) for c in out)
-    if size > settings.max_stream_bytes:
-        raise ValidationError("candidates", f"{size} bytes encoded exceeds the limit of {settings.max_stream_bytes} "
+    if size > settings.streams.max_stream_bytes:
+        raise ValidationError("candidates", f"{size} bytes encoded exceeds the limit of {settings.streams.max_stream_bytes} "
                                             "per stream (RERANKQ_MAX_STREAM_BYTES)")
     return out
 
@@ -245,18 +245,18 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     spec = msgspec.structs.replace(spec, reference_time=_utc(spec.reference_time), query_range=query_range)
     if not spec.query or not spec.query.strip():
         raise ValidationError("query", "must not be empty")
-    if len(spec.query) > settings.max_query_chars:
-        raise ValidationError("query", f"{len(spec.query)} characters exceeds the limit of {settings.max_query_chars}")
-    if not 1 <= spec.window_size <= settings.max_window_size:
-        raise ValidationError("window_size", f"must be between 1 and {settings.max_window_size}, got {spec.window_size}")
+    if len(spec.query) > settings.streams.max_query_chars:
+        raise ValidationError("query", f"{len(spec.query)} characters exceeds the limit of {settings.streams.max_query_chars}")
+    if not 1 <= spec.window_size <= settings.streams.max_window_size:
+        raise ValidationError("window_size", f"must be between 1 and {settings.streams.max_window_size}, got {spec.window_size}")
     for name in ("min_score", "min_final_score"):
         _finite(name, getattr(spec, name))
     if spec.min_score is not None and not 0.0 <= spec.min_score <= 1.0:
         raise ValidationError("min_score", "must be within [0, 1]: it applies to normalised scores")
     if not 1 <= spec.ttl_s <= MAX_TTL_S:
         raise ValidationError("ttl_s", f"must be between 1 and {MAX_TTL_S} seconds")
-    if not 1 <= spec.document_budget <= settings.max_text_chars:
-        raise ValidationError("document_budget", f"must be between 1 and {settings.max_text_chars}")
+    if not 1 <= spec.document_budget <= settings.streams.max_text_chars:
+        raise ValidationError("document_budget", f"must be between 1 and {settings.streams.max_text_chars}")
     # __struct_fields__, not structs.fields(): that evaluates the class's annotations on every
     # call (0.4 ms, a tenth of an open of 25 candidates).
     for name in spec.boosts.__struct_fields__:

@@ -23,9 +23,9 @@ def provider_env(provider: str, *, mark_dir: Path | None = None, sleep_s: float 
         "RERANKQ_VISIBILITY_TIMEOUT_S": "60",
     }
     if mark_dir is not None:
-        env["RERANKQ_TEST_MARK_DIR"] = str(mark_dir)
+        env["TEST_PROVIDER_MARK_DIR"] = str(mark_dir)
     if sleep_s is not None:
-        env["RERANKQ_TEST_SLEEP_S"] = str(sleep_s)
+        env["TEST_PROVIDER_SLEEP_S"] = str(sleep_s)
     env.update({f"RERANKQ_{k.upper()}": str(v) for k, v in settings.items()})
     return env
 

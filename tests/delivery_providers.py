@@ -3,7 +3,7 @@
 workers' path). They import no torch, so a worker starts in a second or two.
 
 Test knobs come from the environment the test gives its worker:
-``RERANKQ_TEST_SLEEP_S`` (how long a window takes) and ``RERANKQ_TEST_MARK_DIR``
+``TEST_PROVIDER_SLEEP_S`` (how long a window takes) and ``TEST_PROVIDER_MARK_DIR``
 (a file per scoring attempt, named ``<pid>.<stream>.<window>``, so a test knows
 which process to kill and when).
 """
@@ -30,8 +30,8 @@ class FastProvider:
     scale = "probability"
 
     def __init__(self, member: object = None, settings: object = None) -> None:
-        self.sleep_s = float(os.environ.get("RERANKQ_TEST_SLEEP_S", "0"))
-        mark_dir = os.environ.get("RERANKQ_TEST_MARK_DIR")
+        self.sleep_s = float(os.environ.get("TEST_PROVIDER_SLEEP_S", "0"))
+        mark_dir = os.environ.get("TEST_PROVIDER_MARK_DIR")
         self.mark_dir = Path(mark_dir) if mark_dir else None
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
@@ -46,13 +46,13 @@ class FastProvider:
 
 
 class SlowProvider(FastProvider):
-    """A window takes RERANKQ_TEST_SLEEP_S (default 3 s): long enough to be killed mid-window."""
+    """A window takes TEST_PROVIDER_SLEEP_S (default 3 s): long enough to be killed mid-window."""
 
     kind = "slow"
 
     def __init__(self, member: object = None, settings: object = None) -> None:
         super().__init__(member, settings)
-        self.sleep_s = float(os.environ.get("RERANKQ_TEST_SLEEP_S", "3"))
+        self.sleep_s = float(os.environ.get("TEST_PROVIDER_SLEEP_S", "3"))
 
 
 class SuicideProvider(FastProvider):
@@ -67,10 +67,10 @@ class SuicideProvider(FastProvider):
 
 
 class SlowStartProvider(FastProvider):
-    """Takes RERANKQ_TEST_START_S to build, like a model loading in a fresh pool process."""
+    """Takes TEST_PROVIDER_START_S to build, like a model loading in a fresh pool process."""
 
     kind = "slow-start"
 
     def __init__(self, member: object = None, settings: object = None) -> None:
         super().__init__(member, settings)
-        time.sleep(float(os.environ.get("RERANKQ_TEST_START_S", "6")))
+        time.sleep(float(os.environ.get("TEST_PROVIDER_START_S", "6")))

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 
-import msgspec
 import pytest
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
@@ -24,7 +23,7 @@ from producer.amqp_broker import AmqpQueueProbe, AsyncAmqpBroker, dead_letter_qu
 from producer.celery_config import TASK_NAME, celery_config
 from producer.errors import ConfigError
 from producer.exporter.backlog import BacklogReader
-from producer.settings import load_settings
+from producer.settings import load_settings, override
 from worker.cli.inspect import queue_view
 from worker.sweep import sweep_once
 
@@ -64,9 +63,9 @@ def test_the_worker_start_check_names_what_is_wrong(base_env, settings):
     from worker.amqp_check import prepare_amqp_broker
     from worker.embedded.redis_server import free_port
 
-    nowhere = msgspec.structs.replace(settings, broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}//")
+    nowhere = override(settings, broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}//")
     assert "cannot reach the RabbitMQ broker" in prepare_amqp_broker(nowhere, timeout_s=2)
-    too_short = msgspec.structs.replace(settings, amqp_consumer_timeout_s=settings.redeliver_after_s)
+    too_short = override(settings, amqp_consumer_timeout_s=settings.queues.redeliver_after_s)
     problem = prepare_amqp_broker(too_short)
     assert "RERANKQ_AMQP_CONSUMER_TIMEOUT_S" in problem and "server's consumer_timeout" in problem  # 3.10
     assert prepare_amqp_broker(settings) is None
@@ -128,8 +127,8 @@ def test_the_sweep_trusts_a_queued_window_and_resends_a_lost_one(make_client, se
     time.sleep(1.2)  # past its enqueue grace: overdue, but its message is queued (no worker runs)
 
     assert sweep_once(client.store, client.dispatcher, None, sweeper) == 0, "queued: left alone"
-    with Connection(settings.broker) as conn:
-        assert conn.default_channel.queue_purge(settings.cpu_queue) == 1  # now the message is lost
+    with Connection(settings.store.broker) as conn:
+        assert conn.default_channel.queue_purge(settings.queues.cpu_queue) == 1  # now the message is lost
     time.sleep(1.2)
     assert sweep_once(client.store, client.dispatcher, None, sweeper) == 1, "its mark is too old: re-sent"
     assert sweep_once(client.store, client.dispatcher, None, sweeper) == 0, "claimed: not sent twice"
@@ -144,10 +143,10 @@ def test_a_message_the_worker_refuses_is_dead_lettered(start_worker, make_client
     in <queue>.dead for an operator, neither run."""
     worker = start_worker(provider_env("FastProvider"))
     client = make_client()
-    client.dispatcher.app.send_task(TASK_NAME, args=["s_../../etc", 0], queue=settings.cpu_queue)
-    client.dispatcher.app.send_task(TASK_NAME, args=["s_" + "0" * 32, 0], queue=settings.cpu_queue,
+    client.dispatcher.app.send_task(TASK_NAME, args=["s_../../etc", 0], queue=settings.queues.cpu_queue)
+    client.dispatcher.app.send_task(TASK_NAME, args=["s_" + "0" * 32, 0], queue=settings.queues.cpu_queue,
                                     serializer="pickle")
-    dead = dead_letter_queue(settings.cpu_queue)
+    dead = dead_letter_queue(settings.queues.cpu_queue)
     wait_for(lambda: rabbitmq_server.queues().get(dead, {}).get("ready") == "2", 30,
              "the refused messages in the dead-letter queue", interval_s=0.5)
     # Celery rejects a body it refuses to decode as an invalid task message: dead-lettered too.
@@ -161,28 +160,28 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
     client = make_client()
     client.open("nightly", make_candidates(20), window_size=5, first_windows=3, lane="batch")
     client.open("now", make_candidates(10), window_size=5, first_windows=2)
-    probe = AmqpQueueProbe(settings.broker)
+    probe = AmqpQueueProbe(settings.store.broker)
     try:
-        counts = {(c.queue, c.lane): c.waiting for c in probe.counts([settings.cpu_queue, settings.gpu_queue])}
-        assert counts[(settings.cpu_queue, "interactive")] == 2 and counts[(settings.cpu_queue, "batch")] == 3
-        assert counts[(settings.gpu_queue, "interactive")] == 0  # never declared: nothing waits
-        assert probe.depth([settings.cpu_queue]) == 5
+        counts = {(c.queue, c.lane): c.waiting for c in probe.counts([settings.queues.cpu_queue, settings.queues.gpu_queue])}
+        assert counts[(settings.queues.cpu_queue, "interactive")] == 2 and counts[(settings.queues.cpu_queue, "batch")] == 3
+        assert counts[(settings.queues.gpu_queue, "interactive")] == 0  # never declared: nothing waits
+        assert probe.depth([settings.queues.cpu_queue]) == 5
         # What the exporter and `rerankq inspect` report from it.
         backlog = {q.queue: q for q in BacklogReader(settings, client.store.client, None, probe).read_queues()}
-        assert backlog[settings.cpu_queue].messages == 5 and backlog[settings.gpu_queue].messages == 0
+        assert backlog[settings.queues.cpu_queue].messages == 5 and backlog[settings.queues.gpu_queue].messages == 0
     finally:
         probe.close()
     # The gateway's backpressure samples the same counts, off its event loop.
-    gateway_broker = AsyncAmqpBroker(settings.broker)
+    gateway_broker = AsyncAmqpBroker(settings.store.broker)
     try:
-        assert asyncio.run(gateway_broker.depths([settings.cpu_queue, settings.any_queue])) == {
-            settings.cpu_queue: 5, settings.any_queue: 0}
+        assert asyncio.run(gateway_broker.depths([settings.queues.cpu_queue, settings.queues.any_queue])) == {
+            settings.queues.cpu_queue: 5, settings.queues.any_queue: 0}
         asyncio.run(gateway_broker.ping())
     finally:
         asyncio.run(gateway_broker.aclose())
     view = {(row["queue"], row["lane"]): row for row in queue_view(settings)}
-    assert view[(settings.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.cpu_queue, "batch")]["device"] == "cpu"
-    assert lane_queue(settings.cpu_queue, "batch") == settings.cpu_queue + ".batch"
+    assert view[(settings.queues.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.queues.cpu_queue, "batch")]["device"] == "cpu"
+    assert lane_queue(settings.queues.cpu_queue, "batch") == settings.queues.cpu_queue + ".batch"
 
 
 def test_a_rabbitmq_restart_mid_run_loses_nothing_and_commits_nothing_twice(base_env, make_client, start_worker,
@@ -220,16 +219,16 @@ def test_a_burst_is_confirmed_whole_and_a_refused_publish_is_the_sweeps_to_send(
     them when the queue takes messages again. Each window is committed once."""
     client = make_client(redeliver_after_s=2)
     first = client.open("payment gateway error", make_candidates(40), window_size=10, first_windows=4)
-    assert AmqpQueueProbe(settings.broker).depth([settings.cpu_queue]) == 4, "all four queued when open returned"
+    assert AmqpQueueProbe(settings.store.broker).depth([settings.queues.cpu_queue]) == 4, "all four queued when open returned"
 
-    rabbitmq_server.ctl("set_policy", f"{settings.namespace}-full", f"^{settings.cpu_queue}$",
+    rabbitmq_server.ctl("set_policy", f"{settings.store.namespace}-full", f"^{settings.queues.cpu_queue}$",
                         '{"max-length": 2, "overflow": "reject-publish"}', "--apply-to", "queues")
     wait_for(lambda: rabbitmq_server.ctl("list_queues", "--quiet", "--no-table-headers", "name", "policy")
-             .count(f"{settings.namespace}-full") == 1, 30, "the policy applied")
+             .count(f"{settings.store.namespace}-full") == 1, 30, "the policy applied")
     refused = client.open("cache miss", make_candidates(30, text="cache miss {i}"), window_size=10, first_windows=3)
     # Over its limit already: RabbitMQ refuses (nacks) all three, and open still returns the stream.
-    assert AmqpQueueProbe(settings.broker).depth([settings.cpu_queue]) == 4
-    rabbitmq_server.ctl("clear_policy", f"{settings.namespace}-full")
+    assert AmqpQueueProbe(settings.store.broker).depth([settings.queues.cpu_queue]) == 4
+    rabbitmq_server.ctl("clear_policy", f"{settings.store.namespace}-full")
 
     start_worker(provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
     assert pull_until_complete(client, first, 40, timeout_s=60).total == 40

@@ -48,7 +48,7 @@ def windows(n: int, size: int, *, seed: int) -> list[list[tuple[str, str]]]:
 
 def local_provider(model: Path, **env: str) -> LocalProvider:
     settings = load_settings({"RERANKQ_RERANKER_MODEL": str(model), **FP32, **env})
-    return LocalProvider(settings.chain()[0], settings)
+    return LocalProvider(settings.chain.effective_members()[0], settings)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,7 @@ def test_a_bad_backend_setting_names_its_variable(environ, variable):
 
 def test_backend_settings_are_per_member():
     settings = load_settings({"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_1_PROVIDER": "local"})
-    first, second = settings.chain()
+    first, second = settings.chain.effective_members()
     assert (first.backend, second.backend) == ("onnx", "auto")
 
 
@@ -239,3 +239,26 @@ def test_auto_precision_picks_bf16_on_a_cpu_only_where_it_is_faster(monkeypatch,
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
     assert precision.resolve_precision("auto", "cpu") == expected
     assert precision.exported_precisions(BackendChoice("openvino"), "auto", "cpu")[0] == expected
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_a_causal_lm_reranker_asked_for_an_export_runs_on_torch_and_says_why(tmp_path: Path, backend: str):
+    from structlog.testing import capture_logs
+    from tiny_model import build_tiny_causal_reranker
+
+    model = build_tiny_causal_reranker(tmp_path / "causal")
+    with capture_logs() as logs:
+        provider = local_provider(model, RERANKQ_RERANKER_BACKEND=backend)
+
+    # An export holds a sequence-classification transformer; a causal LM's score comes from
+    # LogitScore over its vocabulary logits, which no export here carries.
+    assert provider.engine.backend.name == "torch"
+    assert '"backend":"torch"' in provider.cache_identity
+    unsupported = [e for e in logs if e["event"] == "backend_unsupported"]
+    assert unsupported and unsupported[0]["backend"] == backend and "causal" in unsupported[0]["reason"]
+    assert not (model / "onnx").exists() and not (model / "openvino").exists()
+
+    query, documents = "payment gateway outage", ["restart the gateway pods", "coffee machine", "tls certificate"]
+    expected = provider.engine.cross_encoder.predict([(query, d) for d in documents], show_progress_bar=False)
+    scores = provider.score(ScoreRequest(query=query, documents=documents), deadline=float("inf"))
+    assert max(abs(a - float(b)) for a, b in zip(scores, expected)) < 1e-4

@@ -40,7 +40,7 @@ def test_repeated_query_is_served_from_the_cache(start_worker, make_client, raw_
 
     score_keys = [k for k in namespace_keys(raw_redis, namespace) if b":score:" in k]
     assert len(score_keys) == 30
-    assert all(0 < raw_redis.ttl(k) <= settings.cache_ttl_s for k in score_keys)
+    assert all(0 < raw_redis.ttl(k) <= settings.chain.cache_ttl_s for k in score_keys)
 
 
 def test_partial_hit_sends_only_the_misses(start_worker, make_client):

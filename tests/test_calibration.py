@@ -128,7 +128,7 @@ def test_a_bad_calibration_file_names_its_variable(tmp_path):
 
 def _env(base_env: dict[str, str], **extra: str) -> dict[str, str]:
     env = {**base_env, "RERANKQ_RERANKER_PROVIDER": SKEWED, "RERANKQ_RERANKER_1_PROVIDER": "embedding",
-           "RERANKQ_RERANKER_1_PRECISION": "fp32", "RERANKQ_CHAIN_EVAL0": "0", "RERANKQ_CHAIN_EVAL1": "1",
+           "RERANKQ_PRECISION": "fp32", "RERANKQ_CHAIN_EVAL0": "0", "RERANKQ_CHAIN_EVAL1": "1",
            "RERANKQ_CHAIN_FLAKY": "0,1", "RERANKQ_CHAIN_RENAMED": "0", **extra}
     env.pop("RERANKQ_RERANKER_MODEL", None)
     env.pop("RERANKQ_RERANKER_BACKEND", None)

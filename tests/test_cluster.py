@@ -76,10 +76,10 @@ def lose_every_message(broker: str, settings, broker_redis) -> None:
     """Every message of the cpu queue vanishes before any worker fetched it: only the sweep can
     bring the windows back (on RabbitMQ, once their queued marks are too old to trust)."""
     if broker == "amqp":
-        with Connection(settings.broker) as conn:
-            assert conn.default_channel.queue_purge(settings.cpu_queue) > 0
+        with Connection(settings.store.broker) as conn:
+            assert conn.default_channel.queue_purge(settings.queues.cpu_queue) > 0
     else:
-        assert broker_redis.delete(settings.cpu_queue) == 1
+        assert broker_redis.delete(settings.queues.cpu_queue) == 1
 
 
 def test_every_script_call_names_keys_of_one_slot():
@@ -184,7 +184,7 @@ def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_
     assert sum(q.messages for q in backlog.queues) == 12
 
     breaker = Breaker.from_settings(client.store.client, settings)
-    for _ in range(settings.breaker_failures):
+    for _ in range(settings.breaker.failures):
         breaker.record_failure("1:tei:abcd")
     assert breaker.acquire("1:tei:abcd", probe_lease_s=1) is Gate.SKIP
 

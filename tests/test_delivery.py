@@ -109,7 +109,7 @@ def test_a_replacement_process_that_loads_slowly_is_not_killed(start_worker, mak
     marks = tmp_path / "marks"
     marks.mkdir()
     env = provider_env("SlowStartProvider", mark_dir=marks, sleep_s=1)
-    env["RERANKQ_TEST_START_S"] = "6"
+    env["TEST_PROVIDER_START_S"] = "6"
     worker = start_worker(env=env)
     client = make_client(redeliver_after_s=4)
     stream = client.open("payment gateway error", make_candidates(10), window_size=10)

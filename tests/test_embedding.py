@@ -7,10 +7,12 @@ import json
 import time
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from tiny_model import BI_ENCODER_PROMPTS, build_prompted_bi_encoder
 
 from producer import RerankClient, load_settings
 from producer.settings import MemberSettings
@@ -203,3 +205,70 @@ def test_a_gpu_worker_whose_only_model_is_the_bi_encoder_refuses_to_start_withou
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "no CUDA device" in proc.stderr and " ready." not in proc.stderr
+
+
+# --- a bi-encoder that ships query/document prompts (e5-, bge-, gte-, nomic-style) -------------
+
+INSTRUCTION = "Instruct: find the runbook that fixes a checkout outage\nQuery: "
+
+
+@pytest.fixture(scope="module")
+def prompted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_prompted_bi_encoder(tmp_path_factory.mktemp("prompted") / "model")
+
+
+@pytest.fixture(scope="module")
+def prompted_engine(prompted_dir: Path):
+    from worker.engine.embedding import EmbeddingEngine
+    from worker.engine.loading import load_sentence_transformer
+
+    return EmbeddingEngine(load_sentence_transformer(str(prompted_dir), device="cpu"),
+                           settings=load_settings({}, precision="fp32"))
+
+
+def library_cosines(model: Any, query: str, documents: list[str], *, prompt: str | None = None) -> list[float]:
+    q = model.encode_query([query], prompt=prompt, convert_to_tensor=True, normalize_embeddings=True)
+    d = model.encode_document(documents, convert_to_tensor=True, normalize_embeddings=True)
+    return (d @ q[0]).tolist()
+
+
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder
+def test_a_bi_encoder_with_prompts_scores_as_encode_query_and_encode_document(prompted_engine):
+    model = prompted_engine.sentence_transformer
+    assert model.prompts["query"] == BI_ENCODER_PROMPTS["query"]
+    documents = [*DOCUMENTS, QUERY]  # the last document has the query's own text
+    pairs = [(QUERY, d) for d in documents]
+
+    expected = library_cosines(model, QUERY, documents)
+    scores = prompted_engine.score_pairs(pairs)
+    assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-5
+    # The prompts change the numbers: scoring the bare texts would be off.
+    bare = model.encode([QUERY, *documents], convert_to_tensor=True, normalize_embeddings=True)
+    assert max(abs(a - b) for a, b in zip(scores, (bare[1:] @ bare[0]).tolist())) > 0.01
+    # A document with the query's text is embedded as a document ("passage: ..."), not reused as the query.
+    assert scores[-1] == pytest.approx(expected[-1], abs=1e-5) and scores[-1] < 0.999
+
+    # An instruction takes the query prompt's place, as encode_query(prompt=...) does.
+    instructed = prompted_engine.score_pairs(pairs, prompt=INSTRUCTION)
+    expected_instructed = library_cosines(model, QUERY, documents, prompt=INSTRUCTION)
+    assert max(abs(a - b) for a, b in zip(instructed, expected_instructed)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(instructed, scores)) > 0.01
+
+
+@pytest.mark.slow  # loads the packaged MiniLM bi-encoder in a real worker
+def test_a_worker_serves_a_prompted_bi_encoder_with_the_streams_instruction(
+    prompted_dir: Path, prompted_engine, start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
+) -> None:
+    start_worker(env={"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MODEL": str(prompted_dir),
+                      "RERANKQ_PAIR_CACHE": "false"})
+    client = make_client()
+    items = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCUMENTS)]
+    model = prompted_engine.sentence_transformer
+    for instruction in (None, INSTRUCTION):
+        stream = client.open(QUERY, items, window_size=len(items), instruction=instruction)
+        page = client.pull(stream, 0, len(items), timeout=120)
+        expected = dict(zip((i["id"] for i in items), library_cosines(model, QUERY, DOCUMENTS, prompt=instruction)))
+        assert page.complete and {r.served_by for r in page.rows} == {"0:embedding"}
+        assert client.status(stream).windows[0].instruction_ignored_by is None  # the query prompt carried it
+        for row in page.rows:
+            assert row.score == pytest.approx(max(0.0, expected[row.id]), abs=1e-4)

@@ -1,13 +1,19 @@
-"""The scoring engine: parity with CrossEncoder.predict, token-budget batching, precision."""
+"""The scoring engine: parity with CrossEncoder.predict (sequence-classification and causal-LM
+rerankers, prompts and instructions, prefix reuse), token-budget batching, precision, and the
+refusal at load of a model the engine cannot score as the library does."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from tiny_model import build_tiny_causal_reranker
 
+from producer import RerankClient
 from producer.settings import load_settings
 from worker.engine import ScoringEngine, load_cross_encoder, plan_batches, shared_engine
 from worker.engine.parity import spearman
@@ -140,3 +146,114 @@ def test_the_models_activation_is_applied_so_the_declared_scale_holds(tiny_model
     assert activation_scale(tiny_cross_encoder) == "probability"
     assert max(abs(1 / (1 + math.exp(-x)) - p) for x, p in zip(logits, probabilities)) < 1e-5
     assert logits != probabilities
+
+
+# --- causal-LM rerankers (the Qwen3-Reranker family's shape) -------------------------------------
+
+INSTRUCTION = "find the runbook steps that resolve the outage"
+
+
+@pytest.fixture(scope="module")
+def causal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_causal_reranker(tmp_path_factory.mktemp("causal") / "model")
+
+
+@pytest.fixture(scope="module")
+def causal_reranker(causal_dir: Path):
+    return load_cross_encoder(str(causal_dir), device="cpu")
+
+
+def predicted(model: Any, pairs: list[tuple[str, str]], *, prompt: str | None = None) -> list[float]:
+    return [float(x) for x in model.predict(pairs, prompt=prompt, batch_size=32, show_progress_bar=False)]
+
+
+def test_a_causal_lm_reranker_scores_as_predict_does_with_its_prompt_or_an_instruction(causal_reranker,
+                                                                                       fp32_settings):
+    from worker.providers.local import activation_scale
+
+    pairs = realistic_pairs(30, seed=5)
+    reused = ScoringEngine(causal_reranker, settings=fp32_settings, token_budget=512)
+    plain = ScoringEngine(causal_reranker, settings=fp32_settings, token_budget=512, prefix_reuse=False)
+    assert reused.causal and reused.left_padding and reused.prefix is not None and plain.prefix is None
+
+    for prompt in (None, INSTRUCTION):  # None: the model's default prompt, as predict applies it
+        expected = predicted(causal_reranker, pairs, prompt=prompt)
+        for engine in (reused, plain):
+            scores = engine.score_pairs(pairs, prompt=prompt)
+            assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-4
+            assert ranking(scores) == ranking(expected)
+    # The instruction reaches the model: the same pairs score differently under it.
+    assert max(abs(a - b) for a, b in zip(predicted(causal_reranker, pairs),
+                                          predicted(causal_reranker, pairs, prompt=INSTRUCTION))) > 1e-3
+    # LogitScore's log-odds go through the model's sigmoid, as predict gives them: probabilities.
+    assert activation_scale(causal_reranker) == "probability"
+    assert all(0.0 <= s <= 1.0 for s in reused.score_pairs(pairs))
+
+
+def test_prefix_reuse_runs_each_querys_shared_prefix_once(causal_reranker, fp32_settings):
+    first, second = realistic_pairs(12, seed=6), realistic_pairs(9, seed=7)
+    pairs = first + second  # two windows coalesced into one call: a prefix each
+    reused = ScoringEngine(causal_reranker, settings=fp32_settings)
+    plain = ScoringEngine(causal_reranker, settings=fp32_settings, prefix_reuse=False)
+    for engine in (reused, plain):
+        engine.padded_tokens = engine.real_tokens = engine.prefix_reused = 0
+
+    scores = reused.score_pairs(pairs)
+    reference = plain.score_pairs(pairs)
+
+    expected = predicted(causal_reranker, first) + predicted(causal_reranker, second)
+    assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(reference, expected)) < 1e-4
+    assert reused.prefix_reused == len(pairs) and plain.prefix_reused == 0
+    # The template, prompt and query in front of every document are run once per window, not per pair.
+    assert reused.padded_tokens < 0.7 * plain.padded_tokens
+
+
+def test_a_model_whose_scores_depend_on_its_batch_padding_is_refused_at_load(tmp_path: Path, fp32_settings):
+    from worker.engine.parity import EngineDisagrees
+
+    # Learned absolute positions: left padding moves every token, so predict's own number for
+    # a pair depends on its batch; an engine that batches otherwise cannot give it.
+    model = load_cross_encoder(str(build_tiny_causal_reranker(tmp_path / "gpt2", absolute_positions=True)),
+                               device="cpu")
+    with pytest.raises(EngineDisagrees) as refused:
+        ScoringEngine(model, settings=fp32_settings)
+    assert "CrossEncoder.predict" in str(refused.value) and "max |diff|" in str(refused.value)
+
+
+@pytest.mark.slow  # two real workers
+def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_it_cannot(
+    causal_dir: Path, causal_reranker, tmp_path: Path, start_worker: Callable[..., Any],
+    make_client: Callable[..., RerankClient],
+) -> None:
+    import time
+
+    pairs = realistic_pairs(12, seed=8)
+    query, documents = pairs[0][0], [d for _, d in pairs]
+    items = [{"id": f"d{i}", "text": d} for i, d in enumerate(documents)]
+    # The pair cache is left out: this is about what the model is asked, not what is remembered.
+    serving = start_worker(env={"RERANKQ_RERANKER_MODEL": str(causal_dir), "RERANKQ_PAIR_CACHE": "false"})
+    client = make_client()
+    plain = client.open(query, items, window_size=len(items))
+    instructed = client.open(query, items, window_size=len(items), instruction=INSTRUCTION)
+    for stream, prompt in ((plain, None), (instructed, INSTRUCTION)):
+        page = client.pull(stream, 0, len(items), timeout=180)
+        expected = dict(zip((item["id"] for item in items), predicted(causal_reranker, pairs, prompt=prompt)))
+        assert page.complete and {r.served_by for r in page.rows} == {"0:local"}
+        assert client.status(stream).windows[0].instruction_ignored_by is None  # the model used it
+        for row in page.rows:
+            assert row.score == pytest.approx(expected[row.id], abs=1e-4)
+
+    # A model the engine does not score as the library does is refused at start, saying why;
+    # the chain's next member serves.
+    serving.stop()
+    gpt2 = build_tiny_causal_reranker(tmp_path / "gpt2", absolute_positions=True)
+    worker = start_worker(env={"RERANKQ_RERANKER_MODEL": str(gpt2), "RERANKQ_RERANKER_1_PROVIDER": "rrf"})
+    stream = client.open(query, items, window_size=len(items))
+    assert client.pull(stream, 0, len(items), timeout=180).complete
+    assert client.status(stream).windows[0].served_by == "1:rrf"
+    deadline = time.monotonic() + 30
+    while "member_start_failed" not in worker.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    refused = [line for line in worker.log().splitlines() if "member_start_failed" in line]
+    assert refused and "engine_disagrees" in refused[0] and "CrossEncoder.predict" in refused[0]

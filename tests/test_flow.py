@@ -94,7 +94,7 @@ def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis):
     client.pull(stream, 0, 10, timeout=60)
 
     # The same trigger delivered twice more: at-least-once delivery in action.
-    queue = client.settings.cpu_queue
+    queue = client.settings.queues.cpu_queue
     client.dispatcher.app.send_task(TASK_NAME, args=[stream, 0], queue=queue)
     client.dispatcher.app.send_task(TASK_NAME, args=[stream, 0], queue=queue)
     # A later window's commit tells us both duplicates were consumed before it (one worker, FIFO).

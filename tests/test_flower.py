@@ -46,7 +46,7 @@ def test_flower_sees_the_windows_and_the_worker(start_worker, make_client, base_
         status, workers = get_json(port, "/api/workers?refresh=1")
         assert status == 200 and len(workers) == 1
         queues = {q["name"] for q in next(iter(workers.values()))["active_queues"]}
-        assert queues == {client.settings.cpu_queue, client.settings.any_queue}
+        assert queues == {client.settings.queues.cpu_queue, client.settings.queues.any_queue}
     finally:
         flower.terminate()
         flower.wait(timeout=30)

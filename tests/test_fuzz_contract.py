@@ -33,7 +33,7 @@ from producer.wire import (
     window_result_decoder,
 )
 
-FUZZ = settings(max_examples=int(os.environ.get("RERANKQ_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 CANDIDATE_FIELDS = set(Candidate.__struct_fields__)
 OPEN_ARGS = {"query", "candidates", "window_size", "first_windows", "device", "min_score", "min_final_score",

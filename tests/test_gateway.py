@@ -518,7 +518,7 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
 def test_retry_after_follows_the_measured_drain_rate(redis_server) -> None:
     settings = load_settings(queue_env(redis_server.url, "r" + uuid.uuid4().hex[:10]))
     gateway = load_gateway_settings({}, max_backlog=10, max_retry_after_s=600)
-    queue = settings.cpu_queue
+    queue = settings.queues.cpu_queue
     raw = redis.Redis.from_url(redis_server.url)
 
     async def run() -> tuple[float, int]:

@@ -62,7 +62,7 @@ def doors(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Do
     tmp = tmp_path_factory.mktemp("doors")
     # Each window takes a little while, so concurrent calls wait together, as under real load.
     env = queue_env(redis_server.url, "d" + uuid.uuid4().hex[:10], RERANKQ_RERANKER_PROVIDER=FAST,
-                    RERANKQ_TEST_SLEEP_S=str(WINDOW_S))
+                    TEST_PROVIDER_SLEEP_S=str(WINDOW_S))
     keys = write_keys(tmp / "keys.json", [{"name": "a", "tenant": "tenant-a", "devices": ["cpu", "gpu"]},
                                           {"name": "b", "tenant": "tenant-b", "devices": ["cpu", "gpu"]}])
     worker = WorkerProcess.rerankq(env, tmp / "worker.log", "--device", "cpu", cwd=ROOT).start()

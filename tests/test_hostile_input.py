@@ -292,8 +292,8 @@ def test_names_in_settings_end_at_the_end_of_the_string(variable):
 
 
 def test_a_chain_profile_variable_with_a_trailing_newline_names_no_profile():
-    assert load_settings({"RERANKQ_CHAIN_FAST\n": "0"}).chain_profiles == {}
-    assert load_settings({"RERANKQ_CHAIN_FAST": "0"}).chain_profiles == {"fast": [0]}
+    assert load_settings({"RERANKQ_CHAIN_FAST\n": "0"}).chain.profiles == {}
+    assert load_settings({"RERANKQ_CHAIN_FAST": "0"}).chain.profiles == {"fast": [0]}
 
 
 # -- 10: a missing or unknown field is part of the path -----------------------

@@ -40,7 +40,7 @@ def test_a_free_worker_takes_interactive_windows_before_waiting_batch_windows(st
 
 def test_the_sweep_resends_a_window_to_the_lane_its_stream_was_opened_in(make_client, settings, raw_redis):
     client = make_client()
-    queue = settings.cpu_queue
+    queue = settings.queues.cpu_queue
     streams = {lane: client.open(f"{lane} query", [{"id": "a", "text": "x"}], lane=lane)
                for lane in ("batch", "interactive")}
     assert raw_redis.llen(lane_list(queue, "batch")) == 1 and raw_redis.llen(lane_list(queue, "interactive")) == 1
@@ -48,7 +48,7 @@ def test_the_sweep_resends_a_window_to_the_lane_its_stream_was_opened_in(make_cl
     for stream in streams.values():
         client.store.hurry(stream, [0])  # past their deadline now
 
-    probe = QueueProbe(connect(settings.broker))
+    probe = QueueProbe(connect(settings.store.broker))
     assert sweep_once(client.store, client.dispatcher, probe, settings) == 2
     for lane, stream in streams.items():
         assert probe.queued_windows([queue]) >= {(stream, 0)}

@@ -151,7 +151,7 @@ def test_prometheus_scrapes_a_worker_and_the_exporter(prometheus, start_worker, 
 
         wait_for(scraped, 60, "both targets scraped", interval_s=0.5)
         gpu = query(port, 'rerankq_queue_messages{device="gpu"}')
-        assert [(m["job"], m["queue"], v) for m, v in gpu] == [("rerankq-exporter", f"{client.settings.gpu_queue}", 5)]
+        assert [(m["job"], m["queue"], v) for m, v in gpu] == [("rerankq-exporter", f"{client.settings.queues.gpu_queue}", 5)]
         assert query(port, 'rerankq_windows_uncommitted{device="gpu"}')[0][1] == 5
         committed = query(port, "sum(rerankq_windows_committed_total)")
         assert committed[0][1] == client.store.counters()["windows_committed"] == 3

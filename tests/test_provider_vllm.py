@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 
-import msgspec
 import pytest
 import structlog
 from conftest import make_candidates
 from rerank_servers import expected_score, logit
 
 from producer.errors import ConfigError
-from producer.settings import MemberSettings, Secret, Settings, load_settings
+from producer.settings import MemberSettings, Secret, Settings, load_settings, override
 from worker.chain import Chain, ChainOutcome
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest
@@ -39,8 +38,7 @@ def vllm(url: str, **kw: object) -> MemberSettings:
 
 
 def run(member: MemberSettings, n: int = 10, settings: Settings | None = None, **kw: object) -> ChainOutcome:
-    chain = Chain.from_settings(msgspec.structs.replace(settings or Settings(),
-                                                        members=[member, MemberSettings(provider="rrf")]))
+    chain = Chain.from_settings(override(settings or Settings(), members=[member, MemberSettings(provider="rrf")]))
     try:
         return chain.run(request(n, **kw))
     finally:
@@ -145,9 +143,10 @@ def test_500_is_retried_then_fails_over_and_429_honours_retry_after(server):
 def test_a_failing_member_opens_the_shared_breaker(server, redis_server, namespace):
     endpoint = server("vllm")
     endpoint.mode = "500"
-    settings = Settings(redis_url=redis_server.url, namespace=namespace, breaker_failures=2, breaker_cooldown_s=30)
-    chain = Chain.from_settings(msgspec.structs.replace(
-        settings, members=[vllm(endpoint.url, max_retries=0), MemberSettings(provider="rrf")]))
+    settings = override(Settings(), redis_url=redis_server.url, namespace=namespace, breaker_failures=2,
+                        breaker_cooldown_s=30)
+    chain = Chain.from_settings(override(settings, members=[vllm(endpoint.url, max_retries=0),
+                                                            MemberSettings(provider="rrf")]))
     try:
         failovers = [chain.run(request(4)).failovers for _ in range(4)]
     finally:
@@ -184,7 +183,7 @@ def test_member_settings_from_the_environment():
         "RERANKQ_RERANKER_INSTRUCTION_FIELD": "",
         "RERANKQ_RERANKER_1_PROVIDER": "rrf",
     })
-    member = settings.members[0]
+    member = settings.chain.members[0]
     assert (member.provider, member.endpoint, member.truncate_prompt_tokens, member.instruction_field) == (
         "vllm", "score", -1, "")
     assert member.api_key == Secret(KEY) and KEY not in repr(member)
@@ -224,7 +223,7 @@ def test_the_generic_member_sends_it_in_the_configured_field(server):
 def test_a_member_that_cannot_use_it_says_so_once_and_each_window_records_it(server, shape, member):
     endpoint = server(shape)
     settings = member(endpoint.url)
-    chain = Chain.from_settings(Settings(members=[settings, MemberSettings(provider="rrf")]))
+    chain = Chain.from_settings(override(Settings(), members=[settings, MemberSettings(provider="rrf")]))
     with structlog.testing.capture_logs() as logs:
         outcomes = [chain.run(request(4, instruction=INSTRUCTION)) for _ in range(2)]
         plain = chain.run(request(4))
@@ -239,7 +238,7 @@ def test_a_member_that_cannot_use_it_says_so_once_and_each_window_records_it(ser
 
 
 def test_a_passthrough_window_records_no_ignored_instruction():
-    outcome = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf")])).run(
+    outcome = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf")])).run(
         request(4, instruction=INSTRUCTION))
     assert outcome.passthrough and outcome.instruction_ignored_by is None
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import time
 
-import msgspec
 import pytest
 import structlog
 from rerank_servers import closed_port_url, expected_score
 
-from producer.settings import MemberSettings, Secret, Settings, load_settings
+from producer.settings import MemberSettings, Secret, Settings, load_settings, override
 from worker.chain import Chain, ChainOutcome
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest
@@ -31,8 +30,7 @@ def request(n: int, **kw: object) -> ScoreRequest:
 
 
 def run(member: MemberSettings, n: int = 10, settings: Settings | None = None, **kw: object) -> ChainOutcome:
-    chain = Chain.from_settings(msgspec.structs.replace(settings or Settings(),
-                                                        members=[member, MemberSettings(provider="rrf")]))
+    chain = Chain.from_settings(override(settings or Settings(), members=[member, MemberSettings(provider="rrf")]))
     try:
         return chain.run(request(n, **kw))
     finally:
@@ -156,7 +154,7 @@ def test_flat_threshold_comes_from_settings(server):
     assert run(member, n=5).served_by == "0:tei"
     # ... but not with RERANKQ_FLAT_MIN_WINDOW=4.
     strict = load_settings({"RERANKQ_FLAT_MIN_WINDOW": "4", "RERANKQ_FLAT_RANGE": "0.01"})
-    assert strict.flat_min_window == 4 and strict.flat_range == 0.01
+    assert strict.chain.flat_min_window == 4 and strict.chain.flat_range == 0.01
     assert run(member, n=5, settings=strict).failovers == ["0:tei: flat_scores"]
 
 
@@ -273,7 +271,7 @@ def test_an_error_body_that_echoes_the_input_stays_out_of_warnings(server):
     tei.mode = "echo_422"  # FastAPI-style: the refused request is quoted back
     secret_query = "confidential merger with acme corp"
     docs = ["board minutes about the acme merger", "salary review for jane doe"]
-    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="tei", url=tei.url, timeout_s=1)]))
+    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="tei", url=tei.url, timeout_s=1)]))
     with structlog.testing.capture_logs() as logs:
         outcome = chain.run(ScoreRequest(query=secret_query, documents=docs, stream_id="s_test", window=0))
     chain.close()
@@ -305,7 +303,7 @@ def test_credentials_in_a_member_url_are_refused_and_never_echoed(server):
     cohere = server("cohere")
     with_credentials = cohere.url.replace("http://", f"http://operator:{KEY}@")
     member = MemberSettings(provider="cohere", url=with_credentials, api_key=Secret("sk-bearer-key"), timeout_s=1)
-    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf"), member]))
+    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf"), member]))
     chain.members = chain.members[::-1]  # as member 1 of the config, tried first
     with structlog.testing.capture_logs() as logs:
         outcome = chain.run(request(3))
@@ -336,7 +334,7 @@ def test_bad_member_config_names_the_variable(member, field):
     with pytest.raises(ProviderStartError) as raised:
         build_provider(member, Settings())
     assert raised.value.field == field  # type: ignore[attr-defined]
-    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf"), member]))
+    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf"), member]))
     chain.members = chain.members[::-1]  # the bad one first, as member 1 of the config
     with structlog.testing.capture_logs() as logs:
         outcome = chain.run(request(3))
@@ -346,7 +344,7 @@ def test_bad_member_config_names_the_variable(member, field):
 
 
 def test_failed_start_is_retried_no_sooner_than_member_restart_s():
-    settings = Settings(members=[MemberSettings(provider="tei"), MemberSettings(provider="rrf")],
+    settings = override(Settings(), members=[MemberSettings(provider="tei"), MemberSettings(provider="rrf")],
                         member_restart_s=0.3)
     chain = Chain.from_settings(settings)
     for _ in range(3):
@@ -383,8 +381,8 @@ def test_chain_profile_settings():
                               "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_2_PROVIDER": "rrf",
                               "RERANKQ_CHAIN_PRIVATE": "0,2", "RERANKQ_BREAKER_FAILURES": "5",
                               "RERANKQ_BREAKER_COOLDOWN_S": "7.5"})
-    assert settings.chain_profiles == {"private": [0, 2]}
-    assert (settings.breaker_failures, settings.breaker_cooldown_s) == (5, 7.5)
+    assert settings.chain.profiles == {"private": [0, 2]}
+    assert (settings.breaker.failures, settings.breaker.cooldown_s) == (5, 7.5)
     chain = Chain.from_settings(settings)
     assert [m.label for m in chain.members_for("PRIVATE")] == ["0:tei", "2:rrf"]
     assert chain.members_for("nope") is None
@@ -397,7 +395,7 @@ def test_chain_profile_settings():
 def test_a_404_from_a_derived_endpoint_names_the_url_to_set(server):
     infinity = server("infinity")  # serves /rerank only, like infinity-emb
     member = MemberSettings(provider="cohere", url=infinity.url, timeout_s=1)
-    chain = Chain.from_settings(Settings(members=[MemberSettings(provider="rrf"), member]))
+    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf"), member]))
     chain.members = chain.members[::-1]
     with structlog.testing.capture_logs() as logs:
         outcome = chain.run(request(3))
@@ -412,13 +410,13 @@ def test_a_404_from_a_derived_endpoint_names_the_url_to_set(server):
 
 
 def test_warm_up_says_once_at_error_when_no_scoring_member_starts():
-    broken = Settings(members=[MemberSettings(provider="tei"), MemberSettings(provider="http", url="ftp://x"),
-                               MemberSettings(provider="rrf")])
+    broken = override(Settings(), members=[MemberSettings(provider="tei"), MemberSettings(provider="http", url="ftp://x"),
+                                           MemberSettings(provider="rrf")])
     with structlog.testing.capture_logs() as logs:
         Chain.from_settings(broken).warm_up()
-        Chain.from_settings(Settings(members=[MemberSettings(provider="rrf")])).warm_up()  # rrf alone: meant
-        Chain.from_settings(Settings(members=[MemberSettings(provider="tei"),  # one of two starts: fine
-                                              MemberSettings(provider="tei", url="http://127.0.0.1:1")])).warm_up()
+        Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf")])).warm_up()  # rrf alone: meant
+        Chain.from_settings(override(Settings(), members=[MemberSettings(provider="tei"),  # one of two starts: fine
+                                                          MemberSettings(provider="tei", url="http://127.0.0.1:1")])).warm_up()
     errors = [e for e in logs if e["log_level"] == "error"]
     assert len(errors) == 1 and errors[0]["event"] == "no_scoring_member_started"
     assert set(errors[0]["members"]) == {"0:tei", "1:http"}

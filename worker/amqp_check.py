@@ -21,7 +21,7 @@ def prepare_amqp_broker(settings: Settings, timeout_s: float = 60.0) -> str | No
     window time limit, and declares every lane queue and its dead-letter queue, so a message a
     worker refuses has somewhere to go.
     """
-    with Connection(settings.broker, connect_timeout=5) as connection:
+    with Connection(settings.store.broker, connect_timeout=5) as connection:
         try:
             connection.ensure_connection(max_retries=max(1, int(timeout_s // 2)), interval_start=1,
                                          interval_step=1, interval_max=2)

@@ -25,7 +25,7 @@ def valid_task_args(stream_id: object, window: object, settings: Settings) -> bo
         check_stream_id(stream_id)  # type: ignore[arg-type]
     except ValidationError:
         return False
-    return type(window) is int and 0 <= window < settings.max_candidates
+    return type(window) is int and 0 <= window < settings.streams.max_candidates
 
 
 def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True,
@@ -33,7 +33,7 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
     # Every message is checked before Celery acts on it (worker.message_door).
-    if settings.broker_kind == "amqp":
+    if settings.store.broker_kind == "amqp":
         app.conf.worker_consumer = "worker.amqp_check:AmqpConsumer"
     else:
         app.conf.worker_consumer = "worker.message_door:Consumer"

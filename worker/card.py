@@ -61,7 +61,7 @@ def describe(runtime: Any) -> dict[str, Any]:
             # Only a remote member goes through the shared breaker.
             "breaker": member.breaker_id if member.remote else None,
         })
-    return {"pid": os.getpid(), "device": runtime.settings.device, "members": members, "at": round(time.time(), 3)}
+    return {"pid": os.getpid(), "device": runtime.settings.worker.device, "members": members, "at": round(time.time(), 3)}
 
 
 def publish(store: Store, name: str, card: dict[str, Any]) -> None:
@@ -131,7 +131,7 @@ class CardKeeper:
         consumers.record(store.client, store.keys, self.name, self.queues)
 
     def _run(self) -> None:
-        store = Store(connect(self.settings.redis_url or self.settings.broker), self.settings.namespace)
+        store = Store(connect(self.settings.store.redis_url or self.settings.store.broker), self.settings.store.namespace)
         key = store.keys.worker_card(self.name)
         try:
             try:

@@ -89,7 +89,7 @@ def main(as_json: bool = False) -> int:
         fallbacks = (["embedding"] if packaged_embedding_installed() else []) + ["rrf"]
         for index, provider in enumerate(fallbacks, start=1):
             env[f"RERANKQ_RERANKER_{index}_PROVIDER"] = provider
-    chain = load_settings(env).chain()
+    chain = load_settings(env).chain.effective_members()
     say("chain (tried in order, each window by the first member that answers): "
         + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain)))
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import socket
 
-import msgspec
 import structlog
 from celery import Celery
 
-from producer.settings import Settings, load_settings
+from producer.settings import Settings, override, read_settings
 from worker.app import create_app
+from worker.chain.member_config import check_member_configs
 from worker.logs import configure_logging
 from worker.scoring.calibration import Calibrations
 
@@ -36,32 +36,39 @@ def cpu_quota() -> int:
 
 
 def start_worker(*, device: str = "cpu", processes: int | None = None, threads: int | None = None,
-                 pool: str | None = None, gpu_index: int | None = None, loglevel: str = "INFO",
+                 pool: str | None = None, gpu_index: int | None = None, loglevel: str | None = None,
                  json_logs: bool = False) -> int:
-    """Run a worker until it stops; returns its exit status (non-zero on a fatal error)."""
-    configure_logging(level=loglevel.upper(), json=json_logs)
-    settings = load_settings()
+    """Run a worker until it stops; returns its exit status (non-zero on a fatal error).
+
+    A setting that is wrong, or a chain member that cannot be configured (a ``tei`` member
+    with no URL), raises ConfigError naming the variable before anything starts; a member
+    that cannot load (a model that is not there) is the chain's to retry.
+    """
+    loaded = read_settings()
+    settings = loaded.settings
+    loglevel = (loglevel or settings.worker.log_level).upper()
+    configure_logging(level=loglevel, json=json_logs)
+    check_member_configs(settings, loaded.names)
     quota = cpu_quota()
     if device == "gpu":
         target = f"cuda:{gpu_index}" if gpu_index is not None else "cuda"
-        settings = msgspec.structs.replace(settings, device=target)
-        queues = [settings.gpu_queue, settings.any_queue]
+        settings = override(settings, device=target)
+        queues = [settings.queues.gpu_queue, settings.queues.any_queue]
         pool_name, concurrency = "threads", threads or 8
-        settings = msgspec.structs.replace(settings, coalesce=True if settings.coalesce is None else settings.coalesce)
+        settings = override(settings, coalesce=True if settings.engine.coalesce is None else settings.engine.coalesce)
     elif pool == "threads":
         # One process, all cores to torch, windows of concurrent tasks coalesced: the
         # GPU worker's code path on the CPU (tests run it this way).
-        torch_threads = settings.torch_threads or quota
-        coalesce = True if settings.coalesce is None else settings.coalesce
-        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=torch_threads, coalesce=coalesce)
-        queues = [settings.cpu_queue, settings.any_queue]
+        torch_threads = settings.worker.torch_threads or quota
+        coalesce = True if settings.engine.coalesce is None else settings.engine.coalesce
+        settings = override(settings, device="cpu", torch_threads=torch_threads, coalesce=coalesce)
+        queues = [settings.queues.cpu_queue, settings.queues.any_queue]
         pool_name, concurrency = "threads", threads or 4
     else:
-        count = processes or settings.worker_processes or 1
-        torch_threads = settings.torch_threads or max(1, quota // count)
-        settings = msgspec.structs.replace(settings, device="cpu", torch_threads=torch_threads,
-                                           coalesce=bool(settings.coalesce))
-        queues = [settings.cpu_queue, settings.any_queue]
+        count = processes or settings.worker.worker_processes or 1
+        torch_threads = settings.worker.torch_threads or max(1, quota // count)
+        settings = override(settings, device="cpu", torch_threads=torch_threads, coalesce=bool(settings.engine.coalesce))
+        queues = [settings.queues.cpu_queue, settings.queues.any_queue]
         # prefork even for one process: a child killed mid-window (OOM, segfault) is
         # noticed by the parent, which requeues the message.
         pool_name, concurrency = "prefork", count
@@ -74,17 +81,17 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
     from worker.metrics import start_monitoring
 
     try:
-        monitoring = start_monitoring(settings, device=settings.device, pool=pool_name,
+        monitoring = start_monitoring(settings, device=settings.worker.device, pool=pool_name,
                                       processes=concurrency if pool_name == "prefork" else 1)
     except OSError as exc:  # the port is taken, the directory cannot be written
-        log.error("metrics_cannot_start", port=settings.metrics_port, error=f"{type(exc).__name__}: {exc}")
+        log.error("metrics_cannot_start", port=settings.metrics.port, error=f"{type(exc).__name__}: {exc}")
         return 1
     if monitoring.server is not None:
-        log.info("metrics_listening", host=settings.metrics_host, port=monitoring.server.port)
+        log.info("metrics_listening", host=settings.metrics.host, port=monitoring.server.port)
     from producer.celery_config import delivery_summary
 
     log.info("broker_configured", **delivery_summary(settings))
-    if settings.broker_kind == "amqp":
+    if settings.store.broker_kind == "amqp":
         from worker.amqp_check import prepare_amqp_broker
 
         problem = prepare_amqp_broker(settings)
@@ -96,11 +103,11 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
         queues = consumed_queues(queues)
     app = create_app(settings, monitoring=monitoring)
     # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
-    heartbeat = [] if settings.task_events else ["--without-heartbeat"]
+    heartbeat = [] if settings.worker.task_events else ["--without-heartbeat"]
     return run_celery(app, [
         "worker", f"--pool={pool_name}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
         f"--hostname=rerankq-{device}-{os.getpid()}@{socket.gethostname()}",
-        f"--loglevel={loglevel.upper()}", "--without-gossip", "--without-mingle", *heartbeat,
+        f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", *heartbeat,
     ])
 
 
@@ -127,9 +134,9 @@ def device_problem(settings: Settings) -> str | None:
     A GPU worker whose in-process model would have no CUDA device would report ready and
     serve every window by its fallback: refuse to start instead, so the operator notices.
     """
-    if not settings.device.startswith("cuda"):
+    if not settings.worker.device.startswith("cuda"):
         return None
-    local = [i for i, m in enumerate(settings.chain()) if m.provider in ("local", "embedding") and not m.device]
+    local = [i for i, m in enumerate(settings.chain.effective_members()) if m.provider in ("local", "embedding") and not m.device]
     if not local:
         return None  # only remote members (or members pinned to a device of their own)
     try:
@@ -137,6 +144,6 @@ def device_problem(settings: Settings) -> str | None:
     except ImportError:
         return "torch is not installed (pip install 'rerankq[worker]')"
     if not torch.cuda.is_available():
-        return (f"--device gpu asks for {settings.device}, but torch {torch.__version__} sees no CUDA device "
+        return (f"--device gpu asks for {settings.worker.device}, but torch {torch.__version__} sees no CUDA device "
                 f"(chain members {local} run the model in process); start a --device cpu worker instead")
     return None

@@ -23,7 +23,7 @@ def rerankq_worker(state: Any, **_: Any) -> dict[str, Any]:
     pool = consumer.pool
     queues = sorted(q.name for q in consumer.task_consumer.queues) if consumer.task_consumer else []
     return {
-        "device": settings.device if settings is not None else None,
+        "device": settings.worker.device if settings is not None else None,
         "queues": queues,
         "pool": type(pool).__module__.rsplit(".", 1)[-1] if pool is not None else None,
         "concurrency": getattr(pool, "limit", None),

@@ -32,8 +32,8 @@ class Runtime:
         self.settings = settings
         self.recorder = recorder
         self._warmed_up = False
-        self.store = Store(connect(settings.broker if settings.redis_url is None else settings.redis_url),
-                           settings.namespace, event_log_maxlen=settings.event_log_maxlen)
+        self.store = Store(connect(settings.store.broker if settings.store.redis_url is None else settings.store.redis_url),
+                           settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen)
         self.chain = Chain.from_settings(settings, wrap=self._wrap_member, on_failover=self._count_failover,
                                          redis_client=self.store.client)
         self.scorer = WindowScorer(settings, self.store, self.chain, recorder,
@@ -53,11 +53,11 @@ class Runtime:
         if self._warmed_up:
             # A member that failed at start and starts now, on a later window.
             self.report_started(starting=label)
-        if not self.settings.pair_cache or provider.scale is None:
+        if not self.settings.chain.pair_cache or provider.scale is None:
             return metered
         return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
-                              ttl_s=self.settings.cache_ttl_s, count=self.count,
-                              shared_across_tenants=self.settings.pair_cache_shared_across_tenants,
+                              ttl_s=self.settings.chain.cache_ttl_s, count=self.count,
+                              shared_across_tenants=self.settings.chain.pair_cache_shared_across_tenants,
                               on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses))
 
     def count(self, name: str, amount: int = 1, *, then: Callable[[], None] | None = None) -> None:
@@ -98,14 +98,14 @@ class Runtime:
             if member.settings.provider == "rrf":
                 continue
             has_scoring = True
-            wanted = device_type(member.settings.device or self.settings.device)
+            wanted = device_type(member.settings.device or self.settings.worker.device)
             on_device = engine is None or engine.device.type == wanted
             scoring_ok = scoring_ok or (started and on_device)
         if not model:
             first = self.chain.members[0].settings if self.chain.members else None
             model = (first.model or first.provider) if first is not None else ""
         self.recorder.process_ready(scoring_ok or not has_scoring)
-        self.recorder.worker_info(model=model, precision=precision, torch_threads=self.settings.torch_threads)
+        self.recorder.worker_info(model=model, precision=precision, torch_threads=self.settings.worker.torch_threads)
 
     def close(self) -> None:
         self.chain.close()

@@ -59,13 +59,13 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQue
     streams = store.active_streams()
     due: dict[str, DueWindows] = {}
     # Where the queues cannot be read (RabbitMQ), the store's queued marks stand in for them.
-    trust_s = settings.queued_max_age_s if settings.broker_kind == "amqp" else 0
+    trust_s = settings.queues.queued_max_age_s if settings.store.broker_kind == "amqp" else 0
     for i in range(0, len(streams), SWEEP_BATCH):
-        due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.redeliver_after_s,
+        due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.queues.redeliver_after_s,
                                           trust_queued_s=trust_s))
     if not due:
         return 0
-    listed = probe.queued_windows(settings.all_queues()) if probe is not None else None
+    listed = probe.queued_windows(settings.queues.all_queues()) if probe is not None else None
     queued = listed or set()
     sent = 0
     waiting = sum(claimed.held for claimed in due.values())
@@ -101,8 +101,8 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQue
 def broker_probe(settings: Settings) -> QueueProbe | None:
     """A probe of the broker's queues, where the broker is a Redis whose lists can be read
     (on RabbitMQ the sweep reads the store's queued marks instead)."""
-    if is_redis_broker(settings.broker):
-        return QueueProbe(broker_client(settings.broker))
+    if is_redis_broker(settings.store.broker):
+        return QueueProbe(broker_client(settings.store.broker))
     return None
 
 
@@ -130,10 +130,10 @@ class SweepTimer:
 
     def _run(self) -> None:
         # Own connections: nothing here is shared with the Celery consumer or the pool.
-        store = Store(connect(self.settings.redis_url or self.settings.broker), self.settings.namespace)
+        store = Store(connect(self.settings.store.redis_url or self.settings.store.broker), self.settings.store.namespace)
         dispatcher = Dispatcher(self.settings)
         probe = broker_probe(self.settings)
-        interval = self.settings.sweep_interval_s
+        interval = self.settings.queues.sweep_interval_s
         try:
             while not self._stop.wait(interval):
                 try:

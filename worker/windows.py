@@ -136,9 +136,9 @@ class WindowScorer:
         began_at = time.time()  # the queue's part of a window's latency ends here
         bound = log.bind(stream=stream_id, window=window)
         # The lease is this attempt's whole budget, waits for a full Redis included.
-        until = time.monotonic() + self.settings.redeliver_after_s * 0.9
+        until = time.monotonic() + self.settings.queues.redeliver_after_s * 0.9
         begun = self._through_full_redis(
-            lambda: self.store.begin(stream_id, window, work_deadline_s=self.settings.redeliver_after_s,
+            lambda: self.store.begin(stream_id, window, work_deadline_s=self.settings.queues.redeliver_after_s,
                                      delivery=delivery),
             until=until, bound=bound)
         if isinstance(begun, int):
@@ -147,8 +147,8 @@ class WindowScorer:
         self.recorder.window_begun(attempt=begun.attempt, admitted_at_ms=begun.admitted_at_ms)
         if begun.attempt > 1:
             # A redelivery: an earlier attempt died (killed process, lost message, time limit).
-            bound.warning("window_attempt_again", attempt=begun.attempt, max_attempts=self.settings.max_attempts)
-        if begun.attempt > self.settings.max_attempts:
+            bound.warning("window_attempt_again", attempt=begun.attempt, max_attempts=self.settings.queues.max_attempts)
+        if begun.attempt > self.settings.queues.max_attempts:
             # A window that keeps killing its process is committed as failed, not looped on.
             reason = f"poison: gave up after {begun.attempt - 1} attempts"
             bound.error("window_poisoned", attempts=begun.attempt - 1, reason=reason)

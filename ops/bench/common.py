@@ -20,7 +20,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 from worker.embedded.worker_process import WorkerProcess
 
-CACHE_DIR = Path(os.environ.get("RERANKQ_BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
+CACHE_DIR = Path(os.environ.get("BENCH_CACHE", Path.home() / ".cache" / "rerankq-bench"))
 
 # Sizes of a randomly initialised encoder for --size (GPU runs report "larger models").
 SIZES = {

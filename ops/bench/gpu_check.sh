@@ -16,7 +16,7 @@ if [ -z "$PY" ]; then
 fi
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PIP_NO_INDEX=1
-export RERANKQ_BENCH_CACHE="${RERANKQ_BENCH_CACHE:-$OUT/models}"
+export BENCH_CACHE="${BENCH_CACHE:-$OUT/models}"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "gpu_check: torch in $PY sees no CUDA device" >&2

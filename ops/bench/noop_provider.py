@@ -27,14 +27,14 @@ class NoopProvider:
 
 
 class PacedProvider(NoopProvider):
-    """Takes ``RERANKQ_BENCH_WINDOW_S`` per window: a worker that drains at a known rate."""
+    """Takes ``BENCH_WINDOW_S`` per window: a worker that drains at a known rate."""
 
     kind = "paced"
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         import os
 
-        self.window_s = float(os.environ.get("RERANKQ_BENCH_WINDOW_S", "0.1"))
+        self.window_s = float(os.environ.get("BENCH_WINDOW_S", "0.1"))
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         import time

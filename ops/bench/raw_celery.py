@@ -18,7 +18,7 @@ NOOP_TASK = "bench.noop"
 settings = load_settings()
 app = Celery("bench-raw", set_as_current=False)
 app.conf.update(celery_config(settings))
-app.conf.update(result_backend=settings.broker, task_ignore_result=False,
+app.conf.update(result_backend=settings.store.broker, task_ignore_result=False,
                 task_default_queue=os.environ.get("BENCH_RAW_QUEUE", "bench.raw"))
 
 

@@ -36,7 +36,7 @@ def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Pat
     settings = {"RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s), "RERANKQ_SWEEP_INTERVAL_S": "1",
                 "RERANKQ_VISIBILITY_TIMEOUT_S": str(max(600, args.redeliver_after_s * 4)),
                 "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
-                "RERANKQ_BENCH_WINDOW_S": str(args.window_s),
+                "BENCH_WINDOW_S": str(args.window_s),
                 "RERANKQ_PAIR_CACHE": "false"}  # every window must reach the paced provider
     env = worker_env(server.url, namespace, **settings)
     if mode == "every overdue window (before)":
@@ -54,7 +54,7 @@ def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Pat
         admitted_at = time.monotonic()
         # Lose a few messages from the far end of the queue (the last to be fetched), as a
         # worker killed between its fetch and its record of the fetch would.
-        queue = client.settings.cpu_queue
+        queue = client.settings.queues.cpu_queue
         lost = []
         for raw in client.store.client.lrange(queue, 0, args.lost - 1):
             client.store.client.lrem(queue, 1, raw)

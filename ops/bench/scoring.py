@@ -8,8 +8,8 @@ per round. Also reported: executed and useful GFLOP/s (FLOPs per pair for a BERT
 encoder: layers * (24 L h^2 + 4 L^2 h), L the pair's tokens, padded for "executed"),
 the fraction of a matrix-multiply peak measured in this run at the same precision,
 and ranking parity against fp32 (Spearman per window, max absolute score difference).
-The embedding row's parity is against sentence-transformers' own ``encode`` (cosines of
-its fp32 embeddings), its FLOPs those of embedding the query once and each document
+The embedding row's parity is against sentence-transformers' own ``encode_query`` /
+``encode_document`` (cosines of its fp32 embeddings), its FLOPs those of embedding the query once and each document
 (truncated at the bi-encoder's 256 tokens) per window; its ratio is against the engine.
 
 Each backend and precision the engine offers (torch fp32/bf16; ONNX Runtime fp32 and
@@ -17,6 +17,11 @@ static int8; OpenVINO fp32, bf16 and static int8, where installed) is a row, for
 so its speed and parity are both seen, with the resident memory of a process that
 loads only it (measured in a subprocess each). int8 is calibrated on windows drawn
 like the timed ones but not among them.
+
+A causal-LM reranker row follows (``ops/bench/causal.py``): a Qwen3-0.6B-shaped model with
+random weights, CrossEncoder.predict against the engine without and with prefix reuse, with
+parity and the tokens each runs per pair (``--causal-layers``; ``--quick`` runs 4 of the 28;
+``--causal-only`` runs only it).
 
     python -m ops.bench.scoring --quick --json /tmp/scoring.json
 """
@@ -39,6 +44,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ops.bench.causal import run_causal
 from ops.bench.common import ROOT, SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
@@ -204,11 +210,13 @@ def embedding_subject(settings: Any, device: str) -> Subject:
                 for _ in b.indices]
 
     def library(window: Pairs) -> list[float]:
-        vectors = model.encode(texts(window), convert_to_tensor=True, normalize_embeddings=True,
-                               show_progress_bar=False).float()
-        return (vectors[1:] @ vectors[0]).tolist()
+        query = model.encode_query([window[0][0]], convert_to_tensor=True, normalize_embeddings=True,
+                                   show_progress_bar=False).float()
+        documents = model.encode_document([d for _, d in window], convert_to_tensor=True, normalize_embeddings=True,
+                                          show_progress_bar=False).float()
+        return (documents @ query[0]).tolist()
 
-    return Subject(f"embedding engine ({settings.precision} -> {engine.precision})", engine.precision,
+    return Subject(f"embedding engine ({settings.engine.precision} -> {engine.precision})", engine.precision,
                    engine.score_pairs, executed, useful_tokens=useful, reference=library)
 
 
@@ -228,6 +236,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer windows and rounds: a few minutes with every backend row")
     parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no other rows")
     parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
+    parser.add_argument("--causal-layers", type=int, default=None,
+                        help="layers of the Qwen3-0.6B-shaped causal reranker (default 28; 4 with --quick)")
+    parser.add_argument("--no-causal", action="store_true", help="skip the causal-reranker row")
+    parser.add_argument("--causal-only", action="store_true", help="only the causal-reranker row")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
@@ -246,6 +258,12 @@ def main() -> None:
     if args.token_budget:
         overrides["token_budget"] = args.token_budget
     settings = load_settings({}, **overrides)
+    causal = None if args.no_causal else lambda: run_causal(
+        settings=settings, device=args.device, layers=args.causal_layers or (4 if args.quick else 28),
+        windows_n=args.windows or (2 if args.quick else 4), window_size=args.window_size, rounds=rounds)
+    if args.causal_only and causal is not None:
+        write_json(args.json_path, {"causal": causal()})
+        return
 
     baseline_model = load_cross_encoder(model_path, device=args.device)
     config = baseline_model[0].model.config
@@ -300,7 +318,7 @@ def main() -> None:
                        baseline_executed)
     # The engine as a worker runs it: the precision and backend settings, with the parity probe.
     configured = BackendChoice(args.backend, onnx_optimization=args.onnx_optimization)
-    engine = engine_subject("engine", settings.precision, verify=True, choice=configured)
+    engine = engine_subject("engine", settings.engine.precision, verify=True, choice=configured)
     configured = engine.choice or configured
     engine.name = f"engine ({args.backend} -> {configured.name}, {args.precision} -> {engine.precision})"
     subjects = [baseline, engine]
@@ -419,7 +437,9 @@ def main() -> None:
     print(f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
           f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
           "on the same windows")
+    causal_results = causal() if causal is not None else None
     write_json(args.json_path, {
+        "causal": causal_results,
         "baseline_pairs_per_s": results[baseline.name]["pairs_per_s"],
         "engine_pairs_per_s": main_figures["pairs_per_s"],
         "ratio": main_figures["ratio"],

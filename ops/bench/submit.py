@@ -163,7 +163,7 @@ def main() -> None:
     ns = "bs" + uuid.uuid4().hex[:6]
     env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="rrf", RERANKQ_PAIR_CACHE="false")
     paced_env = {**env, "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
-                 "RERANKQ_BENCH_WINDOW_S": str(args.window_ms / 1000)}
+                 "BENCH_WINDOW_S": str(args.window_ms / 1000)}
     client = RerankClient(load_settings(env))
     worker = rerankq_worker(env, scratch / "worker.log", "--processes", "1").start()
     try:

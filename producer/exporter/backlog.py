@@ -2,7 +2,7 @@
 
 Each read is a fixed number of commands however many streams are live:
 
-- per queue (``Settings.all_queues()``, every priority list kombu keeps for it): its length,
+- per queue (``QueueSettings.all_queues()``, every priority list kombu keeps for it): its length,
   and its oldest message, the list's tail (kombu pushes on the left and pops on the right),
   whose ``rerankq_sent_at`` header (``producer.dispatch``) gives the age of the oldest wait;
 - unacknowledged messages per queue: kombu's ``unacked`` hash, counted by routing key in a
@@ -67,8 +67,8 @@ class Backlog:
 
 def queue_devices(settings: Settings) -> dict[str, str]:
     """Every queue the workers consume, with the device kind it serves."""
-    by_queue = {settings.queue_for(device): device for device in DEVICES}
-    return {queue: by_queue.get(queue, "") for queue in settings.all_queues()}
+    by_queue = {settings.queues.queue_for(device): device for device in DEVICES}
+    return {queue: by_queue.get(queue, "") for queue in settings.queues.all_queues()}
 
 
 def sent_at(raw: bytes | None) -> float | None:
@@ -86,7 +86,7 @@ class BacklogReader:
     def __init__(self, settings: Settings, store_client: redis.Redis, broker_client: redis.Redis | None,
                  amqp: AmqpQueueProbe | None = None) -> None:
         self.settings = settings
-        self.keys = Keys(settings.namespace)
+        self.keys = Keys(settings.store.namespace)
         self.store_client = store_client
         self.broker_client = broker_client
         #: Set when the broker is RabbitMQ (``producer.amqp_broker``); then broker_client is None.

@@ -55,10 +55,10 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
     except ConfigError as exc:
         click.echo(f"rerankq-exporter: {exc}", err=True)
         return 2
-    port = port if port is not None else settings.exporter_port
+    port = port if port is not None else settings.exporter.port
     if healthcheck:
         return 0 if healthz(port) else 1
-    if not settings.redis_url:
+    if not settings.store.redis_url:
         click.echo("rerankq-exporter: RERANKQ_REDIS_URL is not set", err=True)
         return 2
 
@@ -70,28 +70,28 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
     from producer.redis_clients import broker_client as connect_broker
     from producer.redis_clients import store_client as connect_store
 
-    store_client = connect_store(settings.redis_url)
+    store_client = connect_store(settings.store.redis_url)
     amqp_probe = None
-    if settings.broker_kind == "amqp":
+    if settings.store.broker_kind == "amqp":
         from producer.amqp_broker import AmqpQueueProbe
 
-        amqp_probe, broker_client = AmqpQueueProbe(settings.broker), None
+        amqp_probe, broker_client = AmqpQueueProbe(settings.store.broker), None
     else:
-        broker_client = store_client if settings.broker == settings.redis_url else connect_broker(settings.broker)
+        broker_client = store_client if settings.store.broker == settings.store.redis_url else connect_broker(settings.store.broker)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client, amqp_probe)))
     if once:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
 
-    store_probe = health_client(settings.redis_url)
-    broker_probe = None if amqp_probe is not None else health_client(settings.broker)
+    store_probe = health_client(settings.store.redis_url)
+    broker_probe = None if amqp_probe is not None else health_client(settings.store.broker)
 
     def broker_reachable() -> bool:
         if amqp_probe is None:
             return reachable(broker_probe)
         try:
-            amqp_probe.counts([settings.cpu_queue])
+            amqp_probe.counts([settings.queues.cpu_queue])
             return True
         except Exception:  # noqa: BLE001 - any failure to reach RabbitMQ is "unreachable"
             return False

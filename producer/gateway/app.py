@@ -105,17 +105,17 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         dispatcher = CountingDispatcher(settings)
         client = RerankClient(settings, dispatcher=dispatcher)
-        store_redis = async_redis(settings.redis_url or "", config)
-        if settings.broker_kind == "amqp":
-            broker_redis: Any = AsyncAmqpBroker(settings.broker)
+        store_redis = async_redis(settings.store.redis_url or "", config)
+        if settings.store.broker_kind == "amqp":
+            broker_redis: Any = AsyncAmqpBroker(settings.store.broker)
         else:
-            broker_redis = store_redis if settings.broker == settings.redis_url else async_redis(settings.broker, config)
+            broker_redis = store_redis if settings.store.broker == settings.store.redis_url else async_redis(settings.store.broker, config)
         backlog = Backlog(broker_redis, dispatcher, settings, config)
         app.state.gateway = Gateway(settings, config, keyring, QueueBridge(client, store_redis, backlog,
                                                                            threads=config.threads,
                                                                            heartbeat_s=config.sse_heartbeat_s))
         sampler = asyncio.create_task(backlog.sample_forever())
-        log.info("gateway_started", namespace=settings.namespace, keys=len(keyring), auth=not keyring.insecure)
+        log.info("gateway_started", namespace=settings.store.namespace, keys=len(keyring), auth=not keyring.insecure)
         try:
             yield
         finally:

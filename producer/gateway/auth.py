@@ -154,7 +154,7 @@ def parse_entries(raw: bytes, *, source: str, settings: Settings | None) -> list
             raise ConfigError(source, f"{at}.tenant must be 1-64 characters of A-Z a-z 0-9 _ . -")
         if entry.chain is not None:
             entry.chain = entry.chain.lower()
-            if settings is not None and entry.chain not in settings.chain_profiles:
+            if settings is not None and entry.chain not in settings.chain.profiles:
                 raise ConfigError(source, f"{at}.chain names no chain profile; "
                                           f"set {chain_profile_variable(entry.chain)}")
         if not entry.devices or len(set(entry.devices)) != len(entry.devices):

@@ -90,7 +90,7 @@ def keygen(tenant: str, chain: str | None, devices: list[str], keys_file: Path |
 def _check_chain(entry: dict[str, Any]) -> None:
     from producer.settings import chain_profile_variable, load_settings
 
-    if entry["chain"] not in load_settings().chain_profiles:
+    if entry["chain"] not in load_settings().chain.profiles:
         raise ConfigError("--chain", f"{entry['chain']!r} names no chain profile; "
                                      f"set {chain_profile_variable(entry['chain'])} where the gateway runs")
 

@@ -69,7 +69,7 @@ class CountingDispatcher(Dispatcher):
     def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
         super().send(stream_id, windows, device, lane)
         with self._lock:
-            self._per_queue[self.settings.queue_for(device)] += len(windows)
+            self._per_queue[self.settings.queues.queue_for(device)] += len(windows)
         self._thread.sent = getattr(self._thread, "sent", 0) + len(windows)
 
     def take_thread_sent(self) -> int:
@@ -90,7 +90,7 @@ class Backlog:
                  gateway: GatewaySettings) -> None:
         self.broker = broker
         self.dispatcher = dispatcher
-        self.queues: dict[str, str] = {device: settings.queue_for(device) for device in ("cpu", "gpu", "any")}
+        self.queues: dict[str, str] = {device: settings.queues.queue_for(device) for device in ("cpu", "gpu", "any")}
         self.bound = gateway.max_backlog
         self.max_retry_after_s = gateway.max_retry_after_s
         self.sample_s = gateway.drain_sample_s

@@ -58,11 +58,15 @@ def serve(ctx: click.Context, **overrides: Any) -> int | None:
     """
     if ctx.invoked_subcommand is not None:
         return None
-    level = (overrides["log_level"] or os.environ.get(variable("log_level")) or "INFO").upper()
-    apply_host_logging(level)
     try:
         settings = load_settings()
         config = load_gateway_settings(**overrides)
+    except ConfigError as exc:
+        apply_host_logging((overrides["log_level"] or "INFO").upper())
+        log.error("gateway_config_error", variable=exc.variable, problem=exc.message)
+        return CONFIG_ERROR
+    apply_host_logging(config.log_level.upper())
+    try:
         keyring = load_keyring(config, settings)
     except ConfigError as exc:
         log.error("gateway_config_error", variable=exc.variable, problem=exc.message)

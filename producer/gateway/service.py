@@ -70,9 +70,9 @@ class Gateway:
     def check_query(self, query: str) -> None:
         if not query.strip():
             raise Problem("invalid", "query must not be empty or be only whitespace", field="query")
-        if len(query) > self.settings.max_query_chars:
+        if len(query) > self.settings.streams.max_query_chars:
             raise Problem("invalid", f"query: {len(query)} characters, over the limit of "
-                                     f"{self.settings.max_query_chars}", field="query")
+                                     f"{self.settings.streams.max_query_chars}", field="query")
 
     def check_documents(self, texts: list[str], field: str) -> None:
         """Count and size of the documents: each API names ``field`` its own way (documents, texts)."""
@@ -96,14 +96,14 @@ class Gateway:
             max_tokens_per_doc: int | None = None, instruction: str | None = None) -> RerankJob:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
         fields, the API key and the gateway's settings say."""
-        budget = self.settings.document_budget
+        budget = self.settings.streams.document_budget
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
         options = StreamOptions(
             device=device, chain=principal.chain, tenant=principal.tenant,
-            window_size=min(len(texts), self.settings.max_window_size), document_budget=budget,
-            ttl_s=self.config.stream_ttl_s or self.settings.stream_ttl_s,
-            min_score=self.settings.min_score, min_final_score=self.settings.min_final_score,
+            window_size=min(len(texts), self.settings.streams.max_window_size), document_budget=budget,
+            ttl_s=self.config.stream_ttl_s or self.settings.streams.stream_ttl_s,
+            min_score=self.settings.streams.min_score, min_final_score=self.settings.streams.min_final_score,
             instruction=instruction,
         )
         return RerankJob(query=query, texts=texts, options=options)

@@ -52,8 +52,8 @@ class Breaker:
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings) -> Breaker:
-        return cls(client, Keys(settings.namespace), failures=settings.breaker_failures,
-                   cooldown_s=settings.breaker_cooldown_s)
+        return cls(client, Keys(settings.store.namespace), failures=settings.breaker.failures,
+                   cooldown_s=settings.breaker.cooldown_s)
 
     def _run(self, member: str, command: str, *args: int) -> object:
         return self._script(keys=[self.keys.breaker(member)], args=[command, _now_ms(), *args])

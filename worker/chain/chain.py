@@ -21,7 +21,7 @@ import redis
 import structlog
 
 from producer.keys import Keys
-from producer.settings import MEMBER_PREFIX, MemberSettings, Settings, chain_profile_variable
+from producer.settings import MemberSettings, Settings, chain_profile_variable, member_variable
 from producer.store import connect
 from worker.chain.breaker import Breaker, Gate, breaker_id
 from worker.chain.cache import provider_identity
@@ -65,12 +65,6 @@ class ChainOutcome:
     @property
     def failed(self) -> bool:
         return self.served_by is None
-
-
-def member_variable(index: int, field_name: str) -> str:
-    """The environment variable behind one member setting: RERANKQ_RERANKER_1_URL."""
-    prefix = MEMBER_PREFIX if index == 0 else f"{MEMBER_PREFIX}{index}_"
-    return prefix + field_name.upper()
 
 
 def explained(index: int, exc: ProviderError) -> tuple[str, dict[str, str]]:
@@ -209,29 +203,29 @@ class Chain:
         def builder(member: Member) -> Callable[[], Provider]:
             def build() -> Provider:
                 checked = CheckedProvider(build_provider(member.settings, settings),
-                                          flat_min_window=settings.flat_min_window, flat_range=settings.flat_range)
+                                          flat_min_window=settings.chain.flat_min_window, flat_range=settings.chain.flat_range)
                 member.remote, member.checked = checked.remote, checked
                 return wrap(member.index, member.settings, checked) if wrap else checked
             return build
 
         members = []
-        for index, member_settings in enumerate(settings.chain()):
+        for index, member_settings in enumerate(settings.chain.effective_members()):
             # The builder needs its member (to note whether the raw provider is remote
             # before ``wrap`` hides it), so it is attached once the member exists.
-            member = Member(index, member_settings, _not_bound, restart_s=settings.member_restart_s)
+            member = Member(index, member_settings, _not_bound, restart_s=settings.chain.member_restart_s)
             member._build = builder(member)
             members.append(member)
         owned: redis.Redis | None = None
         if "breaker" not in kwargs:
-            url = settings.redis_url or settings.broker_url
+            url = settings.store.redis_url or settings.store.broker_url
             if redis_client is None and url:
                 redis_client = owned = connect(url)
             if redis_client is not None:
-                kwargs["breaker"] = Breaker(redis_client, Keys(settings.namespace),
-                                            failures=settings.breaker_failures, cooldown_s=settings.breaker_cooldown_s)
-        kwargs.setdefault("flat_min_window", settings.flat_min_window)
-        kwargs.setdefault("flat_range", settings.flat_range)
-        kwargs.setdefault("profiles", settings.chain_profiles)
+                kwargs["breaker"] = Breaker(redis_client, Keys(settings.store.namespace),
+                                            failures=settings.breaker.failures, cooldown_s=settings.breaker.cooldown_s)
+        kwargs.setdefault("flat_min_window", settings.chain.flat_min_window)
+        kwargs.setdefault("flat_range", settings.chain.flat_range)
+        kwargs.setdefault("profiles", settings.chain.profiles)
         chain = cls(members, **kwargs)  # type: ignore[arg-type]
         chain._owned_redis = owned
         return chain

@@ -7,7 +7,7 @@ import threading
 
 from worker.providers.base import Provider, Scale, ScoreRequest, UnusableResponse
 
-# Defaults of Settings.flat_min_window / flat_range: scores flat across a window this
+# Defaults of ChainSettings.flat_min_window / flat_range: scores flat across a window this
 # large are a broken model, not a judgement.
 FLAT_MIN_WINDOW = 8
 FLAT_RANGE = 1e-6

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "status": "worker.cli.status:status",
     "pull": "worker.cli.pull:pull",
     "inspect": "worker.cli.inspect:inspect",
+    "config": "worker.cli.config_command:config",
     "serve": "producer.gateway.main:serve",
     "exporter": "producer.exporter.main:exporter",
     "eval": "worker.evaluation.command:evaluate_command",
@@ -41,11 +42,12 @@ Examples:
   rerankq submit run.jsonl --out reranked.jsonl          # batch rerank a file of jobs
   rerankq worker --device cpu --processes 2              # serve the CPU queue
   rerankq inspect                                        # queues, workers, breakers, counters
+  rerankq config --changed                               # the settings this host runs with, and from where
   rerankq serve --keys-file keys.json                    # the Cohere/TEI-compatible HTTP gateway
   rerankq exporter                                       # queue backlog metrics for Prometheus
   rerankq eval --plots out/                              # nDCG, P@k, R@k of each chain member (shipped collection)
   rerankq COMMAND --help                                 # each command's options and examples
-Settings come from RERANKQ_* variables and RERANKQ_CONFIG_FILE (see README).
+Settings come from RERANKQ_* variables and RERANKQ_CONFIG_FILE (docs/configuration.md).
 Shell completion (bash): eval "$(_RERANKQ_COMPLETE=bash_source rerankq)"
 """
 

@@ -23,7 +23,7 @@ def _urls() -> str:
         from producer.settings import load_settings
 
         settings = load_settings()
-        store, broker = settings.redis_url, settings.broker_url or settings.redis_url
+        store, broker = settings.store.redis_url, settings.store.broker_url or settings.store.redis_url
     except Exception:  # the settings themselves may be what is wrong; fall back to the raw variables
         store = os.environ.get("RERANKQ_REDIS_URL")
         broker = os.environ.get("RERANKQ_BROKER_URL") or store

@@ -25,11 +25,11 @@ def queue_view(settings: Any) -> list[dict[str, Any]]:
     from producer.broker_queues import QueueProbe
     from producer.redis_clients import broker_client
 
-    devices = {settings.cpu_queue: "cpu", settings.gpu_queue: "gpu", settings.any_queue: "any"}
-    if settings.broker_kind == "amqp":
+    devices = {settings.queues.cpu_queue: "cpu", settings.queues.gpu_queue: "gpu", settings.queues.any_queue: "any"}
+    if settings.store.broker_kind == "amqp":
         from producer.amqp_broker import AmqpQueueProbe
 
-        amqp = AmqpQueueProbe(settings.broker)
+        amqp = AmqpQueueProbe(settings.store.broker)
         try:
             counts = amqp.counts(list(devices))
         finally:
@@ -37,7 +37,7 @@ def queue_view(settings: Any) -> list[dict[str, Any]]:
         # RabbitMQ tells how many wait, not how long the oldest has (that would take it off the queue).
         return [{"device": devices[c.queue], "queue": c.queue, "lane": c.lane, "waiting": c.waiting,
                  "oldest_age_s": None} for c in counts]
-    probe = QueueProbe(broker_client(settings.broker))
+    probe = QueueProbe(broker_client(settings.store.broker))
     try:
         depths = probe.lane_depths(list(devices))
     finally:

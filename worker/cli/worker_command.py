@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 
@@ -21,11 +19,10 @@ Examples:
 @click.option("--pool", type=click.Choice(["prefork", "threads"]), default=None,
               help="cpu only: prefork (default) or threads, one process whose windows coalesce")
 @click.option("--gpu-index", type=click.IntRange(min=0), default=None, help="pin to cuda:N")
-@click.option("--loglevel", default=lambda: os.environ.get("RERANKQ_LOG_LEVEL", "INFO"), show_default="INFO",
-              help="log level (RERANKQ_LOG_LEVEL)")
+@click.option("--loglevel", default=None, help="log level  [default: RERANKQ_LOG_LEVEL, else INFO]")
 @click.option("--json-logs", "--json", "json_logs", is_flag=True, help="log JSON lines")
 def worker(device: str, processes: int | None, threads: int | None, pool: str | None, gpu_index: int | None,
-           loglevel: str, json_logs: bool) -> int:
+           loglevel: str | None, json_logs: bool) -> int:
     """Start a worker pinned to one device kind; it runs until stopped.
 
     It exits non-zero on a fatal error (a GPU worker on a host without CUDA, a lost

@@ -71,16 +71,20 @@ def require_package(backend: str) -> None:
 
 
 class TorchBackend:
-    """The transformers model in process. The engine opens its precision's autocast around
-    the call (``ForwardEngine._autocast``): the precision is the engine's, not this object's."""
+    """The sentence-transformers model in process: its whole module chain (the transformer, then
+    ``LogitScore`` or whatever the model declares), so a batch's scores are the ones predict
+    computes. The engine opens its precision's autocast around the call
+    (``ForwardEngine._autocast``): the precision is the engine's, not this object's."""
 
     name = "torch"
     artifact = None
 
-    def __init__(self, network: Any, device: Any) -> None:
-        self.network = network
+    def __init__(self, model: Any, device: Any, *, features: Mapping[str, Any]) -> None:
+        self.model = model
         self.device = device
+        #: What preprocess adds beside the tensors (modality, logits_to_keep for a causal LM).
+        self.features = dict(features)
 
     def forward(self, tensors: Mapping[str, Any]) -> Any:
         moved = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
-        return self.network(**moved).logits.float()
+        return self.model({**moved, **self.features})["scores"].float()

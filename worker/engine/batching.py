@@ -57,28 +57,33 @@ class Batch:
         return int(shape[0] * shape[1])
 
 
-def pad_batches(encoded: dict[str, list[list[int]]], token_budget: int, *, pad_id: int) -> list[Batch]:
+def pad_batches(encoded: dict[str, list[list[int]]], token_budget: int, *, pad_id: int,
+                left: bool = False, shared_width: int = 0) -> list[Batch]:
     """Unpadded token ids (one row per pair or text) cut by ``plan_batches`` and padded per batch.
 
     Works for pairs (with ``token_type_ids``) and single texts alike: every engine batches
-    the same way, whatever its model does with the rows.
+    the same way, whatever its model does with the rows. ``left`` pads in front, as a causal
+    LM needs so that every row's last position is a real token. ``shared_width`` is a prefix
+    every row reads (a cached one, expanded per row): it counts against the budget, as its
+    keys and values are held per row.
     """
     import torch
 
     ids = encoded["input_ids"]
     types = encoded.get("token_type_ids")
     out: list[Batch] = []
-    for indices in plan_batches([len(x) for x in ids], token_budget):
+    for indices in plan_batches([len(x) + shared_width for x in ids], token_budget):
         width = len(ids[indices[0]])
         input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(indices), width), dtype=torch.long)
         token_types = torch.zeros((len(indices), width), dtype=torch.long) if types is not None else None
         for row, i in enumerate(indices):
             n = len(ids[i])
-            input_ids[row, :n] = torch.tensor(ids[i], dtype=torch.long)
-            mask[row, :n] = 1
+            span = slice(width - n, width) if left else slice(0, n)
+            input_ids[row, span] = torch.tensor(ids[i], dtype=torch.long)
+            mask[row, span] = 1
             if token_types is not None:
-                token_types[row, :n] = torch.tensor(types[i], dtype=torch.long)
+                token_types[row, span] = torch.tensor(types[i], dtype=torch.long)
         tensors = {"input_ids": input_ids, "attention_mask": mask}
         if token_types is not None:
             tensors["token_type_ids"] = token_types

@@ -26,7 +26,8 @@ log = structlog.get_logger("rerankq.coalesce")
 
 #: What an engine gives back per pair: a score (cross-encoder), or a score and an embedding (bi-encoder).
 R = TypeVar("R")
-ScorePairs = Callable[[Sequence[tuple[str, str]]], list[R]]
+#: An engine's pairs-to-results call; ``prompt`` is the windows' instruction (None: the model's default).
+ScorePairs = Callable[..., list[R]]
 
 
 class CoalesceTimeout(Exception):
@@ -36,6 +37,7 @@ class CoalesceTimeout(Exception):
 @dataclass
 class _Pending(Generic[R]):
     pairs: list[tuple[str, str]]
+    prompt: str | None = None
     future: Future[list[R]] = field(default_factory=Future)
 
 
@@ -52,11 +54,16 @@ class Coalescer(Generic[R]):
         self._thread = threading.Thread(target=self._run, name="rerankq-coalescer", daemon=True)
         self._thread.start()
 
-    def score(self, query: str, documents: Sequence[str], *, deadline: float | None = None) -> list[R]:
-        """Blocks until this window's scores are back; raises what the engine raised."""
+    def score(self, query: str, documents: Sequence[str], *, deadline: float | None = None,
+              prompt: str | None = None) -> list[R]:
+        """Blocks until this window's scores are back; raises what the engine raised.
+
+        Windows with different prompts (instructions) may be flushed together; each prompt's
+        windows go to the engine in a call of their own.
+        """
         if not documents:
             return []
-        pending: _Pending[R] = _Pending(pairs=[(query, d) for d in documents])
+        pending: _Pending[R] = _Pending(pairs=[(query, d) for d in documents], prompt=prompt)
         with self._cond:
             if self._closed:
                 raise RuntimeError("coalescer is closed")
@@ -97,21 +104,28 @@ class Coalescer(Generic[R]):
             if not taken:
                 return
             live = [p for p in taken if p.future.set_running_or_notify_cancel()]
-            pairs = [pair for p in live for pair in p.pairs]
-            try:
-                scores = self._score_pairs(pairs)
-            except BaseException as exc:  # every waiting window learns why
-                for p in live:
-                    p.future.set_exception(exc)
-                continue
-            self.flushes += 1
-            self.windows_scored += len(live)
-            offset = 0
+            by_prompt: dict[str | None, list[_Pending[R]]] = {}
             for p in live:
-                p.future.set_result(scores[offset:offset + len(p.pairs)])
-                offset += len(p.pairs)
+                by_prompt.setdefault(p.prompt, []).append(p)
+            for prompt, group in by_prompt.items():
+                self._flush(group, prompt)
+            self.flushes += 1
             if len(live) > 1:
-                log.debug("coalesced", windows=len(live), pairs=len(pairs))
+                log.debug("coalesced", windows=len(live), pairs=sum(len(p.pairs) for p in live))
+
+    def _flush(self, group: list[_Pending[R]], prompt: str | None) -> None:
+        pairs = [pair for p in group for pair in p.pairs]
+        try:
+            scores = self._score_pairs(pairs, prompt=prompt)
+        except BaseException as exc:  # every waiting window learns why
+            for p in group:
+                p.future.set_exception(exc)
+            return
+        self.windows_scored += len(group)
+        offset = 0
+        for p in group:
+            p.future.set_result(scores[offset:offset + len(p.pairs)])
+            offset += len(p.pairs)
 
     def close(self) -> None:
         with self._cond:
@@ -133,7 +147,7 @@ def shared_coalescer(engine: object, score_pairs: ScorePairs[R], settings: Setti
     with _coalescers_lock:
         coalescer = _coalescers.get(id(engine))
         if coalescer is None:
-            coalescer = Coalescer(score_pairs, max_pairs=settings.coalesce_max_pairs,
-                                  max_delay_s=settings.coalesce_delay_ms / 1000.0)
+            coalescer = Coalescer(score_pairs, max_pairs=settings.engine.coalesce_max_pairs,
+                                  max_delay_s=settings.engine.coalesce_delay_ms / 1000.0)
             _coalescers[id(engine)] = coalescer
         return coalescer

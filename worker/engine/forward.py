@@ -39,20 +39,22 @@ class ForwardEngine:
 
         self.settings = settings
         self.device = torch.device(device)
-        self.token_budget = token_budget or settings.token_budget or default_token_budget(self.device.type)
+        self.token_budget = token_budget or settings.engine.token_budget or default_token_budget(self.device.type)
         self.padded_tokens = 0  # executed tokens, for the benchmark's FLOP count
         self.real_tokens = 0
         #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
         self.on_batch: Callable[[int, int], None] | None = None
         self.probe_spearman: float | None = None
         self.precision = "fp32"
-        self._choose_precision(precision or settings.precision, verify=verify_parity)
+        self._choose_precision(precision or settings.engine.precision, verify=verify_parity)
 
-    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> list[float]:
+        """Scores as sentence-transformers gives them; ``prompt`` (a stream's instruction) in
+        place of the model's own, None for the model's default."""
         raise NotImplementedError
 
-    def score(self, query: str, documents: Sequence[str]) -> list[float]:
-        return self.score_pairs([(query, d) for d in documents])
+    def score(self, query: str, documents: Sequence[str], *, prompt: str | None = None) -> list[float]:
+        return self.score_pairs([(query, d) for d in documents], prompt=prompt)
 
     # -- precision --
 
@@ -98,6 +100,13 @@ class ForwardEngine:
     def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
         return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0)
 
+    def _count_prefix(self, tokens: int) -> None:
+        """A shared prefix run once: real tokens all, no padding."""
+        self.padded_tokens += tokens
+        self.real_tokens += tokens
+        if self.on_batch is not None:
+            self.on_batch(tokens, tokens)
+
     def _count(self, batch: Batch) -> None:
         real = int(batch.tensors["attention_mask"].sum())
         self.padded_tokens += batch.padded_tokens
@@ -133,12 +142,12 @@ def shared(kind: str, model_name: str, *, device: str, settings: Settings, build
     ``variant`` is whatever else makes two engines of one model differ (the cross-encoder's
     backend choice): members asking for different ones get an engine each.
     """
-    key = (kind, model_name, device, settings.precision, settings.token_budget, variant)
+    key = (kind, model_name, device, settings.engine.precision, settings.engine.token_budget, variant)
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
             if device == "cpu":
-                configure_threads(settings.torch_threads)
+                configure_threads(settings.worker.torch_threads)
             engine = build()
             _engines[key] = engine
         return engine  # type: ignore[return-value]

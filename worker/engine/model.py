@@ -21,11 +21,13 @@ import structlog
 
 from producer.settings import Settings
 from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, auto_backend, require_package
+from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, read_calibration
 from worker.engine.forward import ForwardEngine, configure_threads, shared
 from worker.engine.loading import load_cross_encoder
-from worker.engine.parity import MIN_SPEARMAN, spearman
-from worker.engine.precision import exported_precisions, probe_pairs
+from worker.engine.parity import MIN_SPEARMAN, SCORE_TOLERANCE, EngineDisagrees, disagreement_with, spearman
+from worker.engine.precision import exported_precisions, library_probe, probe_pairs
+from worker.engine.prefix import MIN_PREFIX_TOKENS, PrefixRunner, common_prefix_length
 
 __all__ = ["ScoringEngine", "configure_threads", "shared_engine"]
 
@@ -33,33 +35,60 @@ log = structlog.get_logger("rerankq.engine")
 
 
 class ScoringEngine(ForwardEngine):
-    """Scores pairs with the model's configured activation applied (so the declared scale holds).
+    """Scores pairs as ``CrossEncoder.predict`` does, with the model's activation applied (so the
+    declared scale holds).
 
-    The engine tokenises and batches; its backend (``worker/engine/backend.py``) runs each
-    batch's forward pass: torch (the model itself, at the engine's precision), or an export
-    of it run by ONNX Runtime or OpenVINO, adopted only if it ranks the parity probe as torch
-    fp32 does.
+    sentence-transformers turns each pair into token ids (``CrossEncoder.preprocess``: the
+    model's prompt, chat template, truncation) and its module chain turns a batch into scores
+    (the transformer, then ``LogitScore`` for a causal LM, or whatever else the model declares).
+    The engine reuses both and owns only what lies between: the order, the batches and their
+    padding, the precision, the backend. A causal LM is padded on the left (its last position
+    must be a real token), computes only that position's logits, and reads a window's shared
+    prefix once (``worker.engine.prefix``).
+
+    At load the engine is held to the library: its scores on the probe windows, at fp32, must
+    equal ``CrossEncoder.predict``'s within ``parity.SCORE_TOLERANCE`` and rank as it does, or
+    the model is refused (``EngineDisagrees``). The backend (torch, or an export run by ONNX
+    Runtime or OpenVINO) and precision are then held to the same scores and ranking.
     """
 
     def __init__(self, model: Any, *, settings: Settings, precision: str | None = None,
                  token_budget: int | None = None, verify_parity: bool = True,
-                 backend: BackendChoice | None = None, model_name: str | None = None) -> None:
+                 backend: BackendChoice | None = None, model_name: str | None = None,
+                 prefix_reuse: bool = True) -> None:
         import torch
 
         self.cross_encoder = model
         module = model[0]
         self.network = module.model  # the transformers model under the CrossEncoder
-        self.tokenizer = module.processor
+        self.tokenizer = module.tokenizer
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
         self.activation = getattr(model, "activation_fn", None)
         self.model_name = model_name or str(getattr(self.network, "name_or_path", "") or "")
+        #: A causal LM reranker (``Transformer(transformer_task="text-generation")`` + ``LogitScore``).
+        self.causal = getattr(module, "transformer_task", None) == "text-generation"
+        self.left_padding = getattr(self.tokenizer, "padding_side", "right") == "left"
         self.network.eval()
+        model.eval()
+        #: What preprocess adds beside the token tensors (its modality, logits_to_keep), the same for every batch.
+        self.features = {k: v for k, v in model.preprocess([("q", "d")]).items() if not hasattr(v, "shape")}
+        self.prefix = PrefixRunner(self.network) if self.causal and prefix_reuse else None
+        if self.prefix is not None and not self.prefix.supported:
+            log.info("prefix_reuse_unavailable", model=self.model_name, reason="the model's forward takes no cache")
+            self.prefix = None
+        self.prefix_reused = 0  # pairs scored from a shared prefix, for the benchmark
         #: The model itself: the torch backend, and at fp32 what every other backend is held to.
-        self.torch = TorchBackend(self.network, torch.device(model.device))
+        self.torch = TorchBackend(model, torch.device(model.device), features=self.features)
         self.backend: Backend = self.torch
         asked = backend or BackendChoice()
         choice = replace(asked, name=auto_backend(self.torch.device.type)) if asked.name == "auto" else asked
-        requested = precision or settings.precision
+        if choice.name != "torch" and not self.exportable:
+            # An export covers a sequence-classification transformer alone: a causal LM's vocabulary
+            # logits, or modules after the transformer, are not in it.
+            log.warning("backend_unsupported", backend=choice.name, kept="torch", model=self.model_name,
+                        reason=self.unexportable_reason)
+            choice = replace(choice, name="torch")
+        requested = precision or settings.engine.precision
         exported = choice.name != "torch"
         # An exported backend is adopted against torch fp32, so torch's own precision is not tried first.
         super().__init__(device=model.device, settings=settings, precision="fp32" if exported else precision,
@@ -76,6 +105,44 @@ class ScoringEngine(ForwardEngine):
             self.backend = self.torch
             self._choose_precision(requested, verify=verify_parity)
 
+    @property
+    def exportable(self) -> bool:
+        return self.unexportable_reason is None
+
+    @property
+    def unexportable_reason(self) -> str | None:
+        if self.causal:
+            return "a causal-LM reranker is not exported (its scores come from LogitScore over vocabulary logits)"
+        if len(self.cross_encoder) != 1:
+            return "the model's module chain goes on after the transformer, and an export holds the transformer only"
+        return None
+
+    # -- agreement with sentence-transformers --
+
+    def _choose_precision(self, requested: str, *, verify: bool) -> None:
+        if verify and not getattr(self, "_agreed", False):
+            self._agree_with_library()
+        super()._choose_precision(requested, verify=verify)
+
+    def _agree_with_library(self) -> None:
+        """Refuse the model unless the engine at fp32 scores the probe windows as predict does."""
+        for window, prompt in library_probe():
+            expected = library_scores(self.cross_encoder, window, prompt=prompt)
+            plain = self._score(self.torch, window, prompt=prompt, reuse=False)
+            disagreement = disagreement_with(expected, plain)
+            if disagreement:
+                raise EngineDisagrees(f"the engine does not score this model as CrossEncoder.predict does "
+                                      f"({disagreement}, prompt {'given' if prompt else 'default'}): refused")
+            if self.prefix is not None:
+                reused = self._score(self.torch, window, prompt=prompt, reuse=True)
+                disagreement = disagreement_with(expected, reused)
+                if disagreement:
+                    log.warning("prefix_reuse_disabled", model=self.model_name, reason=disagreement)
+                    self.prefix = None
+        self._agreed = True
+        log.info("engine_agrees_with_library", model=self.model_name, causal=self.causal,
+                 prefix_reuse=self.prefix is not None, tolerance=SCORE_TOLERANCE)
+
     # -- backend --
 
     def _adopt_exported(self, choice: BackendChoice, requested: str, *, verify: bool) -> None:
@@ -91,7 +158,14 @@ class ScoringEngine(ForwardEngine):
             if reference is None:
                 self.backend, self.precision = candidate, precision
                 return
-            rho = min(spearman(r, self._score(candidate, w)) for r, w in zip(reference, windows))
+            scored = [self._score(candidate, w) for w in windows]
+            rho = min(spearman(r, c) for r, c in zip(reference, scored))
+            # At fp32 an export computes what torch computes: its scores, not only their order, hold.
+            off = next((d for r, c in zip(reference, scored) if (d := disagreement_with(r, c))), None)
+            if precision == "fp32" and off is not None and rho >= MIN_SPEARMAN:
+                log.warning("backend_off_scale", backend=choice.name, precision=precision, reason=off)
+                rejected.append(f"{precision} with {off}")
+                continue
             if rho >= MIN_SPEARMAN:
                 self.backend, self.precision, self.probe_spearman = candidate, precision, rho
                 log.info("backend_adopted", backend=choice.name, precision=precision, spearman=round(rho, 4),
@@ -131,37 +205,107 @@ class ScoringEngine(ForwardEngine):
 
     # -- scoring --
 
-    def tokenize(self, pairs: Sequence[tuple[str, str]]) -> dict[str, list[list[int]]]:
-        """One tokeniser call for every pair (the fast tokeniser parallelises it), unpadded."""
-        encoded = self.tokenizer(
-            [q for q, _ in pairs], [d for _, d in pairs], truncation="longest_first",
-            max_length=self.max_length, padding=False, return_attention_mask=False,
-        )
-        return dict(encoded)
+    def tokenize(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> dict[str, list[list[int]]]:
+        """Each pair's token ids as ``CrossEncoder.predict`` makes them (the model's default prompt
+        unless ``prompt`` is given, its chat template, its truncation), unpadded: one
+        preprocess call for every pair, its padding then taken off so the engine can batch."""
+        if not pairs:
+            return {"input_ids": []}
+        resolved = self.cross_encoder._resolve_prompt(prompt, None)  # what predict does with prompt=
+        features = self.cross_encoder.preprocess([tuple(p) for p in pairs], prompt=resolved)
+        mask = features["attention_mask"].bool()
+        out: dict[str, list[list[int]]] = {}
+        for name in ("input_ids", "token_type_ids"):
+            if name in features:
+                out[name] = [row[keep].tolist() for row, keep in zip(features[name], mask)]
+        return out
 
-    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        return self._score(self.backend, pairs)
+    def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
+        return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0,
+                           left=self.left_padding)
 
-    def _score(self, backend: Backend, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> list[float]:
+        """Scores as ``CrossEncoder.predict(pairs, prompt=prompt)`` gives them."""
+        return self._score(self.backend, pairs, prompt=prompt, reuse=self.prefix is not None)
+
+    def _score(self, backend: Backend, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None,
+               reuse: bool = False) -> list[float]:
         import torch
 
         if not pairs:
             return []
-        encoded = self.tokenize(pairs)
+        encoded = self.tokenize(pairs, prompt=prompt)
         scores = [0.0] * len(pairs)
+        plain = list(range(len(pairs)))
         # torch runs at the engine's precision; an exported backend at the one it was adopted at.
         autocast = self._autocast() if backend is self.torch else contextlib.nullcontext()
         with torch.inference_mode(), autocast:
-            for batch in self.batches(encoded):
-                logits = backend.forward(batch.tensors)
-                if self.activation is not None:
-                    logits = self.activation(logits)
-                # One logit per pair; a two-class head's last column is "relevant".
-                values = logits[:, -1].cpu().tolist()
-                for i, value in zip(batch.indices, values):
-                    scores[i] = float(value)
-                self._count(batch)
+            if reuse and backend is self.torch and self.prefix is not None:
+                plain = self._score_shared_prefixes(pairs, encoded, scores)
+            if plain:
+                subset = {name: [rows[i] for i in plain] for name, rows in encoded.items()}
+                for batch in self.batches(subset):
+                    values = self._read_scores(backend.forward(batch.tensors))
+                    for i, value in zip(batch.indices, values):
+                        scores[plain[i]] = value
+                    self._count(batch)
         return scores
+
+    def _read_scores(self, raw: Any) -> list[float]:
+        """One score per pair: the activation applied (as predict applies it); a multi-label
+        head's last column is "relevant"."""
+        raw = raw.float()
+        if self.activation is not None:
+            raw = self.activation(raw)
+        if raw.ndim == 1:
+            raw = raw.unsqueeze(-1)
+        return [float(v) for v in raw[:, -1].cpu().tolist()]
+
+    def _score_shared_prefixes(self, pairs: Sequence[tuple[str, str]], encoded: dict[str, list[list[int]]],
+                               scores: list[float]) -> list[int]:
+        """Score each query's pairs from their shared prefix; returns the pairs left for the plain batch."""
+        assert self.prefix is not None
+        ids = encoded["input_ids"]
+        by_query: dict[str, list[int]] = {}
+        for i, (query, _) in enumerate(pairs):
+            by_query.setdefault(query, []).append(i)
+        plain: list[int] = []
+        for members in by_query.values():
+            rows = [ids[i] for i in members]
+            length = common_prefix_length(rows)
+            if len(members) < 2 or length < MIN_PREFIX_TOKENS:
+                plain.extend(members)
+                continue
+            cached = self.prefix.prefix_cache(rows[0][:length], self.device)
+            if cached is None:
+                log.info("prefix_reuse_unavailable", model=self.model_name, reason="the model's cache is not a "
+                                                                                   "plain full-attention one")
+                self.prefix = None
+                plain.extend(members)
+                continue
+            self._count_prefix(length)
+            suffixes = {"input_ids": [row[length:] for row in rows]}
+            for batch in pad_batches(suffixes, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=True,
+                                     shared_width=length):
+                tensors = {k: v.to(self.device, non_blocking=True) for k, v in batch.tensors.items()}
+                logits = self.prefix.suffix_logits(cached, tensors["input_ids"], tensors["attention_mask"])
+                features: dict[str, Any] = {self.cross_encoder[0].module_output_name: logits}
+                for module in list(self.cross_encoder)[1:]:  # LogitScore, and whatever follows it
+                    features = module(features)
+                for i, value in zip(batch.indices, self._read_scores(features["scores"])):
+                    scores[members[i]] = value
+                self._count(batch)
+            self.prefix_reused += len(members)
+        return plain
+
+
+def library_scores(cross_encoder: Any, pairs: Sequence[tuple[str, str]], *, prompt: str | None) -> list[float]:
+    """What sentence-transformers itself gives for these pairs: ``CrossEncoder.predict``, one
+    score per pair (a multi-label head's last column, as the engine reads it)."""
+    import numpy as np
+
+    values = np.asarray(cross_encoder.predict(list(pairs), prompt=prompt, show_progress_bar=False), dtype=np.float64)
+    return [float(v) for v in (values[:, -1] if values.ndim > 1 else values)]
 
 
 def shared_engine(model_name: str, *, device: str, settings: Settings,

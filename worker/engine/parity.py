@@ -11,6 +11,32 @@ from collections.abc import Sequence
 #: The bar a reduced precision must clear per window against fp32.
 MIN_SPEARMAN = 0.99
 
+#: How far an engine's fp32 score may be from sentence-transformers' own for the same pair:
+#: an absolute 1e-3 plus 1e-3 of the score's size (logit-scale scores run to tens). Same
+#: model, same inputs, same fp32 arithmetic: only the batch shape differs, which moves the
+#: last digits (1e-6 here), never the third.
+SCORE_TOLERANCE = 1e-3
+
+
+class EngineDisagrees(Exception):
+    """The engine does not give the scores sentence-transformers gives for this model: refused at load."""
+
+
+def within_tolerance(expected: float, actual: float) -> bool:
+    return abs(expected - actual) <= SCORE_TOLERANCE * (1.0 + abs(expected))
+
+
+def disagreement_with(expected: Sequence[float], actual: Sequence[float]) -> str | None:
+    """Why ``actual`` is not the library's ``expected`` (max |diff| past the tolerance, or a
+    ranking below parity), or None when it is."""
+    worst = max_abs_diff(expected, actual)
+    if not all(within_tolerance(e, a) for e, a in zip(expected, actual)):
+        return f"max |diff| {worst:.3g} past the tolerance {SCORE_TOLERANCE:g} (+{SCORE_TOLERANCE:g}*|score|)"
+    rho = spearman(expected, actual)
+    if rho < MIN_SPEARMAN:
+        return f"Spearman {rho:.4f} below {MIN_SPEARMAN}"
+    return None
+
 
 def _ranks(values: Sequence[float]) -> list[float]:
     """Average ranks, so ties rank alike (the Spearman definition for ties)."""

@@ -100,3 +100,14 @@ _PROBE_DOCUMENTS = (
 
 def probe_pairs() -> list[tuple[str, str]]:
     return [(_PROBE_QUERY, d) for d in _PROBE_DOCUMENTS]
+
+
+#: An instruction for the probe, so the path a stream's instruction takes is held to the library too.
+PROBE_INSTRUCTION = "Given an incident report, find the runbook steps that resolve it"
+
+
+def library_probe() -> list[tuple[list[tuple[str, str]], str | None]]:
+    """The windows an engine is held to sentence-transformers on at load: the probe with the
+    model's default prompt, and its first eight documents again with an instruction (a large
+    causal reranker on a CPU pays for every probe pair at start)."""
+    return [(probe_pairs(), None), (probe_pairs()[:8], PROBE_INSTRUCTION)]

@@ -110,7 +110,7 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
         raise click.ClickException(str(exc)) from None
     # The private worker serves raw scores: an older calibration file plays no part in a new fit.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_CALIBRATION")}
-    chain = load_settings(env).chain()
+    chain = load_settings(env).chain.effective_members()
     indexes = _chosen(request.members, chain)
     qids = collection.evaluated
     depth = min(request.depth, max(len(collection.run[q]) for q in qids))

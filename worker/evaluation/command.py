@@ -138,7 +138,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
         print(message, file=sys.stderr, flush=True)
 
     env = dict(os.environ)
-    chain = load_settings(env).chain()
+    chain = load_settings(env).chain.effective_members()
     members = list(range(len(chain)))
     if args.members:
         try:

@@ -188,7 +188,7 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
             worker = WorkerProcess.rerankq(env, log_path, "--device", device).start(timeout_s=300)
         settings = load_settings(env)
         with RerankClient(settings) as client:
-            yield Stack(client=client, private=private, chain=settings.chain(), log_path=log_path)
+            yield Stack(client=client, private=private, chain=settings.chain.effective_members(), log_path=log_path)
     finally:
         if worker is not None:
             worker.stop()

@@ -44,18 +44,18 @@ def start_monitoring(settings: Settings, *, device: str, pool: str, processes: i
     Call in the worker's main process before the pool starts, so pool processes inherit
     the directory. ``processes``: the pool processes that must report ready (1 for threads).
     """
-    if settings.metrics_port is None:
+    if settings.metrics.port is None:
         return MONITORING_OFF
     from worker.metrics.multiprocess import base_directory, prepare
 
-    directory = prepare(base_directory(settings.metrics_dir))
+    directory = prepare(base_directory(settings.metrics.dir))
     from worker.metrics.definitions import WorkerMetrics
     from worker.metrics.health import WorkerHealth
     from worker.metrics.server import start_server
 
     health = WorkerHealth(settings, directory, processes=processes)
     recorder = WorkerMetrics(device=device, pool=pool)
-    server = start_server(settings, settings.metrics_port, directory, health)
+    server = start_server(settings, settings.metrics.port, directory, health)
     return Monitoring(recorder, health, server)
 
 

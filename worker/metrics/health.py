@@ -25,8 +25,8 @@ class WorkerHealth:
     def __init__(self, settings: Settings, directory: Path, *, processes: int) -> None:
         self.directory = directory
         self.processes = processes
-        self._store = health_client(settings.redis_url or settings.broker)
-        self._broker = health_client(settings.broker) if is_redis_broker(settings.broker) else None
+        self._store = health_client(settings.store.redis_url or settings.store.broker)
+        self._broker = health_client(settings.store.broker) if is_redis_broker(settings.store.broker) else None
         self._lock = threading.Lock()
         self._consumer: Any = None
 

@@ -3,7 +3,6 @@ worker on this host answers 200 on ``RERANKQ_METRICS_PORT`` (at ``RERANKQ_METRIC
 
 from __future__ import annotations
 
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -12,11 +11,19 @@ import urllib.request
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path = args[0] if args else "/healthz"
-    port = os.environ.get("RERANKQ_METRICS_PORT")
-    if not port:
+    from producer.errors import ConfigError
+    from producer.settings import load_settings
+
+    try:
+        metrics = load_settings().metrics
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    port = metrics.port
+    if port is None:
         print("RERANKQ_METRICS_PORT is not set: the worker serves no health endpoint", file=sys.stderr)
         return 1
-    host = os.environ.get("RERANKQ_METRICS_HOST", "").strip()
+    host = metrics.host.strip()
     if host in ("", "0.0.0.0", "::"):  # every address: this host's loopback is one of them
         host = "127.0.0.1"
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"

@@ -29,7 +29,7 @@ def breaker_members(settings: Settings) -> list[tuple[str, str]]:
     """(label, breaker id) of every member that goes through the shared breaker: those whose
     provider class declares itself remote (tei, cohere, http, or a custom one that says so)."""
     out = []
-    for index, member in enumerate(settings.chain()):
+    for index, member in enumerate(settings.chain.effective_members()):
         try:
             remote = bool(getattr(provider_class(member.provider), "remote", False))
         except ProviderStartError:
@@ -45,9 +45,9 @@ class BreakerCollector(Collector):
     the state every worker process shares, so any worker reports the fleet's."""
 
     def __init__(self, settings: Settings) -> None:
-        self.keys = Keys(settings.namespace)
+        self.keys = Keys(settings.store.namespace)
         self.members = breaker_members(settings)
-        self.client = health_client(settings.redis_url or settings.broker)
+        self.client = health_client(settings.store.redis_url or settings.store.broker)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if not self.members:
@@ -89,7 +89,7 @@ def start_server(settings: Settings, port: int, directory: Path, health: WorkerH
         merged.register(readiness)
         return merged
 
-    return MetricsServer(settings.metrics_host, port, {
+    return MetricsServer(settings.metrics.host, port, {
         "/metrics": metrics_route(registry),
         "/healthz": check_route(health.healthz),
         "/readyz": check_route(health.readyz),

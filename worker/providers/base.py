@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from producer.settings import MemberSettings
 
 # How a provider's numbers are to be read. Declared per provider, never guessed
 # from a batch: "probability" is used as it is, "logit" goes through a sigmoid, and
@@ -56,6 +60,29 @@ class UnusableResponse(ProviderError):
 
 class ProviderStartError(ProviderError):
     """The member could not initialise (missing model, bad URL); retried on a later window."""
+
+
+class MemberConfigError(ProviderStartError):
+    """A member setting is missing or wrong; ``field`` is the MemberSettings field.
+
+    The chain turns the field into the member's variable name (``RERANKQ_RERANKER_1_URL``).
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__("config", f"{field}: {message}")
+
+
+def check_device(member: MemberSettings) -> None:
+    """A member's own device, checked without torch: what a worker can be asked to run on."""
+    device = member.device
+    if device is None:
+        return
+    if device == "mps" and not member.allow_mps:
+        raise MemberConfigError("device", "mps is opt-in: set the member's ALLOW_MPS=true as well")
+    if device not in ("cpu", "gpu", "cuda", "mps") and not re.fullmatch(r"cuda:[0-9]+", device):
+        raise MemberConfigError("device", f"must be cpu, cuda, cuda:N or mps, got {device!r}")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from worker.providers.remote import (
     MemberConfigError,
     RemoteClient,
     check_base_url,
+    check_member_numbers,
     check_subset_size,
     expected_subset,
     public_url,
@@ -36,7 +37,9 @@ class CohereProvider:
     remote = True
     accepts_instruction = False
 
-    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+    @staticmethod
+    def check_config(member: MemberSettings) -> str:
+        """The base URL; MemberConfigError naming the field for what can be wrong before anything is called."""
         base = check_base_url(member.url, required=False) or HOSTED_URL
         refuse_instruction_field(member, "Cohere's rerank API")
         if base == HOSTED_URL:
@@ -45,6 +48,11 @@ class CohereProvider:
                 raise MemberConfigError("api_key", "is required for the hosted Cohere API")
             if not member.model:
                 raise MemberConfigError("model", "is required for the hosted Cohere API (e.g. rerank-v3.5)")
+        check_member_numbers(member)
+        return base
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        base = self.check_config(member)
         if base.endswith("/rerank"):
             self.endpoint = base
             not_found = Remedy("url", "check {variable}: a URL ending in /rerank is POSTed to as given")

@@ -23,13 +23,16 @@ import structlog
 from producer.settings import PACKAGED_EMBEDDING_MODULE, MemberSettings, Settings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.engine.embedding import Scored
+from worker.engine.parity import EngineDisagrees
 from worker.providers.base import (
+    MemberConfigError,
     ProviderStartError,
     ProviderUnavailable,
     Remedy,
     Scale,
     ScoreRequest,
     cache_identity,
+    check_device,
 )
 from worker.providers.local import resolve_device
 
@@ -57,6 +60,16 @@ class EmbeddingProvider:
 
     kind = "embedding"
     scale: Scale | None = "cosine"
+    #: The stream's instruction is the query's prompt (encode_query(prompt=...)).
+    accepts_instruction = True
+
+    @staticmethod
+    def check_config(member: MemberSettings) -> None:
+        """What can be wrong before the model loads (MemberConfigError naming the field)."""
+        if member.scale is not None:
+            raise MemberConfigError("scale", f"{member.scale!r} given; an embedding member's scores are cosine "
+                                             "similarities, read on the 'cosine' scale: unset it")
+        check_device(member)
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine.embedding import shared_embedding_engine
@@ -69,16 +82,18 @@ class EmbeddingProvider:
             path, self.model_name = member.model, member.model
         else:
             path, self.model_name = packaged_model()
-        device = resolve_device(member.device or settings.device, allow_mps=member.allow_mps)
+        device = resolve_device(member.device or settings.worker.device, allow_mps=member.allow_mps)
         try:
             self.engine = shared_embedding_engine(path, device=device, settings=settings)
+        except EngineDisagrees as exc:
+            raise ProviderStartError("engine_disagrees", f"{self.model_name}: {exc}") from None
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
         # As for `local`: the last digits of a score differ between precisions and devices.
         self.cache_identity = cache_identity(self.kind, model=self.model_name, precision=self.engine.precision,
                                              device=device.split(":")[0], scale=self.scale)
         self.coalescer = (shared_coalescer(self.engine, self.engine.score_and_embed, settings)
-                          if settings.coalesce else None)
+                          if settings.engine.coalesce else None)
         # The embeddings of the window this thread scored last, for embed(): a window's
         # task asks for them right after its scores, so they are not computed twice.
         self._last = threading.local()
@@ -89,10 +104,13 @@ class EmbeddingProvider:
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         documents = list(request.documents)
         try:
+            # The stream's instruction is the query's prompt, as encode_query(prompt=...) takes it.
             if self.coalescer is not None:
-                scored: list[Scored] = self.coalescer.score(request.query, documents, deadline=deadline)
+                scored: list[Scored] = self.coalescer.score(request.query, documents, deadline=deadline,
+                                                            prompt=request.instruction)
             else:
-                scored = self.engine.score_and_embed([(request.query, d) for d in documents])
+                scored = self.engine.score_and_embed([(request.query, d) for d in documents],
+                                                     prompt=request.instruction)
         except CoalesceTimeout as exc:
             raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:

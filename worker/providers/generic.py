@@ -27,6 +27,7 @@ from worker.providers.remote import (
     MemberConfigError,
     RemoteClient,
     check_base_url,
+    check_member_numbers,
     check_subset_size,
     expected_subset,
     scores_from_pairs,
@@ -49,10 +50,17 @@ class HttpProvider:
     kind = "http"
     remote = True
 
-    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+    @staticmethod
+    def check_config(member: MemberSettings) -> str:
+        """The URL; MemberConfigError naming the field for what can be wrong before anything is called."""
         url = check_base_url(member.url)
         assert url is not None
-        self.endpoint = url
+        instruction_field(member)
+        check_member_numbers(member)
+        return url
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        self.endpoint = self.check_config(member)
         self.member = member
         self.instruction_field = instruction_field(member)
         self.accepts_instruction = self.instruction_field is not None

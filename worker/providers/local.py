@@ -8,7 +8,7 @@ import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
-from worker.providers.base import ProviderStartError, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
+from worker.providers.base import ProviderStartError, check_device, ProviderUnavailable, Remedy, Scale, ScoreRequest, cache_identity
 
 if TYPE_CHECKING:
     from worker.engine import BackendChoice
@@ -52,12 +52,19 @@ class LocalProvider:
     naming the same model; with coalescing on, windows in flight together share a forward pass."""
 
     kind = "local"
+    #: The stream's instruction is the model's prompt (CrossEncoder.predict(prompt=...)).
+    accepts_instruction = True
+
+    @staticmethod
+    def check_config(member: MemberSettings) -> None:
+        """What can be wrong before the model loads (MemberConfigError naming the field)."""
+        check_device(member)
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine import BackendChoice, shared_engine
 
         self.model_name = member.model or DEFAULT_MODEL
-        device = resolve_device(member.device or settings.device, allow_mps=member.allow_mps)
+        device = resolve_device(member.device or settings.worker.device, allow_mps=member.allow_mps)
         choice = BackendChoice.from_member(member)
         try:
             self.engine = shared_engine(self.model_name, device=device, settings=settings, backend=choice)
@@ -74,16 +81,18 @@ class LocalProvider:
         self.cache_identity = cache_identity(self.kind, model=self.model_name, backend=backend.name,
                                              precision=self.engine.precision, artifact=backend.artifact,
                                              device=device.split(":")[0], scale=self.scale)
-        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.coalesce else None
+        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.engine.coalesce else None
         log.info("model_loaded", model=self.model_name, device=device, scale=self.scale, backend=backend.name,
                  precision=self.engine.precision, coalesce=self.coalescer is not None)
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         try:
+            # The stream's instruction is the model's prompt, as CrossEncoder.predict(prompt=...) takes it.
             if self.coalescer is not None:
-                scores = self.coalescer.score(request.query, list(request.documents), deadline=deadline)
+                scores = self.coalescer.score(request.query, list(request.documents), deadline=deadline,
+                                              prompt=request.instruction)
             else:
-                scores = self.engine.score(request.query, list(request.documents))
+                scores = self.engine.score(request.query, list(request.documents), prompt=request.instruction)
         except CoalesceTimeout as exc:
             raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:
@@ -97,7 +106,12 @@ class LocalProvider:
 def backend_start_error(exc: Exception, model_name: str, choice: BackendChoice) -> ProviderStartError:
     """Why the engine did not start, with the member setting that would change it."""
     from worker.engine import BackendRefused, BackendUnavailable, CalibrationError
+    from worker.engine.parity import EngineDisagrees
 
+    if isinstance(exc, EngineDisagrees):
+        return ProviderStartError("engine_disagrees", f"{model_name}: {exc}",
+                                  remedy=Remedy("model", "point {variable} at a model the engine runs as the library "
+                                                         "does, or serve this one from a remote member"))
     if isinstance(exc, BackendRefused):
         return ProviderStartError("backend_refused", f"{model_name}: {exc}",
                                   remedy=Remedy("backend", "set {variable}=torch, or drop the quantization"))

@@ -28,7 +28,7 @@ import structlog
 
 from producer.settings import MemberSettings
 from worker.providers.base import (
-    ProviderStartError,
+    MemberConfigError,
     ProviderUnavailable,
     Remedy,
     ScoreRequest,
@@ -56,18 +56,6 @@ MAX_ERROR_JSON_BYTES = 65536
 _TOKEN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MEDIA_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+\-]{1,64}/[A-Za-z0-9!#$&^_.+\-]{1,64}$")
 ERROR_CODE_FIELDS = ("code", "error_code", "error_type", "type")
-
-
-class MemberConfigError(ProviderStartError):
-    """A member setting is missing or wrong; ``field`` is the MemberSettings field.
-
-    The chain turns the field into the member's variable name (``RERANKQ_RERANKER_1_URL``).
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__("config", f"{field}: {message}")
 
 
 def public_url(url: str) -> str:

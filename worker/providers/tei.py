@@ -14,6 +14,7 @@ from worker.providers.base import Remedy, Scale, ScoreRequest, cache_identity
 from worker.providers.remote import (
     RemoteClient,
     check_base_url,
+    check_member_numbers,
     check_subset_size,
     refuse_instruction_field,
     scores_from_pairs,
@@ -28,10 +29,17 @@ class TeiProvider:
     remote = True
     accepts_instruction = False
 
-    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+    @staticmethod
+    def check_config(member: MemberSettings) -> str:
+        """The base URL; MemberConfigError naming the field for what can be wrong before anything is called."""
         base = check_base_url(member.url)
         assert base is not None
         refuse_instruction_field(member, "TEI's rerank API")
+        check_member_numbers(member)
+        return base
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        base = self.check_config(member)
         self.endpoint = base if base.endswith("/rerank") else base + "/rerank"
         # TEI applies the model's sigmoid unless asked for raw scores; declaring the scale
         # "logit" asks for the raw ones and lets scoring apply the sigmoid itself.

@@ -37,6 +37,7 @@ from worker.providers.remote import (
     MemberConfigError,
     RemoteClient,
     check_base_url,
+    check_member_numbers,
     check_subset_size,
     expected_subset,
     scores_from_pairs,
@@ -74,17 +75,25 @@ class VllmProvider:
     kind = "vllm"
     remote = True
 
-    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+    @staticmethod
+    def check_config(member: MemberSettings) -> str:
+        """The endpoint's URL; MemberConfigError naming the field for what can be wrong before anything is called."""
         base = check_base_url(member.url)
         assert base is not None
-        self.endpoint_kind = member.endpoint
-        self.endpoint = endpoint_url(base, member.endpoint)
+        endpoint = endpoint_url(base, member.endpoint)
         if member.endpoint == "score" and member.top_n is not None:
             raise MemberConfigError("top_n", "vLLM's score API answers every pair; top_n is for endpoint=rerank")
         if member.truncate_prompt_tokens is not None and not (
                 member.truncate_prompt_tokens == -1 or member.truncate_prompt_tokens > 0):
             raise MemberConfigError("truncate_prompt_tokens", "must be positive, or -1 for the model's limit;"
                                     f" got {member.truncate_prompt_tokens}")
+        instruction_field(member)
+        check_member_numbers(member)
+        return endpoint
+
+    def __init__(self, member: MemberSettings, settings: Settings) -> None:
+        self.endpoint = self.check_config(member)
+        self.endpoint_kind = member.endpoint
         self.instruction_field = instruction_field(member)
         self.accepts_instruction = self.instruction_field is not None
         self.member = member

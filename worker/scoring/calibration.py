@@ -171,14 +171,14 @@ class Calibrations:
         """None when no file is configured (nothing is calibrated, nothing logged)."""
         from producer.settings import calibration_profile_variable
 
-        default = read_file(settings.calibration, variable="RERANKQ_CALIBRATION") if settings.calibration else None
+        default = read_file(settings.chain.calibration, variable="RERANKQ_CALIBRATION") if settings.chain.calibration else None
         profiles = {name: read_file(path, variable=calibration_profile_variable(name))
-                    for name, path in settings.calibration_profiles.items()}
+                    for name, path in settings.chain.calibration_profiles.items()}
         if default is None and not profiles:
             return None
-        paths: dict[str | None, str] = {name: path for name, path in settings.calibration_profiles.items()}
-        if settings.calibration:
-            paths[None] = settings.calibration
+        paths: dict[str | None, str] = {name: path for name, path in settings.chain.calibration_profiles.items()}
+        if settings.chain.calibration:
+            paths[None] = settings.chain.calibration
         return cls(default, profiles, paths=paths)
 
     def _file_for(self, profile: str | None) -> tuple[str | None, CalibrationFile | None]:

@@ -117,7 +117,7 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
         if fmt == "trec":
             jobs = trec_safe(jobs)
         plan = Plan(open_options=open_options, depth=depth, max_in_flight=max_in_flight,
-                    on_error=on_error, run_id=identity, default_window_size=rerank.settings.window_size)
+                    on_error=on_error, run_id=identity, default_window_size=rerank.settings.streams.window_size)
         tally = Tally(total=total)
         try:
             output.open()

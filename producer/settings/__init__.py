@@ -1,0 +1,110 @@
+"""Typed configuration in sections, read once from ``RERANKQ_*`` variables (and an optional TOML file).
+
+Settings are built at the edge (a client, a worker process, the gateway) and passed in;
+nothing deeper reads the environment. Each section is a small struct in its own module;
+``loader`` reads them all, and refuses a ``RERANKQ_*`` name no field has.
+
+Where a variable lives: ``RERANKQ_`` + the section's prefix + the field in capitals
+(``producer.settings.variables``). The variable names are the ones users set, so a new
+setting keeps the flat name it would have had and goes in the section below that owns it:
+
+=========  ========================================================  ===============================
+section    flat names (``RERANKQ_`` + ...)                           field path
+=========  ========================================================  ===============================
+store      REDIS_URL, BROKER_URL, NAMESPACE                          ``store.redis_url``
+queues     CPU_QUEUE, GPU_QUEUE, ANY_QUEUE, MAX_ATTEMPTS,             ``queues.redeliver_after_s``
+           REDELIVER_AFTER_S, VISIBILITY_TIMEOUT_S,
+           AMQP_CONSUMER_TIMEOUT_S, QUEUED_MAX_AGE_S, SWEEP_INTERVAL_S
+streams    WINDOW_SIZE, MAX_WINDOW_SIZE, MIN_SCORE, MIN_FINAL_SCORE,  ``streams.window_size``
+           STREAM_TTL_S, MAX_CANDIDATES, MAX_QUERY_CHARS,
+           MAX_TEXT_CHARS, DOCUMENT_BUDGET, MAX_STREAM_BYTES,
+           EVENT_LOG_MAXLEN
+budget     MAX_RERANK_CANDIDATES[_LOW|_MID|_HIGH],                    ``budget.strategy_boosts``
+           MAX_CANDIDATES_PER_SOURCE, STRATEGY_BOOSTS
+worker     DEVICE, WORKER_PROCESSES, TORCH_THREADS, SOFT_SHUTDOWN_S,  ``worker.device``
+           TASK_EVENTS, LOG_LEVEL
+engine     PRECISION, TOKEN_BUDGET, COALESCE, COALESCE_DELAY_MS,      ``engine.precision``
+           COALESCE_MAX_PAIRS
+chain      FLAT_MIN_WINDOW, FLAT_RANGE, MEMBER_RESTART_S,             ``chain.flat_range``
+           PAIR_CACHE, PAIR_CACHE_SHARED_ACROSS_TENANTS, CACHE_TTL_S;
+           CALIBRATION; CHAIN_<NAME> (profiles);                      ``chain.profiles``
+           CALIBRATION_<PROFILE> (a profile's calibration file)       ``chain.calibration_profiles``
+           RERANKER_[<n>_]<FIELD> (members, ``members.py``)           ``chain.members[n].url``
+breaker    BREAKER_FAILURES, BREAKER_COOLDOWN_S                       ``breaker.failures``
+metrics    METRICS_PORT, METRICS_HOST, METRICS_DIR                    ``metrics.port``
+exporter   EXPORTER_PORT                                              ``exporter.port``
+gateway    GATEWAY_<FIELD> (``gateway.py``)                           ``gateway.max_backlog``
+=========  ========================================================  ===============================
+
+``RERANKQ_CONFIG_FILE`` names the file; ``RERANKQ_RERANKER_0_<FIELD>`` is member 0, like the
+unindexed names. The reference, ``docs/configuration.md``, is generated from these structs:
+``python -m producer.settings.reference > docs/configuration.md``.
+"""
+
+from producer.settings.breaker import BreakerSettings
+from producer.settings.budget import BudgetSettings
+from producer.settings.chain import ChainSettings
+from producer.settings.default_chain import (
+    DEFAULT_MODEL,
+    PACKAGED_EMBEDDING_MODULE,
+    default_members,
+    packaged_embedding_installed,
+)
+from producer.settings.engine import EngineSettings
+from producer.settings.exporter import ExporterSettings
+from producer.settings.gateway import GatewaySettings
+from producer.settings.loader import Loaded, load_settings, override, read_settings
+from producer.settings.members import MemberSettings
+from producer.settings.metrics import MetricsSettings
+from producer.settings.model import SECTIONS, Settings
+from producer.settings.queues import QueueSettings
+from producer.settings.secret import Secret
+from producer.settings.store import StoreSettings
+from producer.settings.streams import StreamSettings
+from producer.settings.variables import (
+    CALIBRATION_PROFILE_PREFIX,
+    CHAIN_PROFILE_PREFIX,
+    CONFIG_FILE,
+    MEMBER_PREFIX,
+    PREFIX,
+    calibration_profile_variable,
+    chain_profile_variable,
+    member_variable,
+    variable,
+)
+from producer.settings.worker import WorkerSettings
+
+__all__ = [
+    "CALIBRATION_PROFILE_PREFIX",
+    "CHAIN_PROFILE_PREFIX",
+    "CONFIG_FILE",
+    "DEFAULT_MODEL",
+    "MEMBER_PREFIX",
+    "PACKAGED_EMBEDDING_MODULE",
+    "PREFIX",
+    "SECTIONS",
+    "BreakerSettings",
+    "BudgetSettings",
+    "ChainSettings",
+    "EngineSettings",
+    "ExporterSettings",
+    "GatewaySettings",
+    "Loaded",
+    "MemberSettings",
+    "MetricsSettings",
+    "QueueSettings",
+    "Secret",
+    "Settings",
+    "StoreSettings",
+    "StreamSettings",
+    "WorkerSettings",
+    "calibration_profile_variable",
+    "chain_profile_variable",
+    "default_members",
+    "load_settings",
+    "member_variable",
+    "override",
+    "packaged_embedding_installed",
+    "read_settings",
+    "variable",
+]
