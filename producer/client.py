@@ -20,7 +20,7 @@ from producer.consumers import ConsumerCheck, no_worker_warning
 from producer.dispatch import Dispatcher
 from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
 from producer.logs import get_logger
-from producer.options import takes_stream_options
+from producer.options import DEFAULT_MAX_PASSAGES, DEFAULT_PASSAGE_TOP_K, takes_stream_options
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
@@ -206,6 +206,12 @@ class RerankClient:
                 ttl_s=chosen.ttl_s if chosen.ttl_s is not None else settings.streams.stream_ttl_s,
                 n_candidates=len(items),
                 instruction=chosen.instruction,
+                long_documents=chosen.long_documents or "excerpt",
+                passage_tokens=chosen.passage_tokens,
+                passage_stride=chosen.passage_stride,
+                passage_aggregate=chosen.passage_aggregate or "max",
+                passage_top_k=chosen.passage_top_k or DEFAULT_PASSAGE_TOP_K,
+                max_passages=chosen.max_passages or DEFAULT_MAX_PASSAGES,
             ),
             settings,
         )

@@ -109,6 +109,10 @@ class Keys:
     def pair_score(self, digest: str) -> str:
         return f"{self.namespace}:score:{digest}"
 
+    def embedding(self, digest: str) -> str:
+        """An embedding member's vector of one text (``worker.chain.embedding_cache``)."""
+        return f"{self.namespace}:embedding:{digest}"
+
     def window_answer(self, digest: str) -> str:
         """A subset-answering member's whole answer to one window (``worker.chain.cache``)."""
         return f"{self.namespace}:answer:{digest}"

@@ -25,7 +25,7 @@ import msgspec
 from msgspec import Meta
 
 from producer.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
-from producer.wire import Boosts, BudgetLevel, Device, Lane, TimeRange
+from producer.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, TimeRange
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,6 +33,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_TTL_S = 7 * 24 * 3600
 #: An instruction rides in every pair sent to a model: a few sentences, not a document.
 MAX_INSTRUCTION_CHARS = 2000
+#: Passages per document at most: each is a pair scored, so this bounds a document's cost.
+MAX_PASSAGES = 128
+#: The fewest tokens a passage may hold: shorter ones say too little to be scored.
+MIN_PASSAGE_TOKENS = 16
+#: The passage length a chain without an in-process member cuts at (a remote member does not
+#: say what it reads); also what the per-window token ceiling counts when none is given.
+REMOTE_PASSAGE_TOKENS = 512
+#: What the stream options default to when not given.
+DEFAULT_MAX_PASSAGES = 32
+DEFAULT_PASSAGE_TOP_K = 3
 
 Token = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 
@@ -109,6 +119,27 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
                     "their device queue; a retried open keeps the lane it was first opened with  "
                     "[default: interactive]")] = None
     instruction: InstructionOption = None
+    long_documents: Annotated[Optional[LongDocuments], Meta(
+        description="a document longer than the member reads: excerpt (the part around the first query-term "
+                    "match, cut to document_budget) or passages (split into passages on the model's token "
+                    "boundaries, each scored with the document's header; the best passage's span is kept)  "
+                    "[default: excerpt]")] = None
+    passage_tokens: Annotated[Optional[Annotated[int, Meta(ge=MIN_PASSAGE_TOKENS)]], Meta(
+        description="tokens of a document's text per passage, in the tokenizer of the chain's first in-process "
+                    "member  [default: that member's max_length less the query, the header and special tokens; "
+                    "512 for a chain of remote members]")] = None
+    passage_stride: Annotated[Optional[Annotated[int, Meta(ge=1)]], Meta(
+        description="tokens from one passage's start to the next's; at most passage_tokens  "
+                    "[default: half of passage_tokens]")] = None
+    passage_aggregate: Annotated[Optional[PassageAggregate], Meta(
+        description="a document's score from its passages' scores: max (the best passage), first (the first "
+                    "passage), sum_top_k (the sum of the best passage_top_k, divided by k)  [default: max]")] = None
+    passage_top_k: Annotated[Optional[Annotated[int, Meta(ge=1, le=MAX_PASSAGES)]], Meta(
+        description="k of passage_aggregate=sum_top_k  [default: 3]")] = None
+    max_passages: Annotated[Optional[Annotated[int, Meta(ge=1, le=MAX_PASSAGES)]], Meta(
+        description=f"passages per document at most, the first ones kept; at most {MAX_PASSAGES}, and "
+                    "window_size x max_passages x passage_tokens at most RERANKQ_MAX_WINDOW_PASSAGE_TOKENS  "
+                    "[default: 32]")] = None
 
 
 #: Option names, in declaration order.

@@ -17,7 +17,14 @@ import msgspec
 from producer.budget import parse_strategy_boosts
 from producer.errors import ValidationError
 from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
-from producer.options import MAX_TTL_S, OPTION_NAMES, StreamOptions
+from producer.options import (
+    MAX_PASSAGES,
+    MAX_TTL_S,
+    MIN_PASSAGE_TOKENS,
+    OPTION_NAMES,
+    REMOTE_PASSAGE_TOKENS,
+    StreamOptions,
+)
 from producer.settings import Settings
 from producer.wire import Candidate, StreamSpec, TimeRange, encode
 
@@ -257,6 +264,7 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
         raise ValidationError("ttl_s", f"must be between 1 and {MAX_TTL_S} seconds")
     if not 1 <= spec.document_budget <= settings.streams.max_text_chars:
         raise ValidationError("document_budget", f"must be between 1 and {settings.streams.max_text_chars}")
+    check_passages(spec, settings)
     # __struct_fields__, not structs.fields(): that evaluates the class's annotations on every
     # call (0.4 ms, a tenth of an open of 25 candidates).
     for name in spec.boosts.__struct_fields__:
@@ -276,6 +284,35 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     if spec.query_range is not None and spec.query_range.start > spec.query_range.end:
         raise ValidationError("query_range", "start is after end")
     return spec
+
+
+def check_passages(spec: StreamSpec, settings: Settings) -> None:
+    """A passages stream's cost is bounded at open: passages per document, and the tokens a
+    window can send (window_size x max_passages x passage_tokens), so no window can ask a
+    worker for more than the deployment allows."""
+    if spec.passage_tokens is not None and spec.passage_tokens < MIN_PASSAGE_TOKENS:
+        raise ValidationError("passage_tokens", f"must be at least {MIN_PASSAGE_TOKENS}, got {spec.passage_tokens}")
+    if spec.passage_stride is not None:
+        if spec.passage_stride < 1:
+            raise ValidationError("passage_stride", f"must be at least 1, got {spec.passage_stride}")
+        # A stride past the passage length would leave text between passages that no pair reads.
+        if spec.passage_stride > (spec.passage_tokens or REMOTE_PASSAGE_TOKENS):
+            raise ValidationError("passage_stride", f"{spec.passage_stride} is longer than passage_tokens "
+                                                    f"({spec.passage_tokens or REMOTE_PASSAGE_TOKENS}): text "
+                                                    "between passages would never be read")
+    if not 1 <= spec.max_passages <= MAX_PASSAGES:
+        raise ValidationError("max_passages", f"must be between 1 and {MAX_PASSAGES}, got {spec.max_passages}")
+    if not 1 <= spec.passage_top_k <= MAX_PASSAGES:
+        raise ValidationError("passage_top_k", f"must be between 1 and {MAX_PASSAGES}, got {spec.passage_top_k}")
+    if spec.long_documents != "passages":
+        return
+    tokens = spec.passage_tokens or REMOTE_PASSAGE_TOKENS
+    window_tokens = spec.window_size * spec.max_passages * tokens
+    if window_tokens > settings.streams.max_window_passage_tokens:
+        raise ValidationError("max_passages", f"window_size {spec.window_size} x max_passages {spec.max_passages} "
+                                              f"x passage_tokens {tokens} is {window_tokens} tokens a window, over "
+                                              f"RERANKQ_MAX_WINDOW_PASSAGE_TOKENS ({settings.streams.max_window_passage_tokens})"
+                                              "; lower one of them")
 
 
 def _is_integer(value: Any) -> bool:

@@ -20,6 +20,12 @@ Lane = Literal["interactive", "batch"]
 LANES: tuple[Lane, ...] = ("interactive", "batch")
 BudgetLevel = Literal["low", "mid", "high"]
 RecencyCurve = Literal["linear", "exponential", "none"]
+#: How a document longer than the member reads is scored: cut around the first query-term
+#: match (``excerpt``), or split into passages that are each scored (``passages``).
+LongDocuments = Literal["excerpt", "passages"]
+#: How a document's passage scores become its score: the best (MaxP), the first (FirstP), or
+#: the sum of the best ``passage_top_k`` divided by k (so it stays a score in [0, 1]).
+PassageAggregate = Literal["max", "first", "sum_top_k"]
 
 
 class Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True, frozen=True):
@@ -82,9 +88,26 @@ class StreamSpec(Base):
     # The stream's instruction: sentence-transformers' ``prompt`` for an instruction-aware
     # reranker, passed on to a remote member whose API takes one.
     instruction: str | None = None
+    long_documents: LongDocuments = "excerpt"
+    #: Tokens of the document's text per passage and between passage starts; None: derived
+    #: by the worker from the member's max_length and the query's length.
+    passage_tokens: int | None = None
+    passage_stride: int | None = None
+    passage_aggregate: PassageAggregate = "max"
+    passage_top_k: int = 3
+    max_passages: int = 32
 
 
 # -- decisions ---------------------------------------------------------------
+
+
+class PassageSpan(Base):
+    """Where in a candidate's ``text`` the passage that decided its score is: ``text[start:end]``
+    (code points), and that passage's normalised score."""
+
+    start: int
+    end: int
+    score: float
 
 
 class Ranked(Base, tag="ranked", tag_field="kind"):
@@ -100,6 +123,8 @@ class Ranked(Base, tag="ranked", tag_field="kind"):
     served_by: str
     raw_score: float | None = None
     calibrated: bool = False
+    #: A passages stream's best passage; None for an excerpt stream.
+    passage: PassageSpan | None = None
 
 
 class Filtered(Base, tag="filtered", tag_field="kind"):
@@ -114,6 +139,7 @@ class Filtered(Base, tag="filtered", tag_field="kind"):
     reason: str
     raw_score: float | None = None
     calibrated: bool = False
+    passage: PassageSpan | None = None
 
 
 class Omitted(Base, tag="omitted", tag_field="kind"):
@@ -236,6 +262,11 @@ class Row(Base):
     def reason(self) -> str | None:
         """Why the row is failed (or filtered); None for a ranked row."""
         return getattr(self.decision, "reason", None)
+
+    @property
+    def passage(self) -> PassageSpan | None:
+        """The best passage of a passages stream's row (its span in the text, its score)."""
+        return getattr(self.decision, "passage", None)
 
 
 class Page(Base):

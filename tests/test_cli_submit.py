@@ -53,7 +53,8 @@ def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, t
         assert [row["rank"] for row in line["rows"]] == list(range(1, len(texts) + 1))
         row = line["rows"][0]
         assert set(row) == {"rank", "window", "kind", "id", "index", "score", "final_score", "served_by", "reason",
-                            "document"}
+                            "document", "passage"}
+        assert row["passage"] is None  # an excerpt stream's rows say no passage
         assert row["kind"] == "ranked" and row["reason"] is None and row["served_by"].startswith("0:")
         assert line["stream"] == "k_" + idempotency_key(summary["run_id"], line["id"])
 

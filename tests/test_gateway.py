@@ -144,6 +144,28 @@ def test_cohere_v1_returns_documents_as_given_and_ranks_by_rank_fields(deploymen
     assert scores[0] == pytest.approx(_score(q, f"title: Checkout runbook\nbody: {DOCS[2]}"))
 
 
+def test_cohere_v1_max_chunks_per_doc_scores_passages_and_answers_per_document(deployment: Deployment) -> None:
+    from producer.wire import Candidate, StreamSpec
+    from worker.scoring.passages import fallback_cutter, split
+
+    q = query("chunks")
+    words = "gateway payment checkout certificate region outage invoice laptop".split()
+    documents = [" ".join(f"{words[(i + j) % len(words)]}{j}" for j in range(250)) for i in range(3)]
+    answer = deployment.post("/v1/rerank", {"query": q, "documents": documents, "max_chunks_per_doc": 2})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert sorted(r["index"] for r in body["results"]) == [0, 1, 2]  # one result per document
+    # Each document split into at most two passages on the tokenizer's boundaries, each scored:
+    # its score is its best passage's (MaxP), not the score of the document cut to a budget.
+    spec = StreamSpec(query=q, window_size=3, long_documents="passages", max_passages=2)
+    for result in body["results"]:
+        passages = split(Candidate(id="x", text=documents[result["index"]]), q, fallback_cutter(), spec)
+        assert len(passages) == 2
+        assert result["relevance_score"] == pytest.approx(max(_score(q, p.text) for p in passages))
+    too_many = deployment.post("/v1/rerank", {"query": q, "documents": documents, "max_chunks_per_doc": 1000})
+    assert too_many.status_code == 400 and "max_chunks_per_doc" in too_many.json()["message"]
+
+
 def test_cohere_errors_name_the_field_with_cohere_codes(deployment: Deployment) -> None:
     def refused(body: object, status: int, *needles: str, raw: bytes | None = None) -> None:
         headers = {"Authorization": f"Bearer {deployment.keys['acme']}"}

@@ -31,6 +31,7 @@ from worker.providers.base import ScoreRequest
 from worker.scoring.calibration import Calibrations
 from worker.scoring.decide import decide
 from worker.scoring.documents import assemble, has_text
+from worker.scoring.passages import chain_cutter, scored_passages, window_passages
 from worker.side_writes import SideWrite, held_for_commit
 
 log = structlog.get_logger("rerankq.window")
@@ -173,11 +174,17 @@ class WindowScorer:
         end = start + len(candidates)
         documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
         scorable = [i for i, c in enumerate(candidates) if has_text(c)]
-        request = ScoreRequest(query=spec.query, documents=[documents[i] for i in scorable],
+        passages = (window_passages(candidates, spec, chain_cutter(self.chain.members_for(spec.chain)))
+                    if spec.long_documents == "passages" else None)
+        request = ScoreRequest(query=spec.query,
+                               documents=passages.texts if passages else [documents[i] for i in scorable],
                                stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain,
                                instruction=spec.instruction)
         outcome = self.chain.run(request)
-        if outcome.scores is not None:
+        spans = None
+        if passages is not None:
+            spans = scored_passages(passages, outcome, spec, documents)
+        elif outcome.scores is not None:
             # Re-spread the member's scores over the whole window (text-less rows get none).
             full: list[float | None] = [None] * len(candidates)
             for pos, i in enumerate(scorable):
@@ -187,8 +194,10 @@ class WindowScorer:
         if self.calibrations is not None and outcome.served_by is not None and not outcome.passthrough:
             calibration = self.calibrations.map_for(profile=spec.chain, label=outcome.served_by,
                                                     cache_identity=outcome.identity)
-        decisions = decide(spec, candidates, documents, outcome, first_index=start, calibration=calibration)
-        embeddings = kept_embeddings(outcome, window, [start + i for i in scorable], request.documents, bound)
+        decisions = decide(spec, candidates, documents, outcome, first_index=start, calibration=calibration,
+                           passages=spans)
+        embeddings = kept_embeddings(outcome, window, [start + i for i in scorable],
+                                     [documents[i] for i in scorable] if passages else request.documents, bound)
         result = WindowResult(
             window=window, start=start, end=end, served_by=outcome.served_by, passthrough=outcome.passthrough,
             attempts=begun.attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,

@@ -17,8 +17,10 @@ and the Fern-generated ``cohere`` Python SDK: ``V2RerankResponse``, ``RerankResp
 
 Where rerankq differs, it says so: ``model`` is accepted and does not route (the API key's
 chain profile decides who scores); ``max_tokens_per_doc`` becomes a document budget in code
-points (``service.CHARS_PER_TOKEN``); long documents are cut to the budget, not chunked, so
-``max_chunks_per_doc`` changes nothing; one search unit is billed per 100 documents (Cohere's
+points (``service.CHARS_PER_TOKEN``); long documents are cut to the budget, unless v1's
+``max_chunks_per_doc`` is given: then each document is split into at most that many passages,
+each scored, and a document's score is its best passage's (the stream options
+``long_documents="passages"``, ``max_passages``), still one result per document; one search unit is billed per 100 documents (Cohere's
 rule for documents under 500 tokens). Unknown fields are refused, naming the field, so a
 misspelt ``top_n`` is not silently ignored. One field is rerankq's own: ``instruction``, the
 stream option of that name (what an instruction-aware reranker is asked to do); it is part of
@@ -39,7 +41,7 @@ from producer.gateway.jobs import Scored
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
-from producer.options import InstructionOption
+from producer.options import MAX_PASSAGES, InstructionOption
 
 DOCUMENTS_PER_SEARCH_UNIT = 100
 
@@ -182,7 +184,11 @@ async def rerank_v1(request: Request) -> Response:
     gateway.check_documents(texts, "documents")
     positive("top_n", payload.top_n)
     positive("max_chunks_per_doc", payload.max_chunks_per_doc)
-    job = gateway.job(payload.query, texts, device, principal, instruction=payload.instruction)
+    if payload.max_chunks_per_doc is not None and payload.max_chunks_per_doc > MAX_PASSAGES:
+        raise Problem("invalid", f"max_chunks_per_doc: at most {MAX_PASSAGES}, got {payload.max_chunks_per_doc}",
+                      field="max_chunks_per_doc")
+    job = gateway.job(payload.query, texts, device, principal, instruction=payload.instruction,
+                      max_passages=payload.max_chunks_per_doc)
     stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
     documents = None
     if payload.return_documents:

@@ -19,7 +19,7 @@ from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
 from producer.gateway.problems import Problem
 from producer.logs import get_logger
-from producer.options import StreamOptions
+from producer.options import REMOTE_PASSAGE_TOKENS, StreamOptions
 from producer.settings import Settings
 
 log = get_logger("rerankq.gateway")
@@ -93,18 +93,25 @@ class Gateway:
                               field=f"{field}[{i}]")
 
     def job(self, query: str, texts: list[str], device: str, principal: Principal, *,
-            max_tokens_per_doc: int | None = None, instruction: str | None = None) -> RerankJob:
+            max_tokens_per_doc: int | None = None, instruction: str | None = None,
+            max_passages: int | None = None) -> RerankJob:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
-        fields, the API key and the gateway's settings say."""
+        fields, the API key and the gateway's settings say. With ``max_passages`` the documents
+        are split into passages, and windows are made small enough for the per-window ceiling."""
         budget = self.settings.streams.document_budget
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
+        window_size = min(len(texts), self.settings.streams.max_window_size)
+        if max_passages is not None:
+            fits = self.settings.streams.max_window_passage_tokens // (max_passages * REMOTE_PASSAGE_TOKENS)
+            window_size = max(1, min(window_size, fits))
         options = StreamOptions(
             device=device, chain=principal.chain, tenant=principal.tenant,
-            window_size=min(len(texts), self.settings.streams.max_window_size), document_budget=budget,
+            window_size=window_size, document_budget=budget,
             ttl_s=self.config.stream_ttl_s or self.settings.streams.stream_ttl_s,
             min_score=self.settings.streams.min_score, min_final_score=self.settings.streams.min_final_score,
             instruction=instruction,
+            long_documents="passages" if max_passages is not None else None, max_passages=max_passages,
         )
         return RerankJob(query=query, texts=texts, options=options)
 

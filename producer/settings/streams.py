@@ -22,6 +22,9 @@ class StreamSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_query_chars: Annotated[PositiveInt, doc("query length limit (code points)")] = 2048
     max_text_chars: Annotated[PositiveInt, doc("candidate text length limit (code points)")] = 65536
     document_budget: Annotated[PositiveInt, doc("code points of assembled text sent to a provider")] = 2048
+    max_window_passage_tokens: Annotated[PositiveInt, doc(
+        "a passages stream whose window could send more tokens (window_size x max_passages x "
+        "passage_tokens) is refused at open")] = 1_048_576
     # The guarantees' memory bound per stream is derived from this one.
     max_stream_bytes: Annotated[PositiveInt, doc("bound on one stream's candidate payload in Redis "
                                                  "(msgpack bytes)")] = 32 * 1024 * 1024

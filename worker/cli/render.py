@@ -63,7 +63,12 @@ def row_json(row: Any) -> dict[str, Any]:
     d = row.decision
     return {"rank": row.rank, "window": row.window, "kind": type(d).__struct_config__.tag, "id": d.id,
             "index": d.index, "score": getattr(d, "score", None), "final_score": getattr(d, "final_score", None),
-            "served_by": getattr(d, "served_by", None), "reason": getattr(d, "reason", None), "document": d.document}
+            "served_by": getattr(d, "served_by", None), "reason": getattr(d, "reason", None), "document": d.document,
+            "passage": _passage_json(getattr(d, "passage", None))}
+
+
+def _passage_json(passage: Any) -> dict[str, Any] | None:
+    return None if passage is None else {"start": passage.start, "end": passage.end, "score": passage.score}
 
 
 def status_table(status: StreamStatus) -> Any:

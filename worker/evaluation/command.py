@@ -27,13 +27,14 @@ Examples:
   rerankq eval --members 0 --depths 10,50 --limit 20     # member 0 only, two depths, 20 queries
   rerankq eval --plots out/ --json out/eval.json         # PNG plots and the report as JSON
   rerankq eval --qrels q.txt --run bm25.txt --queries queries.tsv --documents docs.jsonl
+  rerankq eval --long-documents passages --depths 100    # long documents, split into passages
 
 Exit status: 0 when done, 2 on bad input or settings, 1 when the queue did not answer.
 """
 
 
 def shipped(name: str) -> Path:
-    return Path(str(resources.files("worker.evaluation").joinpath("collection", name)))
+    return Path(str(resources.files("worker.evaluation").joinpath("collection", *name.split("/"))))
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Arguments:
     plots: Path | None
     timeout: float
     device: str
+    long_documents: str | None = None
 
 
 def _depths(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -83,6 +85,10 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for one query")
 @click.option("--device", default="cpu", type=click.Choice(["cpu", "gpu"]), show_default=True,
               help="the private worker's device")
+@click.option("--long-documents", type=click.Choice(["excerpt", "passages"]),
+              help="the streams' long_documents option; with no files named, the shipped long-document collection "
+                   "(collection/long: 1,300-2,400 words a document, the judged part early, in the middle or late)  "
+                   "[default: the deployment's, excerpt]")
 def evaluate_command(qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None,
                      **options: Any) -> int:
     """Measure whether reranking improves a first-stage run, at what depth and latency.
@@ -92,14 +98,8 @@ def evaluate_command(qrels: Path | None, run: Path | None, queries: Path | None,
     chain member is forced in turn through the real queue, at each rerank depth, and
     compared with the input run itself: nDCG, P@k, R@k and MRR by ir-measures.
     """
-    given = [qrels, run, queries, documents]
-    if any(given) and not all(given):
-        raise click.UsageError("--qrels, --run, --queries and --documents go together "
-                               "(or none, for the shipped collection)")
-    if not any(given):
-        qrels, run = shipped("qrels.txt"), shipped("run.bm25.txt")
-        queries, documents = shipped("queries.tsv"), shipped("documents.jsonl")
-    assert qrels and run and queries and documents
+    qrels, run, queries, documents = collection_files(qrels, run, queries, documents,
+                                                      long_documents=options.get("long_documents"))
     args = Arguments(qrels=qrels, run=run, queries=queries, documents=documents, **options)
 
     from producer.errors import ConfigError, ValidationError
@@ -116,6 +116,21 @@ def evaluate_command(qrels: Path | None, run: Path | None, queries: Path | None,
     except (TimeoutError, RuntimeError) as exc:  # no answer in time; the private worker did not start
         click.echo(f"error: {exc}", err=True)
         return 1
+
+
+def collection_files(qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None, *,
+                     long_documents: str | None) -> tuple[Path, Path, Path, Path]:
+    """The files named, or with none the shipped collection: with ``--long-documents``, its
+    long-document collection (``collection/long``)."""
+    given = [qrels, run, queries, documents]
+    if any(given) and not all(given):
+        raise click.UsageError("--qrels, --run, --queries and --documents go together "
+                               "(or none, for the shipped collection)")
+    if any(given):
+        return qrels, run, queries, documents  # type: ignore[return-value]
+    folder = "long/" if long_documents else ""
+    return (shipped(folder + "qrels.txt"), shipped(folder + "run.bm25.txt"), shipped(folder + "queries.tsv"),
+            shipped(folder + "documents.jsonl"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,7 +179,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
             reported.append(entry)
             for depth in sorted(depths, reverse=True):
                 run = run_member(where.client, collection, qids, index=index, label=label, depth=depth,
-                                 timeout_s=args.timeout, progress=progress)
+                                 timeout_s=args.timeout, progress=progress, long_documents=args.long_documents)
                 if len(run.queries) < len(qids):  # the member failed its first query
                     entry["reason"] = run.queries[0].failed
                     progress(f"{label}: unavailable ({entry['reason']})")
@@ -172,7 +187,9 @@ def _evaluate(args: Arguments, collection: Any) -> int:
                 runs[(label, depth)] = run
                 scores[(label, depth)] = evaluate(collection.qrels, {q.qid: q.ranking for q in run.queries},
                                                   relevant_grade=args.relevant_grade)
-        stack_notes = {"private": where.private, "pair_cache": False if where.private else None,
+        stack_notes = {"private": where.private,
+                       "pair_cache": load_settings(env).chain.pair_cache if where.private and "RERANKQ_PAIR_CACHE" in env
+                       else (False if where.private else None),
                        "worker_log": str(where.log_path) if where.log_path else None,
                        "load_average_1m_at_start": round(load_before, 2), **environment_notes(env)}
 
@@ -180,7 +197,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
         collection={"files": {k: str(getattr(args, k)) for k in ("qrels", "run", "queries", "documents")},
                     "queries_evaluated": len(qids), "documents": len(collection.documents),
                     "judgements": sum(len(j) for q, j in collection.qrels.items() if q in input_rankings),
-                    "run_depth": run_depth},
+                    "run_depth": run_depth, "long_documents": args.long_documents or "excerpt"},
         relevant_grade=args.relevant_grade, depths=depths, input_scores=input_scores, members=reported,
         runs=runs, scores=scores, stack=stack_notes)
     if args.plots:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from producer import RerankClient, load_settings
+from producer.options import DEFAULT_MAX_PASSAGES, REMOTE_PASSAGE_TOKENS
 from producer.settings import MemberSettings
 from producer.wire import Failed, Filtered, Ranked
 from worker.evaluation.trec import Collection
@@ -103,11 +104,12 @@ def candidates_for(collection: Collection, qid: str, depth: int) -> list[dict[st
 
 
 def rerank_query(client: RerankClient, collection: Collection, qid: str, *, depth: int, profile: str,
-                 timeout_s: float) -> QueryRun:
+                 timeout_s: float, long_documents: str | None = None) -> QueryRun:
     candidates = candidates_for(collection, qid, depth)
     started = time.perf_counter()
     # The streams are the evaluation's own: they need not outlive it by much.
-    stream = client.open(collection.queries[qid], candidates, window_size=len(candidates), chain=profile, ttl_s=900)
+    stream = client.open(collection.queries[qid], candidates, window_size=len(candidates), chain=profile, ttl_s=900,
+                         long_documents=long_documents)
     sent_at = time.time()
     page = client.pull(stream, 0, len(candidates), timeout=timeout_s)
     total_ms = (time.perf_counter() - started) * 1000
@@ -134,13 +136,15 @@ def rerank_query(client: RerankClient, collection: Collection, qid: str, *, dept
 
 
 def run_member(client: RerankClient, collection: Collection, qids: Sequence[str], *, index: int, label: str,
-               depth: int, timeout_s: float, progress: Callable[[str], None]) -> MemberRun:
+               depth: int, timeout_s: float, progress: Callable[[str], None],
+               long_documents: str | None = None) -> MemberRun:
     """Every query through member ``index`` alone. A member that fails the first query is
     not tried on the rest (it cannot start, or cannot serve): its reason is what is reported."""
     run = MemberRun(label=label, depth=depth)
     before = client.store.counters().get(f"provider_calls:{label}", 0)
     for n, qid in enumerate(qids, start=1):
-        query = rerank_query(client, collection, qid, depth=depth, profile=profile_name(index), timeout_s=timeout_s)
+        query = rerank_query(client, collection, qid, depth=depth, profile=profile_name(index), timeout_s=timeout_s,
+                             long_documents=long_documents)
         run.queries.append(query)
         if n == 1 and query.failed is not None:
             break
@@ -166,7 +170,8 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
     and worker, started here and stopped after.
 
     The private worker gets one chain profile per member (``RERANKQ_CHAIN_EVAL<i>``) and the
-    pair-score cache off, so each depth pays for its scoring and latencies are real. Workers
+    pair-score cache off unless ``RERANKQ_PAIR_CACHE`` says otherwise, so each depth pays for
+    its scoring and latencies are real. Workers
     of a configured Redis must have those profiles themselves.
     """
     from worker.embedded.redis_server import EmbeddedRedis
@@ -180,8 +185,12 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
         if private:
             redis_server = EmbeddedRedis().start()
             env["RERANKQ_REDIS_URL"] = redis_server.url
-            env["RERANKQ_PAIR_CACHE"] = "false"
+            # Off unless asked for: a batch run's embedding cache (on with it) is worth measuring too.
+            env.setdefault("RERANKQ_PAIR_CACHE", "false")
             env.setdefault("RERANKQ_MAX_WINDOW_SIZE", str(max(256, max_depth)))
+            # One window holds a query's whole depth, every passage of it too.
+            env.setdefault("RERANKQ_MAX_WINDOW_PASSAGE_TOKENS",
+                           str(max(1_048_576, max_depth * DEFAULT_MAX_PASSAGES * REMOTE_PASSAGE_TOKENS)))
             for index in members:
                 env[f"RERANKQ_CHAIN_{profile_name(index).upper()}"] = str(index)
             log_path = Path(tempfile.mkdtemp(prefix="rerankq-eval-")) / "worker.log"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import threading
 from importlib import metadata
+from typing import Any
 
 import structlog
 
@@ -62,6 +63,8 @@ class EmbeddingProvider:
     scale: Scale | None = "cosine"
     #: The stream's instruction is the query's prompt (encode_query(prompt=...)).
     accepts_instruction = True
+    #: Each text's embedding kept in Redis (``worker.chain.embedding_cache``); set by the worker.
+    vector_cache: Any = None
 
     @staticmethod
     def check_config(member: MemberSettings) -> None:
@@ -102,21 +105,29 @@ class EmbeddingProvider:
                  coalesce=self.coalescer is not None)
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        if self.vector_cache is not None:
+            return self.vector_cache.cosines(self, request, deadline=deadline)
         documents = list(request.documents)
+        scored = self.fresh(request.query, documents, deadline=deadline, prompt=request.instruction)
+        self._last.vectors = {d: vector for d, (_, vector) in zip(documents, scored)}
+        return [cosine for cosine, _ in scored]
+
+    def fresh(self, query: str, documents: list[str], *, deadline: float, prompt: str | None) -> list[Scored]:
+        """Each document's cosine with the query (embedded under ``prompt``, the stream's
+        instruction) and its embedding, computed now."""
         try:
             # The stream's instruction is the query's prompt, as encode_query(prompt=...) takes it.
             if self.coalescer is not None:
-                scored: list[Scored] = self.coalescer.score(request.query, documents, deadline=deadline,
-                                                            prompt=request.instruction)
-            else:
-                scored = self.engine.score_and_embed([(request.query, d) for d in documents],
-                                                     prompt=request.instruction)
+                return self.coalescer.score(query, documents, deadline=deadline, prompt=prompt)
+            return self.engine.score_and_embed([(query, d) for d in documents], prompt=prompt)
         except CoalesceTimeout as exc:
             raise ProviderUnavailable("timeout", str(exc)) from None
         except Exception as exc:
             raise ProviderUnavailable("model_error", f"{type(exc).__name__}: {exc}") from None
-        self._last.vectors = {d: vector for d, (_, vector) in zip(documents, scored)}
-        return [cosine for cosine, _ in scored]
+
+    def remember(self, vectors: dict[str, list[float]]) -> None:
+        """The embeddings of the window just scored, for ``embed``."""
+        self._last.vectors = vectors
 
     def embed(self, documents: list[str]) -> list[list[float]]:
         """Each document's normalised embedding: from the window just scored, else computed now

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, Ranked, StreamSpec
+from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
 from worker.scoring.calibration import ScoreMap
@@ -82,12 +82,14 @@ def decide(
     *,
     first_index: int,
     calibration: ScoreMap | None = None,
+    passages: list[PassageSpan | None] | None = None,
 ) -> list[Decision]:
     """Decisions for one window, in final order (final score desc; on ties a calibrated
     window's raw score, so a flat stretch of its map keeps the member's order; then fusion order).
 
     ``calibration`` maps the serving member's normalised score to P(relevant); never applied
-    to a passthrough window's seeded scores.
+    to a passthrough window's seeded scores. ``passages``: a passages stream's best passage of
+    each candidate, kept on its decision.
     """
     if outcome.failed:
         reason = outcome.reason or "failed"
@@ -118,13 +120,15 @@ def decide(
                 raw, score = score, calibrate(score)
             final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
+        passage = passages[i] if passages is not None else None
         decision: Decision
         if reason:
             decision = Filtered(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                                served_by=served_by, reason=reason, raw_score=raw, calibrated=raw is not None)
+                                served_by=served_by, reason=reason, raw_score=raw, calibrated=raw is not None,
+                                passage=passage)
         else:
             decision = Ranked(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                              served_by=served_by, raw_score=raw, calibrated=raw is not None)
+                              served_by=served_by, raw_score=raw, calibrated=raw is not None, passage=passage)
         # Uncalibrated, equal final scores keep fusion order, as they always have.
         scored.append((final, raw if raw is not None else 0.0, i, decision))
     scored.sort(key=lambda item: (-item[0], -item[1], item[2]))

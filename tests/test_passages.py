@@ -1,0 +1,250 @@
+"""Long documents as passages: cut on the model's token boundaries (whole characters kept, the
+header in every passage, spans that index the text exactly), scored together and aggregated
+(MaxP, FirstP, sum of the top k), and the best passage's span kept on each ranked row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+from rerank_servers import expected_score
+
+from producer import RerankClient, ValidationError
+from producer.settings import Settings
+from producer.validation import check_spec
+from producer.wire import Candidate, StreamSpec
+from worker.cli.render import row_json
+from worker.scoring.documents import header, is_boundary
+from worker.scoring.passages import Cutter, aggregate, cut, fallback_cutter, split, word_offsets
+
+QUERY = "how do I recover from a payment gateway 502 outage"
+ANSWER = ("To recover from a payment gateway 502 outage, restart the gateway pods, then fail over "
+          "checkout traffic to the secondary region until the errors stop.")
+FILLER = [
+    "The office coffee machine on the third floor is descaled every Friday morning by facilities.",
+    "Annual leave requests go through the people portal at least two weeks ahead of the first day.",
+    "New laptops are imaged by the IT desk; bring the old one back when you collect the new one.",
+    "The design team keeps the colour tokens and spacing scale in the shared library for everyone.",
+    "Vendor invoices are paid on the fifteenth and the last day of each month by the finance team.",
+    "The mobile release train leaves every second Tuesday; features that miss it wait for the next.",
+]
+
+
+def long_text(paragraphs: int, *, answer_at: int | None = None, offset: int = 0) -> str:
+    parts = [FILLER[(i + offset) % len(FILLER)] for i in range(paragraphs)]
+    if answer_at is not None:
+        parts.insert(answer_at, ANSWER)
+    return "\n\n".join(parts)
+
+
+def minilm() -> Cutter:
+    cutter = fallback_cutter()
+    assert cutter.offsets is not word_offsets, "the packaged MiniLM tokenizer is expected here"
+    return cutter
+
+
+UNICODE = ("Café naïve e\u0301té 👩\u200d👩\u200d👧\u200d👦 family 🇯🇵🇫🇷 flags 東京都は日本の首都です。 "
+           "thumbs 👍🏽 and 中文文本没有空格 then more words to cut here ") * 6
+
+
+def spec(**options: Any) -> StreamSpec:
+    return StreamSpec(query=QUERY, window_size=10, long_documents="passages", **options)
+
+
+@pytest.mark.parametrize("offsets", ["minilm", "words"])
+def test_passages_cut_on_token_boundaries_keep_whole_characters_and_index_the_text_exactly(offsets):
+    cutter = minilm() if offsets == "minilm" else Cutter(offsets=word_offsets, max_length=512)
+    candidate = Candidate(id="u", text=UNICODE, heading_path=["Runbooks", "Payments"], context="Ops")
+    passages = split(candidate, QUERY, cutter, spec(passage_tokens=16, passage_stride=10))
+    tokens = cutter.offsets(UNICODE)
+    assert len(passages) > 5
+    head = header(candidate)
+    assert head == "Runbooks > Payments\n\nOps: "
+    covered: set[int] = set()
+    for p in passages:
+        # The header in every passage; the rest is the original text, exactly.
+        assert p.text == head + UNICODE[p.start:p.end]
+        assert is_boundary(UNICODE, p.start) and is_boundary(UNICODE, p.end)
+        inside = [t for t in tokens if p.start <= t[0] and t[1] <= p.end]
+        assert 16 <= len(inside) <= 17 or p is passages[-1]
+        assert p.start == min(t[0] for t in inside) and p.end == max(t[1] for t in inside)
+        covered |= {i for i, t in enumerate(tokens) if p.start <= t[0] and t[1] <= p.end}
+    assert covered == set(range(len(tokens)))  # every token is read by some passage
+    # CJK without spaces is still cut between characters, never inside one.
+    assert any("東京" in p.text[len(head):] and not p.text.endswith("東京都は日本の首都です。") for p in passages) \
+        or offsets == "words"
+
+
+def test_a_cut_inside_a_grapheme_is_widened_to_the_whole_character():
+    # A byte-level tokenizer splits a ZWJ family or a flag pair into several tokens; a passage
+    # boundary falling between them moves out to the character's edges.
+    text = "ab 👩\u200d👩\u200d👧 🇯🇵🇫🇷 cd"
+    family = text.index("👩")
+    offsets = [(0, 2), (family, family + 1), (family + 1, family + 3), (family + 3, family + 5),
+               (text.index("🇯"), text.index("🇯") + 1), (text.index("🇯") + 1, text.index("🇯") + 3),
+               (text.index("🇫"), text.index("🇫") + 2), (len(text) - 2, len(text))]
+    spans = cut(text, offsets, tokens=2, stride=2, max_passages=10)
+    for start, end in spans:
+        assert is_boundary(text, start) and is_boundary(text, end)
+    assert spans[0] == (0, family + 5)  # the whole family, though the second token ends mid-way
+    assert text[spans[1][0]:spans[1][1]] == "👩\u200d👩\u200d👧"
+    assert "🇯🇵" in text[spans[2][0]:spans[2][1]]
+
+
+def test_a_short_document_is_one_passage_and_max_passages_keeps_the_first():
+    cutter = Cutter(offsets=word_offsets, max_length=512)
+    short = Candidate(id="s", text="payment gateway outage")
+    assert [(p.start, p.end) for p in split(short, QUERY, cutter, spec())] == [(0, len(short.text))]
+    words = " ".join(f"w{i}" for i in range(100))
+    passages = split(Candidate(id="l", text=words), QUERY, cutter, spec(passage_tokens=20, passage_stride=10,
+                                                                       max_passages=3))
+    assert [p.text.split()[0] for p in passages] == ["w0", "w10", "w20"]
+    assert passages[0].text.split()[-1] == "w19"
+    # Default length: what the member reads less the query and the special tokens; stride half.
+    derived = split(Candidate(id="l", text=words), "a b", Cutter(offsets=word_offsets, max_length=40), spec())
+    assert len(derived[0].text.split()) == 40 - 2 - 4 and derived[1].text.split()[0] == "w17"
+    assert not split(Candidate(id="e", text="   "), QUERY, cutter, spec())
+
+
+def test_maxp_firstp_and_sum_of_the_top_k_against_hand_computed_values():
+    scores = [0.2, 0.9, None, 0.5]
+    same = lambda s: s  # noqa: E731
+    assert aggregate(scores, "max", top_k=2, normalise=same).__dict__ == {"score": 0.9, "best": 1}
+    assert aggregate(scores, "first", top_k=2, normalise=same).__dict__ == {"score": 0.2, "best": 0}
+    # (0.9 + 0.5) / 2; the best passage is still the one the span points at.
+    top2 = aggregate(scores, "sum_top_k", top_k=2, normalise=same)
+    assert top2.score == pytest.approx(0.7) and top2.best == 1
+    # k past the passages present: the missing count 0. (0.2 + 0.9 + 0.5) / 5
+    assert aggregate(scores, "sum_top_k", top_k=5, normalise=same).score == pytest.approx(0.32)
+    # On a logit scale the sum adds probabilities: sigmoid(0) + sigmoid(2) over 2.
+    import math
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    assert aggregate([0.0, 2.0, -9.0], "sum_top_k", top_k=2, normalise=sig).score == pytest.approx(
+        (0.5 + sig(2.0)) / 2)
+    # A subset member (top_n) that left every passage out, or the first out for FirstP: omitted.
+    assert aggregate([None, None], "max", top_k=2, normalise=same) is None
+    assert aggregate([None, 0.4], "first", top_k=2, normalise=same) is None
+    assert aggregate([0.4, 0.4], "max", top_k=2, normalise=same).best == 0  # ties: the earlier
+
+
+def test_the_bounds_are_refused_at_open_naming_the_field(make_client: Callable[..., RerankClient]):
+    client = make_client()
+    items = [{"id": f"c{i}", "text": "payment gateway outage"} for i in range(30)]
+    cases = {
+        "passage_stride": dict(passage_tokens=64, passage_stride=65),
+        "max_passages": dict(max_passages=129),
+        "passage_tokens": dict(passage_tokens=4),
+        "long_documents": dict(long_documents="chunks"),
+        "passage_aggregate": dict(passage_aggregate="mean"),
+    }
+    for field, options in cases.items():
+        with pytest.raises(ValidationError) as err:
+            client.open(QUERY, items, **{"long_documents": "passages", **options})
+        assert err.value.field == field, (field, err.value)
+    # The per-window ceiling: 30 x 128 x 512 tokens a window is over the default 2^20.
+    with pytest.raises(ValidationError) as err:
+        client.open(QUERY, items, window_size=30, long_documents="passages", max_passages=128)
+    assert err.value.field == "max_passages" and "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS" in str(err.value)
+    # An excerpt stream is not a passages stream: the ceiling does not apply to it.
+    assert check_spec(StreamSpec(query=QUERY, window_size=30, max_passages=128), Settings())
+
+
+EMBEDDING_ONLY = {"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MODEL": ""}
+
+
+def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_without_and_embeds_each_passage_once(
+    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
+) -> None:
+    start_worker(env=EMBEDDING_ONLY)
+    client = make_client()
+    # Both open on a paragraph that names a "payment", so an excerpt of each starts there and
+    # reads the same filler; only one of them holds the answer, 2,000 characters on.
+    opener = "Payment questions for finance go to the finance channel, not to the on-call engineers."
+    late = opener + "\n\n" + long_text(24, answer_at=22)
+    without = opener + "\n\n" + long_text(24, offset=1)
+    items = [{"id": "without", "text": without, "heading_path": ["Handbook"]},
+             {"id": "late", "text": late, "heading_path": ["Handbook"]}]
+    excerpt = client.pull(client.open(QUERY, items, window_size=2), 0, 2, timeout=120)
+    passages = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
+    assert excerpt.complete and passages.complete
+
+    # The excerpt reads the same filler in both and ranks the one without the answer first.
+    assert [r.id for r in excerpt.rows] == ["without", "late"]
+    assert [r.id for r in passages.rows] == ["late", "without"]
+    best = passages.rows[0]
+    assert best.passage is not None and ANSWER in late[best.passage.start:best.passage.end]
+    assert best.score == pytest.approx(best.passage.score) and best.score > passages.rows[1].score
+    # What was scored (the header and the best passage) is what the reader gets back.
+    assert best.decision.document == "Handbook\n\n" + late[best.passage.start:best.passage.end]
+    assert all(r.passage is None for r in excerpt.rows)
+    # The span rides in rerankq submit's JSONL rows and in the stream API's pages.
+    assert row_json(best)["passage"] == {"start": best.passage.start, "end": best.passage.end,
+                                         "score": best.passage.score}
+    wire = json.loads(msgspec.json.encode(passages))
+    assert wire["rows"][0]["decision"]["passage"]["start"] == best.passage.start
+
+    def counts() -> tuple[int, int, int]:
+        counters = client.store.counters()
+        return (counters.get("pair_cache_hits", 0), counters.get("embedding_cache_hits", 0),
+                counters.get("embedding_cache_misses", 0))
+
+    # The embedding member embedded each distinct passage once (the excerpts too).
+    pair_hits, hits, embedded = counts()
+    assert hits == 0 and embedded > 2 * len(items)
+    # The pair cache keys passages like documents: the same stream again asks the model nothing.
+    again = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
+    assert [(r.id, r.score, r.passage) for r in again.rows] == [(r.id, r.score, r.passage) for r in passages.rows]
+    assert counts()[0] - pair_hits > len(items) and counts()[1:] == (0, embedded)
+
+    # Another query over the same documents: no pair is cached, every passage's vector is.
+    other = "which region does checkout fail over to"
+    kept = client.pull(client.open(other, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
+    _, hits, embedded_now = counts()
+    assert kept.complete and embedded_now == embedded and hits == embedded - len(items)  # less the excerpts
+    # Scored from kept vectors as from fresh ones: another tenant's cache is its own, so its
+    # stream embeds everything again, and gets the same scores and spans.
+    fresh = client.pull(client.open(other, items, window_size=2, long_documents="passages", tenant="acme"), 0, 2,
+                        timeout=120)
+    assert counts()[1:] == (hits, embedded + hits)
+    assert [(r.id, r.passage.start) for r in kept.rows] == [(r.id, r.passage.start) for r in fresh.rows]
+    assert [r.score for r in kept.rows] == pytest.approx([r.score for r in fresh.rows], abs=1e-5)
+
+
+def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kept(
+    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], server: Callable[..., Any]
+) -> None:
+    cohere = server("cohere")
+    cohere.mode = "subset"
+    start_worker(env={"RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": cohere.url,
+                      "RERANKQ_RERANKER_MODEL": "rerank-test", "RERANKQ_RERANKER_TOP_N": "3"},
+                 drop=("RERANKQ_RERANKER_BACKEND",))
+    client = make_client()
+    # Words of each document's own, so every passage is of one document only.
+    items = [{"id": f"d{i}", "text": " ".join(f"d{i}w{j}" for j in range(40))} for i in range(4)]
+    stream = client.open(QUERY, items, window_size=4, long_documents="passages", passage_tokens=24,
+                         passage_stride=24, keep=1, allow_shallow=True)
+    page = client.pull(stream, 0, 4, timeout=60)
+    assert page.complete, page
+
+    # One request: every passage of the window, each with its document's header (none here).
+    assert cohere.count == 1
+    sent = cohere.requests[0].body["documents"]
+    assert cohere.requests[0].body["top_n"] == 3 and len(sent) > len(items)
+    kept = sorted(sent, key=lambda d: -expected_score(d))[:3]
+    ranked = [r for r in page.rows if r.kind == "ranked"]
+    holding = {f"d{i}" for i in range(4) if any(d in items[i]["text"] for d in kept)}
+    assert {r.id for r in ranked} == holding and len(page.rows) == len(ranked)
+    for row in ranked:
+        text = items[int(row.id[1:])]["text"]
+        passage_text = text[row.passage.start:row.passage.end]
+        mine = [d for d in kept if d in text]
+        # MaxP over the passages the member kept; the span is the best of them.
+        assert passage_text == max(mine, key=expected_score)
+        assert row.score == pytest.approx(expected_score(passage_text))
+    # A document none of whose passages the member kept is omitted (kept, not paged).
+    window = client.status(stream).windows[0]
+    assert (window.ranked, window.omitted) == (len(holding), 4 - len(holding))
+

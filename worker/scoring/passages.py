@@ -1,0 +1,285 @@
+"""Long documents as passages: cut each document on the model's token boundaries, score every
+passage as a document of its own, and aggregate the scores back per document.
+
+A passage is a span of the candidate's ``text`` (code points, so ``text[start:end]`` is the
+passage exactly) read with the document's header (date, heading path, context) in front, so
+each passage reads like the document it came from. Spans come from the tokenizer's offset
+mapping and are widened to whole user-visible characters, so no passage splits a grapheme
+(a ZWJ emoji or a flag several tokens long is kept whole, one token more at worst).
+
+Which tokenizer: that of the first in-process member (``local``, ``embedding``) of the
+stream's chain, with its ``max_length``. A chain of remote members alone (they do not say
+what they read) is cut with the packaged all-MiniLM-L6-v2 WordPiece tokenizer at
+``REMOTE_PASSAGE_TOKENS``; without that package, with whitespace-separated words, each CJK
+character a word of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producer.options import MIN_PASSAGE_TOKENS, REMOTE_PASSAGE_TOKENS
+from producer.settings import PACKAGED_EMBEDDING_MODULE
+from producer.wire import Candidate, PassageAggregate, PassageSpan, StreamSpec
+from worker.providers.base import Scale
+from worker.scoring.documents import _back_to_boundary, _forward_to_boundary, has_text, header
+
+#: A text's tokens as (start, end) code-point offsets into it, in order.
+Offsets = Callable[[str], list[tuple[int, int]]]
+
+# [CLS] query [SEP] document [SEP]: three special tokens, and one spare for models that add one.
+_PAIR_SPECIAL_TOKENS = 4
+# A bi-encoder reads the document alone: [CLS] document [SEP].
+_SINGLE_SPECIAL_TOKENS = 2
+
+# Han, kana, hangul: scripts written without spaces between words.
+_WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]|"
+                    r"[^\s\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+
+
+@dataclass(frozen=True)
+class Passage:
+    #: Code points into the candidate's ``text``.
+    start: int
+    end: int
+    #: What is scored: the document's header and ``text[start:end]``.
+    text: str
+
+
+@dataclass(frozen=True)
+class Cutter:
+    """A tokenizer's offsets and the number of tokens the member reads in one pair."""
+
+    offsets: Offsets
+    max_length: int
+    #: The member reads the query with the document (a cross-encoder), not alone (a bi-encoder).
+    reads_query: bool = True
+
+    def passage_tokens(self, query: str, head: str) -> int:
+        """The default passage length: what the member reads, less the query, the header and
+        the special tokens; never under ``MIN_PASSAGE_TOKENS``."""
+        used = len(self.offsets(head))
+        if self.reads_query:
+            used += len(self.offsets(query)) + _PAIR_SPECIAL_TOKENS
+        else:
+            used += _SINGLE_SPECIAL_TOKENS
+        return max(MIN_PASSAGE_TOKENS, self.max_length - used)
+
+
+def tokenizer_offsets(tokenizer: Any) -> Offsets:
+    """A Hugging Face fast tokenizer's offsets. The tokenizer is copied: its engine calls the
+    original from other threads, and a fast tokenizer must not be used by two at once."""
+    own = copy.deepcopy(tokenizer)
+    lock = threading.Lock()
+
+    def offsets(text: str) -> list[tuple[int, int]]:
+        with lock:
+            # verbose=False: a whole document is longer than the model reads, and is meant to be.
+            encoded = own(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False,
+                          return_attention_mask=False, return_token_type_ids=False, verbose=False)
+        # A token with an empty span (one added by normalisation) marks no place in the text.
+        return [(int(a), int(b)) for a, b in encoded["offset_mapping"] if b > a]
+
+    return offsets
+
+
+def word_offsets(text: str) -> list[tuple[int, int]]:
+    """Whitespace-separated words, each CJK character a word of its own."""
+    return [m.span() for m in _WORDS.finditer(text)]
+
+
+_cutters: dict[int, Cutter] = {}
+_cutters_lock = threading.Lock()
+
+
+def engine_cutter(engine: Any, *, reads_query: bool) -> Cutter:
+    """The cutter of an in-process member's engine (its tokenizer and ``max_length``), made once."""
+    key = id(engine)
+    with _cutters_lock:
+        cutter = _cutters.get(key)
+        if cutter is None:
+            cutter = _cutters[key] = Cutter(offsets=tokenizer_offsets(engine.tokenizer),
+                                            max_length=int(engine.max_length), reads_query=reads_query)
+        return cutter
+
+
+_fallback: list[Cutter] = []
+
+
+def fallback_cutter() -> Cutter:
+    """For a chain without an in-process member: the packaged MiniLM tokenizer, else words."""
+    with _cutters_lock:
+        if not _fallback:
+            _fallback.append(_load_fallback())
+        return _fallback[0]
+
+
+def _load_fallback() -> Cutter:
+    try:
+        package = importlib.import_module(PACKAGED_EMBEDDING_MODULE)
+        # The tokenizers library alone: a worker of remote members need not import transformers.
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(package.get_model_path()) / "tokenizer.json"))
+    except Exception:  # not installed, or unreadable: words are a stated, always-there fallback
+        return Cutter(offsets=word_offsets, max_length=REMOTE_PASSAGE_TOKENS)
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    lock = threading.Lock()
+
+    def offsets(text: str) -> list[tuple[int, int]]:
+        with lock:
+            encoded = tokenizer.encode(text, add_special_tokens=False)
+        return [(a, b) for a, b in encoded.offsets if b > a]
+
+    return Cutter(offsets=offsets, max_length=REMOTE_PASSAGE_TOKENS)
+
+
+def chain_cutter(members: Sequence[Any] | None) -> Cutter:
+    """The cutter of the first in-process member of ``members`` (the chain's ``Member``s) that
+    has started, else the fallback."""
+    for member in members or ():
+        if member.settings.provider not in ("local", "embedding"):
+            continue
+        try:
+            member.provider()
+        except Exception:  # a member that cannot start is failed over by the chain; cut by the next
+            continue
+        engine = getattr(getattr(member.checked, "inner", None), "engine", None)
+        if engine is not None and getattr(engine, "tokenizer", None) is not None:
+            return engine_cutter(engine, reads_query=member.settings.provider != "embedding")
+    return fallback_cutter()
+
+
+# -- cutting ------------------------------------------------------------------
+
+
+def cut(text: str, offsets: list[tuple[int, int]], *, tokens: int, stride: int,
+        max_passages: int) -> list[tuple[int, int]]:
+    """Spans of ``text``, each of ``tokens`` tokens, ``stride`` tokens apart, the first
+    ``max_passages``. A text that fits in one passage is one span: the whole text."""
+    if len(offsets) <= tokens:
+        return [(0, len(text))]
+    spans = []
+    first = 0
+    while len(spans) < max_passages:
+        last = min(first + tokens, len(offsets)) - 1
+        start = _back_to_boundary(text, offsets[first][0])
+        end = _forward_to_boundary(text, offsets[last][1])
+        spans.append((start, end))
+        if last == len(offsets) - 1:
+            break
+        first += stride
+    return spans
+
+
+def split(candidate: Candidate, query: str, cutter: Cutter, spec: StreamSpec) -> list[Passage]:
+    """A candidate's passages, each with the document's header; none for a candidate without text."""
+    if not has_text(candidate):
+        return []
+    head = header(candidate)
+    tokens = spec.passage_tokens or cutter.passage_tokens(query, head)
+    stride = spec.passage_stride or max(1, tokens // 2)
+    text = candidate.text
+    spans = cut(text, cutter.offsets(text), tokens=tokens, stride=stride, max_passages=spec.max_passages)
+    return [Passage(start=a, end=b, text=head + text[a:b]) for a, b in spans]
+
+
+# -- aggregating ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    #: The document's score on the member's own scale (``sum_top_k``: normalised, see below).
+    score: float
+    #: Which passage decided it: the best one (``first``: the first one).
+    best: int
+
+
+def aggregate(scores: Sequence[float | None], how: PassageAggregate, *, top_k: int,
+              normalise: Callable[[float], float]) -> Aggregated | None:
+    """One document's score from its passages' scores; None when the member left every passage
+    out (``top_n``), or ``first`` and it left the first out.
+
+    ``max`` and ``first`` keep the member's raw score (so its scale still reads it);
+    ``sum_top_k`` adds the best ``top_k`` normalised scores (a missing passage counts 0) and
+    divides by ``top_k``: the same order as the sum, and still a score in [0, 1].
+    """
+    present = [(s, i) for i, s in enumerate(scores) if s is not None]
+    if not present:
+        return None
+    best_score, best = max(present, key=lambda item: (item[0], -item[1]))
+    if how == "max":
+        return Aggregated(score=best_score, best=best)
+    if how == "first":
+        return None if scores[0] is None else Aggregated(score=scores[0], best=0)
+    top = sorted((normalise(s) for s, _ in present), reverse=True)[:top_k]
+    return Aggregated(score=sum(top) / top_k, best=best)
+
+
+@dataclass
+class WindowPassages:
+    """A window's passages, in candidate order, and the way back from their scores."""
+
+    per_candidate: list[list[Passage]]
+
+    @property
+    def texts(self) -> list[str]:
+        return [p.text for passages in self.per_candidate for p in passages]
+
+    def aggregate(self, scores: Sequence[float | None], spec: StreamSpec, scale: Scale,
+                  normalise: Callable[[float, str], float]) -> tuple[list[float | None], list[PassageSpan | None],
+                                                                     list[str | None]]:
+        """Per candidate: its score (None: omitted, or no text), its best passage's span and
+        normalised score, and that passage's text."""
+        out_scores: list[float | None] = []
+        spans: list[PassageSpan | None] = []
+        best_texts: list[str | None] = []
+        pos = 0
+        for passages in self.per_candidate:
+            mine = scores[pos:pos + len(passages)]
+            pos += len(passages)
+            result = aggregate(mine, spec.passage_aggregate, top_k=spec.passage_top_k,
+                               normalise=lambda s: normalise(s, scale)) if passages else None
+            if result is None:
+                out_scores.append(None)
+                spans.append(None)
+                best_texts.append(None)
+                continue
+            best = passages[result.best]
+            out_scores.append(result.score)
+            spans.append(PassageSpan(start=best.start, end=best.end, score=normalise(mine[result.best], scale)))  # type: ignore[arg-type]
+            best_texts.append(best.text)
+        return out_scores, spans, best_texts
+
+
+def window_passages(candidates: Sequence[Candidate], spec: StreamSpec, cutter: Cutter) -> WindowPassages:
+    return WindowPassages(per_candidate=[split(c, spec.query, cutter, spec) for c in candidates])
+
+
+def scored_passages(passages: WindowPassages, outcome: Any, spec: StreamSpec,
+                    documents: list[str]) -> list[PassageSpan | None] | None:
+    """Turn a chain outcome over a window's passages into one over its candidates, in place:
+    each candidate's aggregated score, its document the best passage as scored (what was
+    scored is what a reader gets back). Returns each candidate's best passage span; None when
+    nothing was scored (a failed or passthrough window keeps its excerpts)."""
+    from worker.scoring.decide import normalise
+
+    if outcome.scores is None or outcome.scale is None:
+        outcome.scores = None if outcome.scores is None else [None] * len(documents)
+        return None
+    scores, spans, best_texts = passages.aggregate(outcome.scores, spec, outcome.scale, normalise)
+    if spec.passage_aggregate == "sum_top_k":
+        outcome.scale = "probability"  # already normalised: read as it is
+    outcome.scores = scores
+    for i, text in enumerate(best_texts):
+        if text is not None:
+            documents[i] = text
+    return spans
