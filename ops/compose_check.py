@@ -704,6 +704,11 @@ def main() -> int:
             log("stopping the dockerd this check started")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(engine.started_pid, signal.SIGTERM)
+            # dockerd stops its containerd before it exits: wait for that, as a supervisor would.
+            deadline = time.monotonic() + 60
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(engine.started_pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                    time.sleep(0.5)
         if not args.keep and all(ok for _, ok, _, _ in results):
             shutil.rmtree(work, ignore_errors=True)
         else:
