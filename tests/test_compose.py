@@ -1,6 +1,7 @@
 """docker-compose.yml and ops/Dockerfile, read (no Docker engine runs here) and checked against
-what the worker, the exporter and Prometheus expect: each service's build target, command,
-health check, volumes and environment."""
+what the worker, the exporter, the gateway and Prometheus expect: each service's build target,
+command, health check, volumes and environment. ops/compose_check.sh runs them for real; what
+that run found wrong is pinned here (COPY sources, health check programs, ports, users)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class Stage:
     env: dict[str, str] = field(default_factory=dict)
     runs: list[str] = field(default_factory=list)
     user: str | None = None
+    args: dict[str, str] = field(default_factory=dict)  # ARG defaults
+    copies: list[str] = field(default_factory=list)  # COPY sources from the build context
 
 
 def dockerfile_stages(path: Path) -> dict[str, Stage]:
@@ -53,10 +56,18 @@ def dockerfile_stages(path: Path) -> dict[str, Stage]:
             current.runs.append(rest)
         elif instruction == "USER":
             current.user = rest.strip()
+        elif instruction == "ARG":
+            name, _, default = rest.partition("=")
+            current.args[name.strip()] = default.strip().strip('"')
+        elif instruction == "COPY" and "--from" not in rest:
+            current.copies.extend(shlex.split(rest)[:-1])
     return stages
 
 
 STAGES = dockerfile_stages(ROOT / "ops" / "Dockerfile")
+STANDINS = dockerfile_stages(ROOT / "ops" / "standins" / "Dockerfile")
+BUILT_SERVICES = {name: s for name, s in SERVICES.items() if "build" in s}
+WORKER_SERVICES = {name: s for name, s in SERVICES.items() if s.get("command", [])[:3] == ["python", "-m", "worker"]}
 
 
 def chain_of(target: str) -> list[Stage]:
@@ -89,12 +100,19 @@ def test_worker_services_run_what_they_claim(name):
     service, device = SERVICES[name], WORKERS[name]
     build = service["build"]
     assert build["dockerfile"] == "ops/Dockerfile" and build["target"] in STAGES
-    runs = " ".join(run for stage in chain_of(build["target"]) for run in stage.runs)
+    chain = chain_of(build["target"])
+    runs = " ".join(run for stage in chain for run in stage.runs)
+    args = {k: v for stage in chain for k, v in stage.args.items()}
+    assert "torch.version.cuda" in runs  # the build fails on the wrong torch either way
     if device == "gpu":
-        # A CUDA build of torch, and a build that fails if it is not one.
-        assert "whl/cpu" not in runs and "torch.version.cuda" in runs
+        # A CUDA build of torch: its index a build argument, by default PyPI's CUDA wheels.
+        assert '--index-url "${TORCH_CUDA_INDEX}"' in runs and "whl/cpu" not in args["TORCH_CUDA_INDEX"]
     else:
-        assert "download.pytorch.org/whl/cpu" in runs
+        # The CPU build, from an index a build argument names; by default PyTorch's CPU index.
+        assert '--index-url "${TORCH_CPU_INDEX}"' in runs
+        assert args["TORCH_CPU_INDEX"] == "https://download.pytorch.org/whl/cpu"
+        # ... and nothing else brings CUDA in: PyPI's nvidia-* wheels fail the build.
+        assert "grep -i '^nvidia-'" in runs
 
     command = service["command"]
     assert command[:3] == ["python", "-m", "worker"]
@@ -105,16 +123,21 @@ def test_worker_services_run_what_they_claim(name):
     env = compose_env(service)
     settings = load_settings(env)
     assert settings.metrics.port is not None
+    # Prometheus scrapes over the compose network: the metrics server listens beyond loopback.
+    assert settings.metrics.host == "0.0.0.0"
     assert service["healthcheck"]["test"] == ["CMD", "python", "-m", "worker.metrics.probe", "/readyz"]
 
-    # The model cache volume is where the image's user downloads models.
+    # The model cache volume is the image user's ~/.cache: Hugging Face downloads (HF_HOME)
+    # and the exports (worker.engine.export: ~/.cache/rerankq/exports) both land in it, in a
+    # directory the image creates and gives that user, so the empty volume starts out theirs.
     final = chain_of(build["target"])[-1]
     assert final.user == "rerankq"
     hf_home = image_env(build["target"])["HF_HOME"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
-    assert mounts.get(hf_home) == "hf-cache", (hf_home, mounts)
-    assert any(hf_home in run and "chown" in run and "rerankq" in run for s in chain_of(build["target"])
-               for run in s.runs)
+    assert mounts.get("/home/rerankq/.cache") == "model-cache", mounts
+    assert hf_home.startswith("/home/rerankq/.cache/")
+    assert any("useradd --create-home" in run and "chown -R rerankq:rerankq /home/rerankq/.cache" in run
+               and hf_home in run for s in chain for run in s.runs)
     assert not any(target.startswith("/root") for target in mounts)
 
 
@@ -132,6 +155,7 @@ def test_exporter_service():
     service = SERVICES["exporter"]
     assert service["build"]["target"] in STAGES
     assert not any("torch" in run for stage in chain_of(service["build"]["target"]) for run in stage.runs)
+    assert chain_of(service["build"]["target"])[-1].user == "rerankq"
     command = service["command"]
     assert command[:3] == ["python", "-m", "producer.exporter"]
     port = exporter_options(command[3:])["port"] or load_settings(compose_env(service)).exporter.port
@@ -153,8 +177,9 @@ def test_prometheus_scrapes_the_services_on_their_ports():
     exporter_port = exporter_options(SERVICES["exporter"]["command"][3:])["port"]
     assert jobs["rerankq-exporter"]["static_configs"][0]["targets"] == [f"exporter:{exporter_port}"]
     dns = jobs["rerankq-worker"]["dns_sd_configs"][0]
-    assert set(dns["names"]) == set(WORKERS)
-    for name in WORKERS:
+    # Every worker service of every profile, or that profile's workers go unwatched.
+    assert set(dns["names"]) == set(WORKER_SERVICES)
+    for name in WORKER_SERVICES:
         assert load_settings(compose_env(SERVICES[name])).metrics.port == dns["port"]
 
 
@@ -213,3 +238,120 @@ def test_deployment_profiles_run_workers_on_their_shape(profile, service):
         assert "--min-replicas-to-write 1 --min-replicas-max-lag 5" in replica
         master = " ".join(SERVICES["redis"]["command"])
         assert "--min-replicas-to-write ${REDIS_MIN_REPLICAS_TO_WRITE:-0} --min-replicas-max-lag 5" in master
+
+
+def test_the_gateway_service_serves_beyond_loopback_with_its_keys_file_mounted():
+    from producer.gateway.config import load_gateway_settings
+    from producer.gateway.main import serve
+
+    for name in ("gateway", "gateway-cluster", "gateway-sentinel"):
+        service = SERVICES[name]
+        target = service["build"]["target"]
+        assert target == "gateway" and chain_of(target)[-1].user == "rerankq"
+        assert not any("torch" in run or "[worker]" in run for stage in chain_of(target) for run in stage.runs)
+        assert any("[gateway]" in run for run in STAGES[target].runs)
+        command = service["command"]
+        assert command[:3] == ["python", "-m", "producer.gateway"]
+        # What `python -m producer.gateway` accepts: the `rerankq serve` command's own parser.
+        args = serve.make_context("serve", list(command[3:])).params
+        env = compose_env(service)
+        config = load_gateway_settings(env, host=args["host"], port=args["port"])
+        assert config.host == "0.0.0.0"
+        volumes = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", v) for v in service["volumes"]]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in volumes}
+        assert mounts.get(config.keys_file) == "./gateway-keys.json" and volumes[0].endswith(":ro"), volumes
+        published = service["ports"][0].rsplit(":", 1)[1]
+        assert int(published) == config.port
+        assert f"127.0.0.1:{config.port}/ready" in " ".join(service["healthcheck"]["test"])
+        assert load_settings(env).store.redis_url
+
+
+@pytest.mark.parametrize("profile", ["cluster", "sentinel"])
+def test_each_profile_gateway_opens_streams_where_its_workers_read(profile):
+    gateway = load_settings(compose_env(SERVICES[f"gateway-{profile}"]))
+    worker = load_settings(compose_env(SERVICES[f"worker-cpu-{profile}"]))
+    assert (gateway.store.redis_url, gateway.store.broker) == (worker.store.redis_url, worker.store.broker)
+    assert SERVICES[f"gateway-{profile}"]["profiles"] == [profile]
+
+
+def test_services_built_from_one_target_share_one_image():
+    images: dict[str, set[str]] = {}
+    for service in BUILT_SERVICES.values():
+        images.setdefault(service["build"]["target"], set()).add(service["image"])
+    assert all(len(names) == 1 for names in images.values()), images
+    assert {target: next(iter(names)).split(":")[0] for target, names in images.items()} == {
+        target: f"rerankq-{target}" for target in images}
+
+
+def test_published_ports_are_loopback_and_movable():
+    """The check runs beside a Redis on 6379: every published port can be moved by a variable."""
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:${RERANKQ_") and "_HOST_PORT:-" in port, (name, port)
+
+
+def test_rabbitmq_keeps_its_node_name_across_re_creates():
+    assert SERVICES["rabbitmq"]["hostname"] == "rabbitmq"
+
+
+def dockerignored() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_every_copy_source_is_in_the_build_context():
+    """Whatever pyproject.toml names (readme, license-files) is copied: setuptools warns today, and
+    will refuse later, a build whose license-files match nothing."""
+    ignored = dockerignored()
+    copied = {source for stage in STAGES.values() for source in stage.copies}
+    for source in copied:
+        assert (ROOT / source).exists(), source
+        assert not any(source == pattern or source.startswith(pattern.rstrip("/") + "/") for pattern in ignored), source
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = {pyproject["readme"], *pyproject.get("license-files", [])}
+    for target in {s["build"]["target"] for s in BUILT_SERVICES.values()}:
+        assert needed <= {c for stage in chain_of(target) for c in stage.copies}, target
+
+
+# The program each health check runs, and what puts it in the image: the Dockerfile stage's
+# base (python) or the package its stand-in installs from Debian, as the hub image ships it.
+HEALTH_PROGRAMS = {"redis-cli": "redis-tools", "rabbitmq-diagnostics": "rabbitmq-server", "wget": "wget"}
+
+
+def health_program(service: dict) -> str:
+    test = service["healthcheck"]["test"]
+    return shlex.split(test[1])[0] if test[0] == "CMD-SHELL" else test[1]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SERVICES.items() if "healthcheck" in s))
+def test_every_health_check_runs_a_program_its_image_has(name):
+    service = SERVICES[name]
+    program, test = health_program(service), service["healthcheck"]["test"]
+    if "build" in service:
+        # Built images: python from the base image, running a module this repository installs.
+        assert program == "python"
+        if test[2] == "-m":
+            module = ROOT / Path(*test[3].split("."))
+            assert module.with_suffix(".py").exists() or (module / "__main__.py").exists(), test[3]
+            assert test[3].split(".")[0] in {c for stage in chain_of(service["build"]["target"]) for c in stage.copies}
+        else:
+            assert test[2] == "-c" and "import urllib.request" in test[3]
+        return
+    repository = service["image"].rsplit(":", 1)[0]
+    target = {"redis": "redis", "rabbitmq": "rabbitmq", "prom/prometheus": "prometheus"}[repository]
+    installs = " ".join(STANDINS[target].runs)
+    assert re.search(rf"apt-get install .*\b{re.escape(HEALTH_PROGRAMS[program])}\b", installs), (program, target)
+
+
+def test_every_hub_image_has_a_stand_in_run_as_compose_runs_it():
+    stand_ins = {"redis": "redis", "rabbitmq": "rabbitmq", "prom/prometheus": "prometheus", "mher/flower": "flower"}
+    for name, service in SERVICES.items():
+        if "build" in service:
+            continue
+        stage = STANDINS[stand_ins[service["image"].rsplit(":", 1)[0]]]
+        assert stage.user not in (None, "root"), name
+    # The rabbitmq service's command execs the hub image's entrypoint script.
+    assert "docker-entrypoint.sh" in " ".join(SERVICES["rabbitmq"]["command"])
+    assert "docker-entrypoint.sh" in " ".join(STANDINS["rabbitmq"].runs)
