@@ -44,8 +44,9 @@ class EmbeddedRabbitMQ:
     the node's config (RabbitMQ's own default, 30 minutes, when None).
     """
 
-    def __init__(self, *, directory: str | None = None, consumer_timeout_ms: int | None = None,
-                 binary: str | None = None) -> None:
+    def __init__(
+        self, *, directory: str | None = None, consumer_timeout_ms: int | None = None, binary: str | None = None
+    ) -> None:
         found = binary or rabbitmq_server_binary()
         if found is None:
             raise RuntimeError("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)")
@@ -83,29 +84,37 @@ class EmbeddedRabbitMQ:
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
-        env.update({
-            "HOME": str(self.directory / "home"),  # the Erlang cookie is made here, not in the system's
-            "RABBITMQ_NODENAME": self.node,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "RABBITMQ_MNESIA_BASE": str(self.directory / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(self.log_dir),
-            "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq"),
-            "RABBITMQ_CONF_ENV_FILE": str(self.directory / "rabbitmq-env.conf"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "enabled_plugins"),
-            "RABBITMQ_PLUGINS_EXPAND_DIR": str(self.directory / "plugins-expand"),
-            "RABBITMQ_PID_FILE": str(self.directory / "rabbitmq.pid"),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-        })
+        env.update(
+            {
+                "HOME": str(self.directory / "home"),  # the Erlang cookie is made here, not in the system's
+                "RABBITMQ_NODENAME": self.node,
+                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                "RABBITMQ_NODE_PORT": str(self.port),
+                "RABBITMQ_DIST_PORT": str(self.dist_port),
+                "RABBITMQ_MNESIA_BASE": str(self.directory / "mnesia"),
+                "RABBITMQ_LOG_BASE": str(self.log_dir),
+                "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq"),
+                "RABBITMQ_CONF_ENV_FILE": str(self.directory / "rabbitmq-env.conf"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "enabled_plugins"),
+                "RABBITMQ_PLUGINS_EXPAND_DIR": str(self.directory / "plugins-expand"),
+                "RABBITMQ_PID_FILE": str(self.directory / "rabbitmq.pid"),
+                "ERL_EPMD_ADDRESS": "127.0.0.1",
+            }
+        )
         return env
 
     def start(self, timeout_s: float = 60.0) -> EmbeddedRabbitMQ:
         out = open(self.directory / "server.out", "ab")
         # Its own process group: stop() signals the node's Erlang VM and its helpers (epmd is
         # shared and started detached by whichever node came first; it is left running).
-        self.process = subprocess.Popen([self.binary], env=self._env(), stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen(
+            [self.binary],
+            env=self._env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         out.close()
         self.wait_ready(timeout_s)
         return self
@@ -117,8 +126,9 @@ class EmbeddedRabbitMQ:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}; see {self.directory}")
             try:
-                with amqp.Connection(f"127.0.0.1:{self.port}", userid="guest", password="guest",
-                                     connect_timeout=2) as conn:
+                with amqp.Connection(
+                    f"127.0.0.1:{self.port}", userid="guest", password="guest", connect_timeout=2
+                ) as conn:
                     conn.connect()
                     return
             except (OSError, amqp.exceptions.AMQPError):
@@ -176,14 +186,28 @@ class EmbeddedRabbitMQ:
     def ctl(self, *args: str, timeout_s: float = 30.0) -> str:
         """``rabbitmqctl -n <this node> ...`` with this node's cookie; its output."""
         ctl = Path(self.binary).with_name("rabbitmqctl")
-        done = subprocess.run([str(ctl), "-n", self.node, *args], env=self._env(), capture_output=True, text=True,
-                              timeout=timeout_s, check=True)
+        done = subprocess.run(
+            [str(ctl), "-n", self.node, *args],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        )
         return done.stdout
 
     def queues(self) -> dict[str, dict[str, str]]:
         """Every queue of the default vhost: type, durability, ready and unacked messages."""
-        out = self.ctl("list_queues", "--quiet", "--no-table-headers", "name", "type", "durable", "messages_ready",
-                       "messages_unacknowledged")
+        out = self.ctl(
+            "list_queues",
+            "--quiet",
+            "--no-table-headers",
+            "name",
+            "type",
+            "durable",
+            "messages_ready",
+            "messages_unacknowledged",
+        )
         rows = {}
         for line in out.splitlines():
             parts = line.split("\t")

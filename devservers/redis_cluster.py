@@ -74,8 +74,16 @@ class EmbeddedRedisCluster:
     is failed over by its replica (the validity factor is 0, so a replica always may).
     """
 
-    def __init__(self, *, masters: int = 3, replicas_per_master: int = 1, node_timeout_ms: int = 1500,
-                 appendonly: bool = False, binary: str | None = None, directory: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        masters: int = 3,
+        replicas_per_master: int = 1,
+        node_timeout_ms: int = 1500,
+        appendonly: bool = False,
+        binary: str | None = None,
+        directory: str | None = None,
+    ) -> None:
         self.binary = binary or redis_server_binary()
         self.masters = masters
         self.replicas_per_master = replicas_per_master
@@ -86,8 +94,10 @@ class EmbeddedRedisCluster:
         ports: set[int] = set()
         for _ in range(total):
             ports.add(free_cluster_port(ports | {p + 10000 for p in ports} | {p - 10000 for p in ports}))
-        self.nodes = [ClusterNode(port=port, directory=os.path.join(self.directory, str(i)))
-                      for i, port in enumerate(sorted(ports))]
+        self.nodes = [
+            ClusterNode(port=port, directory=os.path.join(self.directory, str(i)))
+            for i, port in enumerate(sorted(ports))
+        ]
 
     @property
     def url(self) -> str:
@@ -103,12 +113,34 @@ class EmbeddedRedisCluster:
     def _spawn(self, node: ClusterNode) -> None:
         os.makedirs(node.directory, exist_ok=True)
         args = [
-            self.binary, "--port", str(node.port), "--bind", "127.0.0.1", "--dir", node.directory,
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-replica-validity-factor", "0",
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction", "--daemonize", "no",
-            "--logfile", os.path.join(node.directory, "redis.log"), *node.extra,
+            self.binary,
+            "--port",
+            str(node.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            node.directory,
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+            "--cluster-replica-validity-factor",
+            "0",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "no",
+            "--logfile",
+            os.path.join(node.directory, "redis.log"),
+            *node.extra,
         ]
         node.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = node.client()
@@ -124,19 +156,27 @@ class EmbeddedRedisCluster:
         try:
             for node, client in zip(self.nodes, clients):
                 node.node_id = client.execute_command("CLUSTER", "MYID").decode()
-            masters = self.nodes[:self.masters]
+            masters = self.nodes[: self.masters]
             per = SLOTS // self.masters
-            for i, client in enumerate(clients[:self.masters]):
+            for i, client in enumerate(clients[: self.masters]):
                 end = SLOTS if i == self.masters - 1 else (i + 1) * per
                 client.execute_command("CLUSTER", "ADDSLOTS", *range(i * per, end))
             for node in self.nodes[1:]:
                 clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
-            _wait(lambda: all(len(c.execute_command("CLUSTER", "NODES").decode().splitlines()) == len(self.nodes)
-                              for c in clients), timeout_s, "every node to know every other")
-            for j, (node, client) in enumerate(zip(self.nodes[self.masters:], clients[self.masters:])):
+            _wait(
+                lambda: all(
+                    len(c.execute_command("CLUSTER", "NODES").decode().splitlines()) == len(self.nodes) for c in clients
+                ),
+                timeout_s,
+                "every node to know every other",
+            )
+            for j, (node, client) in enumerate(zip(self.nodes[self.masters :], clients[self.masters :])):
                 master = masters[j % self.masters]
-                _wait(lambda c=client, m=master: c.execute_command("CLUSTER", "REPLICATE", m.node_id),
-                      timeout_s, f"node {node.port} to replicate {master.port}")
+                _wait(
+                    lambda c=client, m=master: c.execute_command("CLUSTER", "REPLICATE", m.node_id),
+                    timeout_s,
+                    f"node {node.port} to replicate {master.port}",
+                )
             self.wait_healthy(timeout_s)
         finally:
             for client in clients:

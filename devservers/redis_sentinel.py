@@ -32,23 +32,39 @@ class EmbeddedSentinel:
     """Start a master, ``replicas`` replicas and ``sentinels`` sentinels (quorum 2); fail over,
     by hand (``SENTINEL FAILOVER``) or by killing the master; stop."""
 
-    def __init__(self, *, replicas: int = 1, sentinels: int = 3, service: str = SERVICE, down_after_ms: int = 1000,
-                 appendonly: bool = False, binary: str | None = None, directory: str | None = None,
-                 min_replicas_to_write: int = MIN_REPLICAS_TO_WRITE,
-                 min_replicas_max_lag: int = MIN_REPLICAS_MAX_LAG) -> None:
+    def __init__(
+        self,
+        *,
+        replicas: int = 1,
+        sentinels: int = 3,
+        service: str = SERVICE,
+        down_after_ms: int = 1000,
+        appendonly: bool = False,
+        binary: str | None = None,
+        directory: str | None = None,
+        min_replicas_to_write: int = MIN_REPLICAS_TO_WRITE,
+        min_replicas_max_lag: int = MIN_REPLICAS_MAX_LAG,
+    ) -> None:
         self.binary = binary or redis_server_binary()
         self.service = service
         self.down_after_ms = down_after_ms
         self._own_directory = directory is None  # a caller's directory (the chaos run's logs) is kept
         self.directory = directory or tempfile.mkdtemp(prefix="rerankq-sentinel-")
         # Every server, replicas too: any of them may be promoted.
-        guard = ["--min-replicas-to-write", str(min_replicas_to_write),
-                 "--min-replicas-max-lag", str(min_replicas_max_lag),
-                 # A replica joining a new master starts its full sync at once, not 5 s later (7.x's
-                 # default): with the guard on, the master refuses writes until that sync is done.
-                 "--repl-diskless-sync-delay", "0"]
-        self.servers = [EmbeddedRedis(appendonly=appendonly, binary=self.binary, directory=self._dir(f"data{i}"),
-                                      extra_args=guard) for i in range(1 + replicas)]
+        guard = [
+            "--min-replicas-to-write",
+            str(min_replicas_to_write),
+            "--min-replicas-max-lag",
+            str(min_replicas_max_lag),
+            # A replica joining a new master starts its full sync at once, not 5 s later (7.x's
+            # default): with the guard on, the master refuses writes until that sync is done.
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+        self.servers = [
+            EmbeddedRedis(appendonly=appendonly, binary=self.binary, directory=self._dir(f"data{i}"), extra_args=guard)
+            for i in range(1 + replicas)
+        ]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.sentinel_processes: list[subprocess.Popen[bytes]] = []
 
@@ -80,11 +96,18 @@ class EmbeddedSentinel:
                     f"sentinel parallel-syncs {self.service} 1\n"
                 )
             log = os.path.join(os.path.dirname(conf), "sentinel.log")
-            self.sentinel_processes.append(subprocess.Popen(
-                [self.binary, conf, "--sentinel", "--logfile", log, "--daemonize", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        self._wait(lambda: self._replicas_known() >= len(self.servers) - 1, timeout_s,
-                   "the sentinels to see the master and its replicas")
+            self.sentinel_processes.append(
+                subprocess.Popen(
+                    [self.binary, conf, "--sentinel", "--logfile", log, "--daemonize", "no"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        self._wait(
+            lambda: self._replicas_known() >= len(self.servers) - 1,
+            timeout_s,
+            "the sentinels to see the master and its replicas",
+        )
         self._wait(lambda: self._replicas_linked(), timeout_s, "replication links up")
         return self
 
@@ -96,8 +119,11 @@ class EmbeddedSentinel:
         for port in self.sentinel_ports:
             with self._sentinel(port) as client:
                 master = client.sentinel_master(self.service)
-                known.append(int(master.get("num-slaves", 0)) if int(master.get("num-other-sentinels", 0)) >=
-                             len(self.sentinel_ports) - 1 else 0)
+                known.append(
+                    int(master.get("num-slaves", 0))
+                    if int(master.get("num-other-sentinels", 0)) >= len(self.sentinel_ports) - 1
+                    else 0
+                )
         return min(known)
 
     def _replicas_linked(self) -> bool:

@@ -62,10 +62,13 @@ def bm25_run(topics: list[dict], documents: list[dict], depth: int) -> list[str]
     for topic in topics:
         query = bm25s.tokenize([topic["query"]], stopwords=None, show_progress=False)
         found, scores = retriever.retrieve(query, k=len(documents), show_progress=False)
-        ranked = sorted(((float(s), documents[int(i)]["id"]) for i, s in zip(found[0], scores[0]) if s > 0),
-                        key=lambda pair: (-pair[0], pair[1]))[:depth]
-        lines += [f"{topic['id']} Q0 {docid} {rank} {score:.4f} bm25s" for rank, (score, docid) in
-                  enumerate(ranked, start=1)]
+        ranked = sorted(
+            ((float(s), documents[int(i)]["id"]) for i, s in zip(found[0], scores[0]) if s > 0),
+            key=lambda pair: (-pair[0], pair[1]),
+        )[:depth]
+        lines += [
+            f"{topic['id']} Q0 {docid} {rank} {score:.4f} bm25s" for rank, (score, docid) in enumerate(ranked, start=1)
+        ]
     return lines
 
 
@@ -85,9 +88,11 @@ def main() -> None:
     run = bm25_run(topics, documents, args.depth)
     (TARGET / "run.bm25.txt").write_text("\n".join(run) + "\n")
     per_query = {t["id"]: sum(1 for line in run if line.startswith(t["id"] + " ")) for t in topics}
-    print(f"{len(topics)} queries, {len(documents)} documents, "
-          f"{len(qrels)} judgements; run depth {min(per_query.values())}-"
-          f"{max(per_query.values())} per query; written to {TARGET}")
+    print(
+        f"{len(topics)} queries, {len(documents)} documents, "
+        f"{len(qrels)} judgements; run depth {min(per_query.values())}-"
+        f"{max(per_query.values())} per query; written to {TARGET}"
+    )
 
 
 if __name__ == "__main__":

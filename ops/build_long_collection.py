@@ -42,8 +42,9 @@ def read_qrels(path: Path) -> list[tuple[str, str, int]]:
     return rows
 
 
-def long_documents(documents: list[dict], qrels: list[tuple[str, str, int]],
-                   rng: random.Random) -> tuple[list[dict], dict[str, str]]:
+def long_documents(
+    documents: list[dict], qrels: list[tuple[str, str, int]], rng: random.Random
+) -> tuple[list[dict], dict[str, str]]:
     best: dict[str, int] = {}
     for _, docid, grade in qrels:
         best[docid] = max(best.get(docid, 0), grade)
@@ -73,14 +74,18 @@ def bm25_run(queries: list[tuple[str, str]], documents: list[dict], depth: int) 
     import bm25s
 
     retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
-    retriever.index(bm25s.tokenize([d["text"] for d in documents], stopwords=None, show_progress=False),
-                    show_progress=False)
+    retriever.index(
+        bm25s.tokenize([d["text"] for d in documents], stopwords=None, show_progress=False), show_progress=False
+    )
     lines = []
     for qid, text in queries:
-        found, scores = retriever.retrieve(bm25s.tokenize([text], stopwords=None, show_progress=False),
-                                           k=len(documents), show_progress=False)
-        ranked = sorted(((float(s), documents[int(i)]["id"]) for i, s in zip(found[0], scores[0]) if s > 0),
-                        key=lambda pair: (-pair[0], pair[1]))[:depth]
+        found, scores = retriever.retrieve(
+            bm25s.tokenize([text], stopwords=None, show_progress=False), k=len(documents), show_progress=False
+        )
+        ranked = sorted(
+            ((float(s), documents[int(i)]["id"]) for i, s in zip(found[0], scores[0]) if s > 0),
+            key=lambda pair: (-pair[0], pair[1]),
+        )[:depth]
         lines += [f"{qid} Q0 {docid} {rank} {score:.4f} bm25s" for rank, (score, docid) in enumerate(ranked, 1)]
     return lines
 
@@ -101,8 +106,10 @@ def main() -> None:
     words = [len(d["text"].split()) for d in long]
     relevant = {f"long-{d}": g for _, d, g in qrels if g > 0}
     spread = {depth: sum(1 for d, w in where.items() if w == depth and d in relevant) for depth in DEPTHS}
-    print(f"{len(long)} documents of {min(words)}-{max(words)} words, {len(queries)} queries, {len(qrels)} "
-          f"judgements; relevant parts sit {spread}; written to {TARGET}")
+    print(
+        f"{len(long)} documents of {min(words)}-{max(words)} words, {len(queries)} queries, {len(qrels)} "
+        f"judgements; relevant parts sit {spread}; written to {TARGET}"
+    )
 
 
 if __name__ == "__main__":

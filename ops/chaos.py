@@ -121,9 +121,16 @@ class Fleet:
 class FaultLoop(threading.Thread):
     """Injects one fault every ``every_s`` (a random interval) until stopped, and counts them."""
 
-    def __init__(self, fleet: Fleet, shape: StoreShape, queues: QueueFaults, ledger: Ledger,
-                 rng: random.Random, every_s: tuple[float, float],
-                 extra: dict[str, tuple[int, Callable[[], str | None]]] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        shape: StoreShape,
+        queues: QueueFaults,
+        ledger: Ledger,
+        rng: random.Random,
+        every_s: tuple[float, float],
+        extra: dict[str, tuple[int, Callable[[], str | None]]] | None = None,
+    ) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.fleet = fleet
         self.shape = shape
@@ -146,8 +153,9 @@ class FaultLoop(threading.Thread):
 
     @property
     def restarts(self) -> int:
-        return (sum(n for kind, n in self.done.items() if kind.startswith(("redis_", "cluster_", "sentinel_")))
-                + sum(self.done[k] for k in self.extra))
+        return sum(n for kind, n in self.done.items() if kind.startswith(("redis_", "cluster_", "sentinel_"))) + sum(
+            self.done[k] for k in self.extra
+        )
 
     def _draw(self) -> str:
         if not self._deck:
@@ -214,34 +222,45 @@ class FaultLoop(threading.Thread):
 
 def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": url,
-        "RERANKQ_NAMESPACE": NAMESPACE,
-        "RERANKQ_CPU_QUEUE": f"{NAMESPACE}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{NAMESPACE}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{NAMESPACE}.any",
-        # Short leases and a fast sweep, so lost messages are recovered within the run; a
-        # visibility timeout well above the drain time, so kombu's own restore of a killed
-        # worker's unacked messages cannot stand in for the sweep at the end.
-        "RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s),
-        "RERANKQ_SWEEP_INTERVAL_S": "1",
-        "RERANKQ_VISIBILITY_TIMEOUT_S": "60",
-        # Chaos kills are not poison: leave room for several deaths per window.
-        "RERANKQ_MAX_ATTEMPTS": "20",
-        "RERANKQ_LOG_LEVEL": "INFO",
-        "PYTHONPATH": str(ROOT),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-    })
+    env.update(
+        {
+            "RERANKQ_REDIS_URL": url,
+            "RERANKQ_NAMESPACE": NAMESPACE,
+            "RERANKQ_CPU_QUEUE": f"{NAMESPACE}.cpu",
+            "RERANKQ_GPU_QUEUE": f"{NAMESPACE}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{NAMESPACE}.any",
+            # Short leases and a fast sweep, so lost messages are recovered within the run; a
+            # visibility timeout well above the drain time, so kombu's own restore of a killed
+            # worker's unacked messages cannot stand in for the sweep at the end.
+            "RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s),
+            "RERANKQ_SWEEP_INTERVAL_S": "1",
+            "RERANKQ_VISIBILITY_TIMEOUT_S": "60",
+            # Chaos kills are not poison: leave room for several deaths per window.
+            "RERANKQ_MAX_ATTEMPTS": "20",
+            "RERANKQ_LOG_LEVEL": "INFO",
+            "PYTHONPATH": str(ROOT),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
     if args.model == "tiny":
         from tests.tiny_model import build_tiny_cross_encoder
 
         model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp(prefix="rerankq-chaos-model-")))
-        env.update({"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": str(model_dir),
-                    "RERANKQ_TORCH_THREADS": "1"})
+        env.update(
+            {
+                "RERANKQ_RERANKER_PROVIDER": "local",
+                "RERANKQ_RERANKER_MODEL": str(model_dir),
+                "RERANKQ_TORCH_THREADS": "1",
+            }
+        )
     else:
-        env.update({"RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
-                    "TEST_PROVIDER_SLEEP_S": str(args.window_s)})
+        env.update(
+            {
+                "RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
+                "TEST_PROVIDER_SLEEP_S": str(args.window_s),
+            }
+        )
     break_workers(env, args.breakage)
     return env
 
@@ -263,6 +282,7 @@ def break_workers(env: dict[str, str], breakage: str | None) -> None:
 
 def stop_on_sigterm() -> None:
     """A SIGTERM unwinds like Ctrl-C, so no worker or redis-server outlives the run."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -278,26 +298,55 @@ def client_logging(log_dir: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def report(findings: Findings, faults: FaultLoop, counters: dict[str, int], canaries: list[AcknowledgedWrites],
-           ledger: Ledger, incomplete: int, fleet: Fleet, args: argparse.Namespace) -> bool:
+def report(
+    findings: Findings,
+    faults: FaultLoop,
+    counters: dict[str, int],
+    canaries: list[AcknowledgedWrites],
+    ledger: Ledger,
+    incomplete: int,
+    fleet: Fleet,
+    args: argparse.Namespace,
+) -> bool:
     """Print what happened; True when anything was violated."""
     acknowledged = sum(1 for a in ledger.opens.values() if a.acknowledged)
-    print(f"chaos: faults {' '.join(f'{k}={v}' for k, v in sorted(faults.done.items()))}"
-          f" (skipped: {' '.join(f'{k}={v}' for k, v in sorted(faults.skipped.items())) or 'none'})", flush=True)
-    print(f"chaos: opens attempted={findings.streams} acknowledged={acknowledged} gave_up={findings.gave_up}"
-          f" vanished={findings.vanished}; streams still incomplete after the drain={incomplete}", flush=True)
-    print(f"chaos: twice by commit events={len(findings.twice_events)} by worker log lines={len(findings.twice_logs)}"
-          f" (windows logged committed={findings.logged_windows}, first read by a reader={len(ledger.first_read)})",
-          flush=True)
-    print("chaos: counters " + " ".join(f"{k}={counters.get(k, 0)}" for k in
-                                        ("windows_committed", "windows_failed", "windows_poisoned",
-                                         "windows_redelivered")), flush=True)
+    print(
+        f"chaos: faults {' '.join(f'{k}={v}' for k, v in sorted(faults.done.items()))}"
+        f" (skipped: {' '.join(f'{k}={v}' for k, v in sorted(faults.skipped.items())) or 'none'})",
+        flush=True,
+    )
+    print(
+        f"chaos: opens attempted={findings.streams} acknowledged={acknowledged} gave_up={findings.gave_up}"
+        f" vanished={findings.vanished}; streams still incomplete after the drain={incomplete}",
+        flush=True,
+    )
+    print(
+        f"chaos: twice by commit events={len(findings.twice_events)} by worker log lines={len(findings.twice_logs)}"
+        f" (windows logged committed={findings.logged_windows}, first read by a reader={len(ledger.first_read)})",
+        flush=True,
+    )
+    print(
+        "chaos: counters "
+        + " ".join(
+            f"{k}={counters.get(k, 0)}"
+            for k in ("windows_committed", "windows_failed", "windows_poisoned", "windows_redelivered")
+        ),
+        flush=True,
+    )
     restarts = [c for c in canaries if c.name == "restarts"]
     for canary in restarts:
-        print(f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
-              flush=True)
-    violated = bool(findings.lost or findings.twice or findings.failed or findings.changed or findings.gave_up
-                    or any(c.lost for c in restarts))
+        print(
+            f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
+            flush=True,
+        )
+    violated = bool(
+        findings.lost
+        or findings.twice
+        or findings.failed
+        or findings.changed
+        or findings.gave_up
+        or any(c.lost for c in restarts)
+    )
     if findings.windows and not findings.logged_windows:
         print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
         violated = True
@@ -314,17 +363,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=None, help="how long streams are opened under chaos")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--readers", type=int, default=6)
-    parser.add_argument("--model", choices=["fast", "tiny"], default="fast",
-                        help="fast: a deterministic provider with no torch; tiny: the tiny real cross-encoder")
+    parser.add_argument(
+        "--model",
+        choices=["fast", "tiny"],
+        default="fast",
+        help="fast: a deterministic provider with no torch; tiny: the tiny real cross-encoder",
+    )
     parser.add_argument("--window-s", type=float, default=0.2, help="how long the fast provider takes per window")
     parser.add_argument("--redeliver-after-s", type=int, default=3)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--store", choices=SHAPES, default="single",
-                        help="the store's deployment: one Redis, a Redis Cluster, or Sentinel (store and broker)")
-    parser.add_argument("--break", dest="breakage", choices=BREAKAGES, default=None,
-                        help="break the system on purpose; the run must then fail")
-    parser.add_argument("--broker", choices=["redis", "amqp"], default="redis",
-                        help="redis: the store's Redis is the broker too; amqp: a private RabbitMQ node")
+    parser.add_argument(
+        "--store",
+        choices=SHAPES,
+        default="single",
+        help="the store's deployment: one Redis, a Redis Cluster, or Sentinel (store and broker)",
+    )
+    parser.add_argument(
+        "--break",
+        dest="breakage",
+        choices=BREAKAGES,
+        default=None,
+        help="break the system on purpose; the run must then fail",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=["redis", "amqp"],
+        default="redis",
+        help="redis: the store's Redis is the broker too; amqp: a private RabbitMQ node",
+    )
     args = parser.parse_args(argv)
     duration = args.duration_s if args.duration_s is not None else (100.0 if args.quick else 270.0)
     # Well under the 60 s visibility timeout: a stranded message is the sweep's to recover.
@@ -334,9 +400,12 @@ def main(argv: list[str] | None = None) -> int:
 
     log_dir = Path(tempfile.mkdtemp(prefix="rerankq-chaos-"))
     client_logging(log_dir)
-    print(f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
-          f" model={args.model} break={args.breakage or 'none'} store={args.store} broker={args.broker}"
-          f" logs={log_dir}", flush=True)
+    print(
+        f"chaos: seed={seed} duration={duration:.0f}s workers={args.workers} readers={args.readers}"
+        f" model={args.model} break={args.breakage or 'none'} store={args.store} broker={args.broker}"
+        f" logs={log_dir}",
+        flush=True,
+    )
     shape = start_shape(args.store, log_dir, redis_broker=args.broker == "redis")
     env = {**worker_env(shape.store_url, args), "RERANKQ_BROKER_URL": shape.broker_url}
     broker = None
@@ -350,10 +419,20 @@ def main(argv: list[str] | None = None) -> int:
     canaries = [AcknowledgedWrites(client=c, key=key, name=what) for what, c, key in canary_clients(shape)]
     client = RerankClient(settings)
     dispatcher = Dispatcher(settings)
-    queue_faults = (broker.queue_faults(settings.queues.all_queues(), dispatcher) if broker is not None
-                    else QueueFaults(broker_client(shape.broker_url), settings.queues.all_queues(), dispatcher))
-    faults = FaultLoop(fleet, shape, queue_faults, Ledger(), random.Random(seed), (1.0, 3.0),  # type: ignore[arg-type]
-                       extra=broker.faults() if broker is not None else None)
+    queue_faults = (
+        broker.queue_faults(settings.queues.all_queues(), dispatcher)
+        if broker is not None
+        else QueueFaults(broker_client(shape.broker_url), settings.queues.all_queues(), dispatcher)
+    )
+    faults = FaultLoop(
+        fleet,
+        shape,
+        queue_faults,
+        Ledger(),
+        random.Random(seed),
+        (1.0, 3.0),  # type: ignore[arg-type]
+        extra=broker.faults() if broker is not None else None,
+    )
     ledger = faults.ledger
     try:
         for canary in canaries:
@@ -363,10 +442,16 @@ def main(argv: list[str] | None = None) -> int:
         fleet.wait_ready(120 if args.model == "fast" else 300)
         until = time.monotonic() + duration
         reader_clients = [RerankClient(settings) for _ in range(args.readers)]
-        readers = [threading.Thread(target=read_streams, name=f"chaos-reader-{i}", daemon=True,
-                                    args=(reader_clients[i], ledger, random.Random(seed + 1 + i), i, until),
-                                    kwargs={"give_up_s": 60.0})
-                   for i in range(args.readers)]
+        readers = [
+            threading.Thread(
+                target=read_streams,
+                name=f"chaos-reader-{i}",
+                daemon=True,
+                args=(reader_clients[i], ledger, random.Random(seed + 1 + i), i, until),
+                kwargs={"give_up_s": 60.0},
+            )
+            for i in range(args.readers)
+        ]
         faults.start()
         for thread in readers:
             thread.start()
@@ -389,10 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         violated = report(findings, faults, counters, canaries, ledger, incomplete, fleet, args)
         if shape.name != "single":
             failover_writes = sum(c.acknowledged for c in canaries if c.name == "failovers")
-            print(f"chaos: acknowledged writes lost by store failovers ({len(shape.failovers)} failovers; documented,"
-                  f" not repaired): canary={losses.canary} of {failover_writes}"
-                  f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
-                  f" windows committed again={losses.committed_again} results changed={losses.changed}", flush=True)
+            print(
+                f"chaos: acknowledged writes lost by store failovers ({len(shape.failovers)} failovers; documented,"
+                f" not repaired): canary={losses.canary} of {failover_writes}"
+                f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
+                f" windows committed again={losses.committed_again} results changed={losses.changed}",
+                flush=True,
+            )
     finally:
         faults.stop.set()
         for canary in canaries:
@@ -403,10 +491,13 @@ def main(argv: list[str] | None = None) -> int:
         shape.stop()
         if broker is not None:
             broker.stop()
-    print(f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
-          f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
-          f"resent={counters.get('windows_redelivered', 0)}"
-          + (f" failover_lost={losses.total}" if shape.name != "single" else ""), flush=True)
+    print(
+        f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
+        f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
+        f"resent={counters.get('windows_redelivered', 0)}"
+        + (f" failover_lost={losses.total}" if shape.name != "single" else ""),
+        flush=True,
+    )
     return 1 if violated else 0
 
 

@@ -49,8 +49,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("default", "amqp", "cluster", "sentinel", "flower")
 BUILT = ("worker-cpu", "exporter", "gateway")  # the Dockerfile targets docker-compose.yml names
-STANDIN_TARGETS = {"python": "python", "redis": "redis", "rabbitmq": "rabbitmq",
-                   "prom/prometheus": "prometheus", "mher/flower": "flower"}
+STANDIN_TARGETS = {
+    "python": "python",
+    "redis": "redis",
+    "rabbitmq": "rabbitmq",
+    "prom/prometheus": "prometheus",
+    "mher/flower": "flower",
+}
 STANDIN_LABEL = "org.rerankq.standin"
 PROJECT = "rerankqcheck"
 # 4 windows of 25 per job; keeping 25 of 100 admits them all (the over-fetch rule: 4 x 25), so
@@ -68,10 +73,25 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run(cmd: list[str], *, check: bool = True, env: dict[str, str] | None = None, timeout: float | None = 900,
-        capture: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, check=False, env=env, timeout=timeout, text=True, input=input,
-                            stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
+def run(
+    cmd: list[str],
+    *,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    timeout: float | None = 900,
+    capture: bool = True,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        cmd,
+        check=False,
+        env=env,
+        timeout=timeout,
+        text=True,
+        input=input,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.STDOUT if capture else None,
+    )
     if check and result.returncode != 0:
         tail = (result.stdout or "")[-3000:]
         raise CheckFailed(f"{' '.join(cmd[:6])} ... exited {result.returncode}\n{tail}")
@@ -104,7 +124,7 @@ def http_json(url: str, *, body: object = None, headers: dict[str, str] | None =
 
 @dataclass
 class Engine:
-    docker: list[str]          # a client that builds with BuildKit
+    docker: list[str]  # a client that builds with BuildKit
     compose: list[str]
     compose_kind: str
     started_pid: int | None = None
@@ -134,7 +154,9 @@ def buildkit_client() -> list[str]:
         version = run([client, "version", "--format", "{{.Client.Version}}"], check=False, timeout=30).stdout.strip()
         if re.match(r"^(1\d|20|21|22)\.", version):
             return [client]
-    raise CheckFailed("no docker client builds with BuildKit (install buildx, or a client before 23 for DOCKER_BUILDKIT=1)")
+    raise CheckFailed(
+        "no docker client builds with BuildKit (install buildx, or a client before 23 for DOCKER_BUILDKIT=1)"
+    )
 
 
 def compose_client() -> tuple[list[str], str]:
@@ -256,8 +278,9 @@ def debian_base(docker: list[str], work: Path) -> str:
             if child.is_file():
                 child.unlink()
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    subprocess.run([*docker, "import", "-", "rerankq-base:bookworm"], stdin=tar.stdout, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*docker, "import", "-", "rerankq-base:bookworm"], stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL
+    )
     tar.wait()
     shutil.rmtree(rootfs, ignore_errors=True)
     return "rerankq-base:bookworm"
@@ -294,8 +317,23 @@ def ensure_hub_images(docker: list[str], work: Path, images: list[str], cert_arg
             raise CheckFailed(f"{image}: cannot be pulled and has no stand-in")
         base = debian_base(docker, work)
         log(f"{image}: no registry answers; building a stand-in from Debian packages ({target})")
-        build(docker, ["-f", "ops/standins/Dockerfile", "--build-arg", f"BASE={base}", "--target", target,
-                       "--label", f"{STANDIN_LABEL}=debian-bookworm", *cert_args, "-t", image, "ops/standins"])
+        build(
+            docker,
+            [
+                "-f",
+                "ops/standins/Dockerfile",
+                "--build-arg",
+                f"BASE={base}",
+                "--target",
+                target,
+                "--label",
+                f"{STANDIN_LABEL}=debian-bookworm",
+                *cert_args,
+                "-t",
+                image,
+                "ops/standins",
+            ],
+        )
         standins.append(image)
     return standins
 
@@ -303,9 +341,16 @@ def ensure_hub_images(docker: list[str], work: Path, images: list[str], cert_arg
 def build(docker: list[str], args: list[str]) -> float:
     started = time.monotonic()
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    result = subprocess.run(check=False, args=["nice", "-n", "10", *docker, "build", "--network", "host", "--progress", "plain", *args],
-                            env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            timeout=3600)
+    result = subprocess.run(
+        check=False,
+        args=["nice", "-n", "10", *docker, "build", "--network", "host", "--progress", "plain", *args],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=3600,
+    )
     if result.returncode != 0:
         raise CheckFailed(f"docker build {' '.join(args)} failed:\n{result.stdout[-4000:]}")
     return time.monotonic() - started
@@ -321,7 +366,7 @@ def image_size_mb(docker: list[str], name: str) -> float:
 @dataclass
 class Profile:
     name: str
-    args: list[str]                 # after `compose`, before `up`
+    args: list[str]  # after `compose`, before `up`
     up_args: list[str]
     workers: list[str]
     gateway: str
@@ -334,15 +379,37 @@ def profiles(password: str, rabbit_password: str) -> dict[str, Profile]:
     amqp = f"amqp://rerankq:{rabbit_password}@rabbitmq:5672//"
     return {
         "default": Profile("default", [], [], ["worker-cpu"], "gateway", "redis"),
-        "amqp": Profile("amqp", ["--profile", "amqp"], [], ["worker-cpu"], "gateway", "rabbitmq",
-                        env={"RERANKQ_BROKER_URL": amqp}),
-        "cluster": Profile("cluster", ["--profile", "cluster"], ["--scale", "worker-cpu=0", "--scale", "gateway=0"],
-                           ["worker-cpu-cluster"], "gateway-cluster", "redis", host_reaches_store=False),
-        "sentinel": Profile("sentinel", ["--profile", "sentinel"], ["--scale", "worker-cpu=0", "--scale", "gateway=0"],
-                            ["worker-cpu-sentinel"], "gateway-sentinel", "redis",
-                            env={"REDIS_MIN_REPLICAS_TO_WRITE": "1"}, host_reaches_store=False),
-        "flower": Profile("flower", ["--profile", "flower"], [], ["worker-cpu"], "gateway", "redis",
-                          env={"RERANKQ_TASK_EVENTS": "true"}),
+        "amqp": Profile(
+            "amqp", ["--profile", "amqp"], [], ["worker-cpu"], "gateway", "rabbitmq", env={"RERANKQ_BROKER_URL": amqp}
+        ),
+        "cluster": Profile(
+            "cluster",
+            ["--profile", "cluster"],
+            ["--scale", "worker-cpu=0", "--scale", "gateway=0"],
+            ["worker-cpu-cluster"],
+            "gateway-cluster",
+            "redis",
+            host_reaches_store=False,
+        ),
+        "sentinel": Profile(
+            "sentinel",
+            ["--profile", "sentinel"],
+            ["--scale", "worker-cpu=0", "--scale", "gateway=0"],
+            ["worker-cpu-sentinel"],
+            "gateway-sentinel",
+            "redis",
+            env={"REDIS_MIN_REPLICAS_TO_WRITE": "1"},
+            host_reaches_store=False,
+        ),
+        "flower": Profile(
+            "flower",
+            ["--profile", "flower"],
+            [],
+            ["worker-cpu"],
+            "gateway",
+            "redis",
+            env={"RERANKQ_TASK_EVENTS": "true"},
+        ),
     }
 
 
@@ -350,8 +417,16 @@ class Stack:
     def __init__(self, engine: Engine, profile: Profile, work: Path, env: dict[str, str], override: Path) -> None:
         self.engine, self.profile, self.work = engine, profile, work
         self.env = {**env, **profile.env}
-        self.base = [*engine.compose, "-p", PROJECT, "-f", str(ROOT / "docker-compose.yml"), "-f", str(override),
-                     *profile.args]
+        self.base = [
+            *engine.compose,
+            "-p",
+            PROJECT,
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "-f",
+            str(override),
+            *profile.args,
+        ]
 
     def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         return run([*self.base, *args], env=self.env, check=check, timeout=timeout)
@@ -363,7 +438,9 @@ class Stack:
         return ids[0]
 
     def inspect(self, service: str, template: str) -> str:
-        return run([*self.engine.docker, "inspect", "--format", template, self.container(service)], timeout=30).stdout.strip()
+        return run(
+            [*self.engine.docker, "inspect", "--format", template, self.container(service)], timeout=30
+        ).stdout.strip()
 
     def health(self, service: str) -> str:
         return self.inspect(service, "{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}")
@@ -380,14 +457,37 @@ class Stack:
 
 
 def make_jobs(path: Path, prefix: str) -> None:
-    words = ["payment", "gateway", "checkout", "error", "outage", "recovery", "restart", "certificate", "tls",
-             "dns", "retry", "failover", "cache"]
+    words = [
+        "payment",
+        "gateway",
+        "checkout",
+        "error",
+        "outage",
+        "recovery",
+        "restart",
+        "certificate",
+        "tls",
+        "dns",
+        "retry",
+        "failover",
+        "cache",
+    ]
     with path.open("w") as out:
         for j in range(JOBS):
-            candidates = [{"id": f"d{i}", "text": " ".join(words[(i + k) % len(words)] for k in range(8)) + f" {i}"}
-                          for i in range(CANDIDATES)]
-            out.write(json.dumps({"id": f"{prefix}-{j}", "query": f"{words[j % len(words)]} error recovery",
-                                  "candidates": candidates}) + "\n")
+            candidates = [
+                {"id": f"d{i}", "text": " ".join(words[(i + k) % len(words)] for k in range(8)) + f" {i}"}
+                for i in range(CANDIDATES)
+            ]
+            out.write(
+                json.dumps(
+                    {
+                        "id": f"{prefix}-{j}",
+                        "query": f"{words[j % len(words)]} error recovery",
+                        "candidates": candidates,
+                    }
+                )
+                + "\n"
+            )
 
 
 def check_output(path: Path, prefix: str) -> int:
@@ -421,12 +521,21 @@ class Submitter:
             return [sys.executable, "-m", "worker.cli", *args, str(jobs), "--out", str(out)]
         container = self.stack.container(self.stack.profile.gateway)
         run([*self.stack.engine.docker, "cp", str(jobs), f"{container}:/tmp/{jobs.name}"], timeout=60)
-        return [*self.stack.engine.docker, "exec", container, "rerankq", *args, f"/tmp/{jobs.name}",
-                "--out", f"/tmp/{out.name}"]
+        return [
+            *self.stack.engine.docker,
+            "exec",
+            container,
+            "rerankq",
+            *args,
+            f"/tmp/{jobs.name}",
+            "--out",
+            f"/tmp/{out.name}",
+        ]
 
     def start(self, jobs: Path, out: Path) -> subprocess.Popen:
-        return subprocess.Popen(self.command(jobs, out), env=self.host_env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            self.command(jobs, out), env=self.host_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
 
     def finish(self, process: subprocess.Popen, jobs: Path, out: Path, timeout_s: float = 300) -> str:
         output, _ = process.communicate(timeout=timeout_s)
@@ -442,11 +551,15 @@ class Submitter:
 
 
 def cohere_v2(key: str) -> int:
-    documents = [f"document {i} about payment gateway error recovery" if i % 3 == 0 else f"coffee break {i}"
-                 for i in range(30)]
-    reply = http_json(url("GATEWAY", "/v2/rerank"), timeout=60,
-                      headers={"Authorization": f"Bearer {key}"},
-                      body={"model": "rerankq", "query": "payment gateway error", "documents": documents, "top_n": 5})
+    documents = [
+        f"document {i} about payment gateway error recovery" if i % 3 == 0 else f"coffee break {i}" for i in range(30)
+    ]
+    reply = http_json(
+        url("GATEWAY", "/v2/rerank"),
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"},
+        body={"model": "rerankq", "query": "payment gateway error", "documents": documents, "top_n": 5},
+    )
     results = reply["results"]
     if len(results) != 5 or len({r["index"] for r in results}) != 5:
         raise CheckFailed(f"cohere v2: {reply}")
@@ -460,7 +573,8 @@ def check_prometheus() -> str:
         active = http_json(url("PROMETHEUS", "/api/v1/targets"))["data"]["activeTargets"]
         jobs = {t["labels"]["job"] for t in active}
         down = [t["scrapeUrl"] for t in active if t["health"] != "up"]
-        return (f"{len(active)} targets up" if {"rerankq-exporter", "rerankq-worker"} <= jobs and not down else None)
+        return f"{len(active)} targets up" if {"rerankq-exporter", "rerankq-worker"} <= jobs and not down else None
+
     summary = wait_for("Prometheus targets all up (exporter and workers)", targets_up, 150, 5)
     groups = http_json(url("PROMETHEUS", "/api/v1/rules"))["data"]["groups"]
     alerts = [r["name"] for g in groups for r in g["rules"] if r.get("type") == "alerting"]
@@ -506,8 +620,13 @@ def check_profile(stack: Stack, key: str, host_env: dict[str, str], docker: list
     cache = next((m for m in mounts if m["Destination"] == "/home/rerankq/.cache"), None)
     if cache is None or cache["Type"] != "volume":
         raise CheckFailed(f"{worker}: no model-cache volume at /home/rerankq/.cache: {mounts}")
-    where = stack.exec(worker, "python", "-c", "import os; from worker.engine.export import export_root; "
-                       "print(os.environ['HF_HOME'], export_root('org/model'))").stdout.split()
+    where = stack.exec(
+        worker,
+        "python",
+        "-c",
+        "import os; from worker.engine.export import export_root; "
+        "print(os.environ['HF_HOME'], export_root('org/model'))",
+    ).stdout.split()
     if not all(p.startswith("/home/rerankq/.cache/") for p in where):
         raise CheckFailed(f"{worker}: caches outside the volume: {where}")
     marker = f"/home/rerankq/.cache/huggingface/check-{profile.name}"
@@ -522,9 +641,11 @@ def check_profile(stack: Stack, key: str, host_env: dict[str, str], docker: list
     time.sleep(1.5)
     restarts = int(stack.inspect(worker, "{{.RestartCount}}"))
     crash(stack, worker)
-    wait_for(f"{worker} restarted by its restart policy",
-             lambda: int(stack.inspect(worker, "{{.RestartCount}}")) > restarts and stack.health(worker) == "healthy",
-             HEALTH_TIMEOUT_S)
+    wait_for(
+        f"{worker} restarted by its restart policy",
+        lambda: int(stack.inspect(worker, "{{.RestartCount}}")) > restarts and stack.health(worker) == "healthy",
+        HEALTH_TIMEOUT_S,
+    )
     submitter.finish(process, jobs, out)
     rows = check_output(out, f"{profile.name}-kill")
     notes.append(f"kill: {rows} rows in {time.monotonic() - started:.0f}s")
@@ -548,6 +669,7 @@ def check_profile(stack: Stack, key: str, host_env: dict[str, str], docker: list
         def online() -> object:
             rows = http_json(url("FLOWER", "/workers?json=1&refresh=1"), timeout=20)["data"]
             return [r["hostname"] for r in rows if r.get("task-succeeded", 0) > 0]
+
         flower = wait_for("Flower lists the workers, with their task events", online, 120, 5)
         notes.append(f"flower sees task events from {len(flower)} worker(s)")
 
@@ -592,13 +714,23 @@ def parse_duration(text: str) -> float:
 
 def write_override(path: Path, model: Path) -> None:
     """The check's own settings for the workers: the tiny model mounted, faster redelivery."""
-    worker_env = {"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": "/models/tiny-cross-encoder",
-                  "RERANKQ_RERANKER_BACKEND": "torch", "RERANKQ_WORKER_PROCESSES": "1", "RERANKQ_TORCH_THREADS": "1",
-                  "RERANKQ_REDELIVER_AFTER_S": "15", "RERANKQ_SWEEP_INTERVAL_S": "5"}
-    workers = [name for name, s in _COMPOSE_FILE["services"].items()
-               if s.get("build", {}).get("target") == "worker-cpu"]
-    override = {"services": {name: {"environment": worker_env,
-                                    "volumes": [f"{model}:/models/tiny-cross-encoder:ro"]} for name in workers}}
+    worker_env = {
+        "RERANKQ_RERANKER_PROVIDER": "local",
+        "RERANKQ_RERANKER_MODEL": "/models/tiny-cross-encoder",
+        "RERANKQ_RERANKER_BACKEND": "torch",
+        "RERANKQ_WORKER_PROCESSES": "1",
+        "RERANKQ_TORCH_THREADS": "1",
+        "RERANKQ_REDELIVER_AFTER_S": "15",
+        "RERANKQ_SWEEP_INTERVAL_S": "5",
+    }
+    workers = [
+        name for name, s in _COMPOSE_FILE["services"].items() if s.get("build", {}).get("target") == "worker-cpu"
+    ]
+    override = {
+        "services": {
+            name: {"environment": worker_env, "volumes": [f"{model}:/models/tiny-cross-encoder:ro"]} for name in workers
+        }
+    }
     if not _COMPOSE_FILE.get("version"):
         path.write_text(yaml.safe_dump(override))
     else:
@@ -625,8 +757,10 @@ def main() -> int:
         docker = buildkit_client()
         compose, kind = compose_client()
         engine = Engine(docker, compose, kind, started_pid)
-        log(f"engine: {run([*docker, 'version', '--format', '{{.Server.Version}}'], timeout=30).stdout.strip()}; "
-            f"builds: {docker[0]} with BuildKit; compose: {kind}")
+        log(
+            f"engine: {run([*docker, 'version', '--format', '{{.Server.Version}}'], timeout=30).stdout.strip()}; "
+            f"builds: {docker[0]} with BuildKit; compose: {kind}"
+        )
 
         sources = host_pip_sources()
         cert_args = ["--secret", f"id=pip_cert,src={sources.cert}"] if sources.cert else []
@@ -639,41 +773,93 @@ def main() -> int:
         with contextlib.ExitStack() as stack:
             if not reachable("https://download.pytorch.org/whl/cpu/"):
                 if not torch_wheels:
-                    raise CheckFailed("the PyTorch CPU index is unreachable and no local torch +cpu wheel is configured")
+                    raise CheckFailed(
+                        "the PyTorch CPU index is unreachable and no local torch +cpu wheel is configured"
+                    )
                 wheel = torch_wheels[-1]
                 version = wheel.name.split("-")[1]
                 url = stack.enter_context(serve_directory(wheel.parent))
-                log(f"PyTorch index unreachable: torch=={version} from {wheel.parent} (served on {url}), the rest from PyPI")
-                build_args += ["--build-arg", "TORCH_CPU_INDEX=https://pypi.org/simple",
-                               "--build-arg", f"TORCH_SPEC=torch=={version}", "--build-arg", f"PIP_BUILD_FIND_LINKS={url}"]
+                log(
+                    f"PyTorch index unreachable: torch=={version} from {wheel.parent} (served on {url}),"
+                    " the rest from PyPI"
+                )
+                build_args += [
+                    "--build-arg",
+                    "TORCH_CPU_INDEX=https://pypi.org/simple",
+                    "--build-arg",
+                    f"TORCH_SPEC=torch=={version}",
+                    "--build-arg",
+                    f"PIP_BUILD_FIND_LINKS={url}",
+                ]
             for target in BUILT:
                 image = f"rerankq-{target}:latest"
                 seconds = build(docker, ["-f", "ops/Dockerfile", "--target", target, *build_args, "-t", image, "."])
                 log(f"built {image}: {image_size_mb(docker, image):.0f} MB in {seconds:.0f}s")
-        cuda = run([*docker, "run", "--rm", "--entrypoint", "sh", "rerankq-worker-cpu:latest", "-c",
-                    ("find / -xdev \\( -name 'libcudart*' -o -name 'libcublas*' -o -name 'libnccl*' -o -name 'libcudnn*' \\)"
-                     " 2>/dev/null | head -5")], timeout=120).stdout.strip()
+        cuda = run(
+            [
+                *docker,
+                "run",
+                "--rm",
+                "--entrypoint",
+                "sh",
+                "rerankq-worker-cpu:latest",
+                "-c",
+                (
+                    "find / -xdev \\( -name 'libcudart*' -o -name 'libcublas*'"
+                    " -o -name 'libnccl*' -o -name 'libcudnn*' \\)"
+                    " 2>/dev/null | head -5"
+                ),
+            ],
+            timeout=120,
+        ).stdout.strip()
         if cuda:
             raise CheckFailed(f"the CPU worker image holds CUDA libraries: {cuda}")
         log("rerankq-worker-cpu: no CUDA libraries")
 
         model = work / "tiny-cross-encoder"
-        run([sys.executable, "-c", ("import sys; sys.path.insert(0, sys.argv[2]); from tiny_model import "
-                                    "build_tiny_cross_encoder as b; from pathlib import Path; b(Path(sys.argv[1]))"),
-             str(model), str(ROOT / "tests")], timeout=300)
+        run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import sys; sys.path.insert(0, sys.argv[2]); from tiny_model import "
+                    "build_tiny_cross_encoder as b; from pathlib import Path; b(Path(sys.argv[1]))"
+                ),
+                str(model),
+                str(ROOT / "tests"),
+            ],
+            timeout=300,
+        )
         run(["chmod", "-R", "a+rX", str(model)])
         keys_file = work / "gateway-keys.json"
-        made = run([sys.executable, "-m", "producer.gateway", "keygen", "--tenant", "check",
-                    "--keys-file", str(keys_file), "--json"], timeout=60, capture=True)
+        made = run(
+            [
+                sys.executable,
+                "-m",
+                "producer.gateway",
+                "keygen",
+                "--tenant",
+                "check",
+                "--keys-file",
+                str(keys_file),
+                "--json",
+            ],
+            timeout=60,
+            capture=True,
+        )
         key = json.loads(made.stdout.strip().splitlines()[-1])["key"]
         keys_file.chmod(0o644)
         override = work / "override.yml"
         write_override(override, model)
 
         password, rabbit_password = secrets.token_hex(12), secrets.token_hex(12)
-        env = {**os.environ, "RERANKQ_REDIS_PASSWORD": password, "RERANKQ_RABBITMQ_PASSWORD": rabbit_password,
-               "RERANKQ_GATEWAY_KEYS_FILE": str(keys_file),
-               **{f"RERANKQ_{name}_HOST_PORT": str(port) for name, port in PORTS.items()}}
+        env = {
+            **os.environ,
+            "RERANKQ_REDIS_PASSWORD": password,
+            "RERANKQ_RABBITMQ_PASSWORD": rabbit_password,
+            "RERANKQ_GATEWAY_KEYS_FILE": str(keys_file),
+            **{f"RERANKQ_{name}_HOST_PORT": str(port) for name, port in PORTS.items()},
+        }
         for name in args.profiles:
             profile = profiles(password, rabbit_password)[name]
             host_env = {**os.environ, "RERANKQ_REDIS_URL": f"redis://:{password}@127.0.0.1:{PORTS['REDIS']}/0"}
@@ -687,8 +873,9 @@ def main() -> int:
             except (CheckFailed, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as exc:
                 ok, note = False, str(exc).strip().splitlines()[0][:400]
                 log(f"{name} FAILED: {exc}")
-                (work / f"{name}-logs.txt").write_text(stack.compose("logs", "--no-color", "--tail", "200",
-                                                                     check=False).stdout or "")
+                (work / f"{name}-logs.txt").write_text(
+                    stack.compose("logs", "--no-color", "--tail", "200", check=False).stdout or ""
+                )
                 log(f"{name}: container logs in {work / (name + '-logs.txt')}")
             down_began = time.monotonic()
             stack.compose("down", "-v", "--remove-orphans", check=False, timeout=300)

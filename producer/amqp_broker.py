@@ -90,11 +90,26 @@ def kombu_queues(settings: Settings) -> list[Queue]:
     for queue in dict.fromkeys(settings.queues.all_queues()):
         for lane in LANES:
             name = lane_queue(queue, lane)
-            out.append(Queue(name, Exchange(name, type="direct", durable=True), routing_key=name, durable=True,
-                             queue_arguments=quorum_arguments(queue), consumer_arguments=consumer_args))
+            out.append(
+                Queue(
+                    name,
+                    Exchange(name, type="direct", durable=True),
+                    routing_key=name,
+                    durable=True,
+                    queue_arguments=quorum_arguments(queue),
+                    consumer_arguments=consumer_args,
+                )
+            )
         dead = dead_letter_queue(queue)
-        out.append(Queue(dead, Exchange(dead, type="direct", durable=True), routing_key=dead, durable=True,
-                         queue_arguments={"x-queue-type": "quorum"}))
+        out.append(
+            Queue(
+                dead,
+                Exchange(dead, type="direct", durable=True),
+                routing_key=dead,
+                durable=True,
+                queue_arguments={"x-queue-type": "quorum"},
+            )
+        )
     return out
 
 
@@ -157,13 +172,24 @@ def check_broker(settings: Settings, connection: Connection) -> BrokerCheck:
     timeout = settings.queues.amqp_consumer_timeout_s
     problem = None
     if timeout <= settings.queues.redeliver_after_s:
-        where = ("asked per consumer" if source == "per_consumer"
-                 else "the server's consumer_timeout (set server-wide on RabbitMQ before 3.11.15)")
-        problem = (f"the delivery acknowledgement timeout, {timeout} s ({where}, RERANKQ_AMQP_CONSUMER_TIMEOUT_S), "
-                   f"must exceed the window time limit RERANKQ_REDELIVER_AFTER_S={settings.queues.redeliver_after_s}; "
-                   "otherwise RabbitMQ takes a running window's message back and hands it to another worker")
-    return BrokerCheck(broker="amqp", server_version=".".join(map(str, version)), consumer_timeout_source=source,
-                       consumer_timeout_s=timeout, task_time_limit_s=settings.queues.redeliver_after_s, problem=problem)
+        where = (
+            "asked per consumer"
+            if source == "per_consumer"
+            else "the server's consumer_timeout (set server-wide on RabbitMQ before 3.11.15)"
+        )
+        problem = (
+            f"the delivery acknowledgement timeout, {timeout} s ({where}, RERANKQ_AMQP_CONSUMER_TIMEOUT_S), "
+            f"must exceed the window time limit RERANKQ_REDELIVER_AFTER_S={settings.queues.redeliver_after_s}; "
+            "otherwise RabbitMQ takes a running window's message back and hands it to another worker"
+        )
+    return BrokerCheck(
+        broker="amqp",
+        server_version=".".join(map(str, version)),
+        consumer_timeout_source=source,
+        consumer_timeout_s=timeout,
+        task_time_limit_s=settings.queues.redeliver_after_s,
+        problem=problem,
+    )
 
 
 class QueueCount(msgspec.Struct, frozen=True):

@@ -132,6 +132,12 @@ class QueueProbe:
         out = []
         for (queue, lane), waiting, oldest in zip(lanes, replies[0::2], replies[1::2]):
             sent = _sent_at(oldest)
-            out.append(LaneDepth(queue=queue, lane=lane, waiting=int(waiting),
-                                 oldest_age_s=max(0.0, now - sent) if sent is not None else None))
+            out.append(
+                LaneDepth(
+                    queue=queue,
+                    lane=lane,
+                    waiting=int(waiting),
+                    oldest_age_s=max(0.0, now - sent) if sent is not None else None,
+                )
+            )
         return out

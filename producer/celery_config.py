@@ -100,8 +100,11 @@ def delivery_summary(settings: Settings) -> dict[str, Any]:
         "task_time_limit_s": conf["task_time_limit"],
     }
     if settings.store.broker_kind == "redis":
-        summary.update(visibility_timeout_s=conf["broker_transport_options"]["visibility_timeout"],
-                       disable_prefetch=conf["worker_disable_prefetch"], lanes="priority_steps 0/9")
+        summary.update(
+            visibility_timeout_s=conf["broker_transport_options"]["visibility_timeout"],
+            disable_prefetch=conf["worker_disable_prefetch"],
+            lanes="priority_steps 0/9",
+        )
     else:
         summary.update(
             queue_type="quorum",

@@ -68,19 +68,22 @@ SEND_ERRORS = (OperationalError, redis.RedisError, OSError)
 _UNAVAILABLE_OR_REFUSED: tuple[type[Exception], ...] = (*UNAVAILABLE_ERRORS, redis.ResponseError)
 
 
-def job_fingerprint(spec: StreamSpec, candidates: list[Candidate], *,
-                    explicit_reference_time: dt.datetime | None) -> str:
+def job_fingerprint(
+    spec: StreamSpec, candidates: list[Candidate], *, explicit_reference_time: dt.datetime | None
+) -> str:
     """What makes two opens "the same job": a defaulted reference time (now) does not count."""
-    digest = hashlib.blake2b(encode(msgspec.structs.replace(spec, reference_time=explicit_reference_time)),
-                             digest_size=16)
+    digest = hashlib.blake2b(
+        encode(msgspec.structs.replace(spec, reference_time=explicit_reference_time)), digest_size=16
+    )
     for candidate in candidates:
         digest.update(encode(candidate))
     return digest.hexdigest()
 
 
 @contextlib.contextmanager
-def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool, url: str | None = None,
-                 reading: bool = False) -> Iterator[None]:
+def store_errors(
+    stream_id: str, *, written: bool | None, retry_safe: bool, url: str | None = None, reading: bool = False
+) -> Iterator[None]:
     """Redis failures as the project's own errors, naming the URL tried (password masked) and
     saying what is known of the stream and whether a retry is safe.
 
@@ -93,32 +96,58 @@ def store_errors(stream_id: str, *, written: bool | None, retry_safe: bool, url:
         yield
     except redis.exceptions.OutOfMemoryError:
         raise StoreFull(
-            "Redis is full (maxmemory reached, nothing is evicted)", url=url,
+            "Redis is full (maxmemory reached, nothing is evicted)",
+            url=url,
             advice="free memory or raise maxmemory; "
-            + ("nothing was written, a retry is safe" if written is False else
-               "a retry is safe" if reading else "the stream exists; retry later"),
-            stream_id=stream_id, stream_written=None if reading else written, retry_safe=True,
+            + (
+                "nothing was written, a retry is safe"
+                if written is False
+                else "a retry is safe"
+                if reading
+                else "the stream exists; retry later"
+            ),
+            stream_id=stream_id,
+            stream_written=None if reading else written,
+            retry_safe=True,
         ) from None
     except _UNAVAILABLE_OR_REFUSED as exc:
         if isinstance(exc, redis.ResponseError) and not is_no_replicas(exc):
             raise
         refused = isinstance(exc, (NoReplicasError, redis.ResponseError))
-        problem = ("Redis refused the write: too few replicas in sync (NOREPLICAS: a failover under way, or a "
-                   "replica down)" if refused else f"Redis unreachable ({type(exc).__name__})")
+        problem = (
+            "Redis refused the write: too few replicas in sync (NOREPLICAS: a failover under way, or a replica down)"
+            if refused
+            else f"Redis unreachable ({type(exc).__name__})"
+        )
         if reading:
-            raise StoreUnavailable(problem, url=url, advice="the stream was not read; a retry is safe",
-                                   stream_id=stream_id, stream_written=None, retry_safe=True) from None
+            raise StoreUnavailable(
+                problem,
+                url=url,
+                advice="the stream was not read; a retry is safe",
+                stream_id=stream_id,
+                stream_written=None,
+                retry_safe=True,
+            ) from None
         # A NOREPLICAS refusal itself writes nothing, but the client's own retries may have met a
         # broken connection mid-write first: what is known stays what the caller knew.
         known = True if written else None
         safe = retry_safe or known is True
         raise StoreUnavailable(
-            problem, url=url,
-            advice=("the stream exists, a retry is safe" if known else
-                    "the stream may or may not have been written; "
-                    + ("a retry with the same idempotency_key is safe" if safe else
-                       "retry only with an idempotency_key, or a retry may open a second job")),
-            stream_id=stream_id, stream_written=known, retry_safe=safe,
+            problem,
+            url=url,
+            advice=(
+                "the stream exists, a retry is safe"
+                if known
+                else "the stream may or may not have been written; "
+                + (
+                    "a retry with the same idempotency_key is safe"
+                    if safe
+                    else "retry only with an idempotency_key, or a retry may open a second job"
+                )
+            ),
+            stream_id=stream_id,
+            stream_written=known,
+            retry_safe=safe,
         ) from None
     except StoreError:
         raise
@@ -131,8 +160,11 @@ class RerankClient:
         if not settings.store.redis_url:
             raise ValidationError("redis_url", "RERANKQ_REDIS_URL is not set")
         self.settings = settings
-        self.store = Store(connect(settings.store.redis_url), settings.store.namespace,
-                           event_log_maxlen=settings.streams.event_log_maxlen)
+        self.store = Store(
+            connect(settings.store.redis_url),
+            settings.store.namespace,
+            event_log_maxlen=settings.streams.event_log_maxlen,
+        )
         self.dispatcher = dispatcher or Dispatcher(settings)
         self._consumers = ConsumerCheck(self.store.client, self.store.keys)
         # Streams this client just created, as their open left them (nothing committed, the
@@ -186,12 +218,20 @@ class RerankClient:
         key = chosen.idempotency_key
         stream_id = "k_" + key if key is not None else "s_" + uuid.uuid4().hex
         items = check_candidates(to_candidates(candidates), self.settings)
-        limits = limits_for(self.settings, budget=chosen.budget, max_rerank_candidates=chosen.max_rerank_candidates,
-                            max_candidates_per_source=chosen.max_candidates_per_source,
-                            strategy_boosts=chosen.strategy_boosts)
+        limits = limits_for(
+            self.settings,
+            budget=chosen.budget,
+            max_rerank_candidates=chosen.max_rerank_candidates,
+            max_candidates_per_source=chosen.max_candidates_per_source,
+            strategy_boosts=chosen.strategy_boosts,
+        )
         budgeted = apply_budget(items, limits)
-        check_over_fetch(len(budgeted.kept), chosen.keep, allow_shallow=bool(chosen.allow_shallow),
-                         dropped=budgeted.dropped_per_source + budgeted.dropped_global)
+        check_over_fetch(
+            len(budgeted.kept),
+            chosen.keep,
+            allow_shallow=bool(chosen.allow_shallow),
+            dropped=budgeted.dropped_per_source + budgeted.dropped_global,
+        )
         items = budgeted.kept
         settings = self.settings
         spec = check_spec(
@@ -200,7 +240,8 @@ class RerankClient:
                 window_size=chosen.window_size if chosen.window_size is not None else settings.streams.window_size,
                 device=device,
                 min_score=chosen.min_score if chosen.min_score is not None else settings.streams.min_score,
-                min_final_score=chosen.min_final_score if chosen.min_final_score is not None
+                min_final_score=chosen.min_final_score
+                if chosen.min_final_score is not None
                 else settings.streams.min_final_score,
                 chain=chosen.chain,
                 tenant=chosen.tenant,
@@ -208,7 +249,8 @@ class RerankClient:
                 reference_time=chosen.reference_time or dt.datetime.now(dt.timezone.utc),
                 query_range=chosen.query_range,
                 strategy_boosts=dict(limits.strategy_boosts),
-                document_budget=chosen.document_budget if chosen.document_budget is not None
+                document_budget=chosen.document_budget
+                if chosen.document_budget is not None
                 else settings.streams.document_budget,
                 ttl_s=chosen.ttl_s if chosen.ttl_s is not None else settings.streams.stream_ttl_s,
                 n_candidates=len(items),
@@ -225,24 +267,49 @@ class RerankClient:
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)
         with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.store.redis_url):
             created, admitted = self.store.open(
-                stream_id, spec, items, first_windows=first_windows,
+                stream_id,
+                spec,
+                items,
+                first_windows=first_windows,
                 enqueue_grace_s=self.settings.queues.redeliver_after_s,
-                fingerprint=fingerprint, lane=lane,
+                fingerprint=fingerprint,
+                lane=lane,
             )
         if created:
-            self._remember_fresh(stream_id, Snapshot(
-                n_candidates=len(items), window_size=spec.window_size, admitted=len(admitted), results={},
-                last_event_id=b"0-0", device=spec.device, lane=lane))
+            self._remember_fresh(
+                stream_id,
+                Snapshot(
+                    n_candidates=len(items),
+                    window_size=spec.window_size,
+                    admitted=len(admitted),
+                    results={},
+                    last_event_id=b"0-0",
+                    device=spec.device,
+                    lane=lane,
+                ),
+            )
         # From here the stream exists: a message that cannot be sent is the sweep's to send,
         # not the caller's to retry (a retry without an idempotency key would pay twice).
         self._send(stream_id, admitted, spec.device, lane)
         unserved = self.unserved_warning(spec.device) if admitted else None
         if unserved is not None:
-            log.warning("no_live_worker", stream=stream_id, device=spec.device,
-                        queue=self.settings.queues.queue_for(spec.device), problem=unserved)
-        log.info("stream_opened", stream=stream_id, candidates=len(items), windows=admitted, created=created,
-                 lane=lane, budget_dropped_per_source=budgeted.dropped_per_source,
-                 budget_dropped_global=budgeted.dropped_global)
+            log.warning(
+                "no_live_worker",
+                stream=stream_id,
+                device=spec.device,
+                queue=self.settings.queues.queue_for(spec.device),
+                problem=unserved,
+            )
+        log.info(
+            "stream_opened",
+            stream=stream_id,
+            candidates=len(items),
+            windows=admitted,
+            created=created,
+            lane=lane,
+            budget_dropped_per_source=budgeted.dropped_per_source,
+            budget_dropped_global=budgeted.dropped_global,
+        )
         return stream_id
 
     def unserved_warning(self, device: str) -> str | None:
@@ -275,8 +342,13 @@ class RerankClient:
         try:
             self.dispatcher.send(stream_id, windows, device, lane)
         except SEND_ERRORS as exc:
-            log.warning("windows_not_sent", stream=stream_id, windows=windows, error=type(exc).__name__,
-                        recovery="the workers' sweep sends them")
+            log.warning(
+                "windows_not_sent",
+                stream=stream_id,
+                windows=windows,
+                error=type(exc).__name__,
+                recovery="the workers' sweep sends them",
+            )
             try:
                 self.store.hurry(stream_id, windows)  # due now, rather than after the enqueue grace
             except redis.RedisError:
@@ -310,8 +382,9 @@ class RerankClient:
                 if target < 0:
                     return page
                 if target > snapshot.admitted:
-                    admitted = self.store.admit(stream_id, target,
-                                                enqueue_grace_s=self.settings.queues.redeliver_after_s)
+                    admitted = self.store.admit(
+                        stream_id, target, enqueue_grace_s=self.settings.queues.redeliver_after_s
+                    )
                     if admitted:
                         self._send(stream_id, admitted, snapshot.device, snapshot.lane)
                         log.info("windows_admitted", stream=stream_id, windows=admitted)
@@ -355,8 +428,9 @@ class RerankClient:
         kept: dict[int, list[float]] = {}
         if options.needs_candidates and page.rows:
             end = max(row.decision.index for row in page.rows) + 1
-            with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url,
-                              reading=True):
+            with store_errors(
+                stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True
+            ):
                 candidates = dict(enumerate(self.store.load_candidates(stream_id, 0, end)))
                 if options.mmr_lambda is not None and not any(c.embedding for c in candidates.values()):
                     kept = self.store.load_embeddings(stream_id, sorted({row.window for row in page.rows}))
@@ -375,20 +449,33 @@ class RerankClient:
             result = snapshot.results.get(window)
             if result is None:
                 state: WindowState = "admitted" if window < snapshot.admitted else "not_admitted"
-                windows.append(WindowStatus(window=window, start=start, end=end, state=state,
-                                            attempts=attempts.get(window, 0)))
+                windows.append(
+                    WindowStatus(window=window, start=start, end=end, state=state, attempts=attempts.get(window, 0))
+                )
                 continue
             kinds = [type(d) for d in result.decisions]
             windows.append(
                 WindowStatus(
-                    window=window, start=start, end=end, state="committed", attempts=result.attempts,
-                    served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
-                    omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
-                    failovers=list(result.failovers), instruction_ignored_by=result.instruction_ignored_by,
+                    window=window,
+                    start=start,
+                    end=end,
+                    state="committed",
+                    attempts=result.attempts,
+                    served_by=result.served_by,
+                    ranked=kinds.count(Ranked),
+                    filtered=kinds.count(Filtered),
+                    omitted=kinds.count(Omitted),
+                    failed=kinds.count(Failed),
+                    reason=result.reason,
+                    failovers=list(result.failovers),
+                    instruction_ignored_by=result.instruction_ignored_by,
                 )
             )
         return StreamStatus(
-            stream_id=stream_id, n_candidates=snapshot.n_candidates, window_size=snapshot.window_size, windows=windows,
+            stream_id=stream_id,
+            n_candidates=snapshot.n_candidates,
+            window_size=snapshot.window_size,
+            windows=windows,
             device=snapshot.device,
         )
 
@@ -406,4 +493,3 @@ class RerankClient:
         with store_errors("", written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
             found = self.store.progress(stream_ids)
         return dict(zip(stream_ids, found))
-

@@ -33,8 +33,9 @@ def apply_host_logging(level: str) -> None:
 def run_command(command: click.Command, argv: Sequence[str] | None, *, prog_name: str, host: Host) -> int:
     """Run ``command`` on ``argv`` (``sys.argv[1:]`` when None) and return its exit status."""
     try:
-        result = command.main(args=None if argv is None else list(argv), prog_name=prog_name,
-                              standalone_mode=False, obj=host)
+        result = command.main(
+            args=None if argv is None else list(argv), prog_name=prog_name, standalone_mode=False, obj=host
+        )
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:  # usage errors are 2, others 1

@@ -52,8 +52,10 @@ def live(client: redis.Redis, keys: Keys, queue: str, now: float | None = None) 
 def no_worker_warning(queue: str, device: str) -> str:
     """What to tell a caller whose windows went to a queue no live worker consumes."""
     start = "rerankq worker --device gpu" if device == "gpu" else "rerankq worker --device cpu"
-    return (f"no live worker consumes queue {queue!r} (device={device!r}): the windows wait there until one "
-            f"starts ({start}, against the same Redis and RERANKQ_NAMESPACE); rerankq inspect lists the workers")
+    return (
+        f"no live worker consumes queue {queue!r} (device={device!r}): the windows wait there until one "
+        f"starts ({start}, against the same Redis and RERANKQ_NAMESPACE); rerankq inspect lists the workers"
+    )
 
 
 class ConsumerCheck:

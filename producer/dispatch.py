@@ -24,8 +24,11 @@ class Dispatcher:
             app = Celery("rerankq-producer", set_as_current=False)
             app.conf.update(celery_config(settings))
         self.app = app
-        self._bursts = (ConfirmedBursts(settings.store.broker, transport_options(settings))
-                        if settings.store.broker_kind == "amqp" and confirm_bursts else None)
+        self._bursts = (
+            ConfirmedBursts(settings.store.broker, transport_options(settings))
+            if settings.store.broker_kind == "amqp" and confirm_bursts
+            else None
+        )
 
     def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
         """One message per window to the device's queue, in the stream's lane: a Celery priority on
@@ -36,8 +39,12 @@ class Dispatcher:
             queue, priority = lane_queue(queue, lane), None
         if self._bursts is not None:
             # RabbitMQ: publish all, then wait once for their confirms.
-            self._bursts.publish([functools.partial(self._send_one, stream_id, window, queue, priority, retry=False)
-                                  for window in windows])
+            self._bursts.publish(
+                [
+                    functools.partial(self._send_one, stream_id, window, queue, priority, retry=False)
+                    for window in windows
+                ]
+            )
             return
         for window in windows:
             self._send_one(stream_id, window, queue, priority)
@@ -45,8 +52,15 @@ class Dispatcher:
     def _send_one(self, stream_id: str, window: int, queue: str, priority: int | None, **options: Any) -> None:
         # The task id names the window, so the sweep can tell a queued message from a lost one;
         # the send time lets the exporter age the oldest waiting message without a scan.
-        self.app.send_task(TASK_NAME, args=[stream_id, window], queue=queue, task_id=task_id(stream_id, window),
-                           priority=priority, headers={SENT_AT_HEADER: time.time()}, **options)
+        self.app.send_task(
+            TASK_NAME,
+            args=[stream_id, window],
+            queue=queue,
+            task_id=task_id(stream_id, window),
+            priority=priority,
+            headers={SENT_AT_HEADER: time.time()},
+            **options,
+        )
 
     def close(self) -> None:
         if self._bursts is not None:

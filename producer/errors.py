@@ -73,9 +73,7 @@ class IdempotencyConflict(RerankqError):
 
     def __init__(self, key: str) -> None:
         self.key = key
-        super().__init__(
-            f"idempotency_key {key!r} already opened a stream with a different query or candidates"
-        )
+        super().__init__(f"idempotency_key {key!r} already opened a stream with a different query or candidates")
 
 
 class WindowFailed(RerankqError):
@@ -99,8 +97,16 @@ class StoreError(RerankqError):
     provider twice.
     """
 
-    def __init__(self, message: str, *, stream_id: str | None = None, stream_written: bool | None,
-                 retry_safe: bool, url: str | None = None, advice: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        stream_id: str | None = None,
+        stream_written: bool | None,
+        retry_safe: bool,
+        url: str | None = None,
+        advice: str | None = None,
+    ) -> None:
         self.stream_id = stream_id
         self.stream_written = stream_written
         self.retry_safe = retry_safe
@@ -116,8 +122,16 @@ class TooShallow(ValidationError):
     """The over-fetch rule: too few candidates for the ``keep`` asked. ``message_for`` words the
     opt-out as the caller's interface spells it (``allow_shallow=True``, ``--allow-shallow``)."""
 
-    def __init__(self, *, n_candidates: int, keep: int, needed: int, rule: str, dropped: int = 0,
-                 opt_out: str = "allow_shallow=True") -> None:
+    def __init__(
+        self,
+        *,
+        n_candidates: int,
+        keep: int,
+        needed: int,
+        rule: str,
+        dropped: int = 0,
+        opt_out: str = "allow_shallow=True",
+    ) -> None:
         self.n_candidates = n_candidates
         self.rule = rule
         self.keep = keep
@@ -127,10 +141,12 @@ class TooShallow(ValidationError):
 
     def message_for(self, opt_out: str) -> str:
         after_budget = f" ({self.dropped} removed by the candidate budget)" if self.dropped else ""
-        return (f"reranking {self.n_candidates} candidates{after_budget} to keep {self.keep} is too shallow: "
-                f"retrieve at least {self.rule} = {self.needed}. The reranker cannot promote what "
-                "retrieval did not return, and a shallow set still improves precision, so the lost recall "
-                f"would go unnoticed. Pass {opt_out} if you know the set is complete.")
+        return (
+            f"reranking {self.n_candidates} candidates{after_budget} to keep {self.keep} is too shallow: "
+            f"retrieve at least {self.rule} = {self.needed}. The reranker cannot promote what "
+            "retrieval did not return, and a shallow set still improves precision, so the lost recall "
+            f"would go unnoticed. Pass {opt_out} if you know the set is complete."
+        )
 
 
 class StoreFull(StoreError):

@@ -50,8 +50,7 @@ def child(path: str, key: Any) -> str:
     return f"{path}[{show(key)}]"
 
 
-def from_msgspec(exc: msgspec.ValidationError, prefix: str = "", *,
-                 known: Iterable[str] = ()) -> ValidationError:
+def from_msgspec(exc: msgspec.ValidationError, prefix: str = "", *, known: Iterable[str] = ()) -> ValidationError:
     """msgspec's ``... - at `$[2].text``` as ``ValidationError("prefix[2].text", ...)``.
 
     A missing or unknown field joins the path; an unknown one that is close to a name in

@@ -51,13 +51,32 @@ class StreamKeys:
 
     def all(self) -> list[str]:
         """In the order ``store.lua`` expects them."""
-        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
-                self.active, self.counters, self.embeddings, *self.uncommitted]
+        return [
+            self.spec,
+            self.candidates,
+            self.meta,
+            self.results,
+            self.attempts,
+            self.pending,
+            self.events,
+            self.active,
+            self.counters,
+            self.embeddings,
+            *self.uncommitted,
+        ]
 
     def own(self) -> list[str]:
         """The keys that belong to this stream alone."""
-        return [self.spec, self.candidates, self.meta, self.results, self.attempts, self.pending, self.events,
-                self.embeddings]
+        return [
+            self.spec,
+            self.candidates,
+            self.meta,
+            self.results,
+            self.attempts,
+            self.pending,
+            self.events,
+            self.embeddings,
+        ]
 
 
 @dataclass(frozen=True)

@@ -49,97 +49,188 @@ Token = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 #: The ``instruction`` option's type, reused as is by the Cohere and TEI routes' own field.
 InstructionOption = Annotated[
     Annotated[str, Meta(min_length=1, max_length=MAX_INSTRUCTION_CHARS, pattern=NOT_BLANK_PATTERN)] | None,
-    Meta(description="what the model is asked to do, sent with every pair of the stream to a member that takes "
-                     "one (its prompt); a window served by a member that cannot names it in "
-                     f"instruction_ignored_by; up to {MAX_INSTRUCTION_CHARS} characters  [default: none]"),
+    Meta(
+        description="what the model is asked to do, sent with every pair of the stream to a member that takes "
+        "one (its prompt); a window served by a member that cannot names it in "
+        f"instruction_ignored_by; up to {MAX_INSTRUCTION_CHARS} characters  [default: none]"
+    ),
 ]
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """The options of one stream (``RerankClient.open``'s keyword arguments)."""
 
-    window_size: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
-        description="candidates per window, the batch a worker scores at once; at most RERANKQ_MAX_WINDOW_SIZE  "
-                    "[default: RERANKQ_WINDOW_SIZE]")] = None
-    first_windows: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
-        description="windows admitted and sent when the stream opens; deeper ones are admitted when a pull needs "
-                    "them  [default: 1]")] = None
-    device: Annotated[Device | None, Meta(
-        description="the device queue that scores the stream: cpu, gpu, or any (whichever worker is free)  "
-                    "[default: cpu]")] = None
-    min_score: Annotated[Annotated[float, Meta(ge=0.0, le=1.0)] | None, Meta(
-        description="a row whose normalised score is below this is filtered: kept, but not paged  "
-                    "[default: RERANKQ_MIN_SCORE]")] = None
-    min_final_score: Annotated[float | None, Meta(
-        description="a row whose final (boosted) score is below this is filtered; a finite number  "
-                    "[default: RERANKQ_MIN_FINAL_SCORE]")] = None
-    chain: Annotated[Token | None, Meta(
-        description="a chain profile (RERANKQ_CHAIN_<NAME>) that scores the stream instead of the whole chain  "
-                    "[default: the whole chain]")] = None
-    tenant: Annotated[Token | None, Meta(
-        description="the tenant the stream belongs to; pair-score caches are per tenant  [default: none]")] = None
-    boosts: Annotated[Boosts | None, Meta(
-        description="recency, temporal and proof boosts that multiply the score: recency_alpha, temporal_alpha, "
-                    "proof_alpha, recency_curve (linear, exponential, none), recency_window_days, recency_floor, "
-                    "recency_half_life_days, temporal_decay_days  [default: 0.2, 0.2, 0.1, linear, 365, 0.1, "
-                    "90, 30]")] = None
-    reference_time: Annotated[dt.datetime | None, Meta(
-        description="the time ages are measured from, RFC 3339 (without an offset it is UTC)  "
-                    "[default: now]")] = None
-    query_range: Annotated[TimeRange | None, Meta(
-        description="the period the query is about (start, end), for the temporal boost  [default: none]")] = None
-    ttl_s: Annotated[Annotated[int, Meta(ge=1, le=MAX_TTL_S)] | None, Meta(
-        description="seconds the stream and its decisions are kept in Redis  "
-                    "[default: RERANKQ_STREAM_TTL_S]")] = None
-    idempotency_key: Annotated[Token | None, Meta(
-        description="the job's own key: opening the same job with it again returns the same stream and sends "
-                    "nothing; another job with it is refused  [default: a new stream each time]")] = None
-    budget: Annotated[BudgetLevel | None, Meta(
-        description="the candidate budget's level: low, mid or high picks "
-                    "RERANKQ_MAX_RERANK_CANDIDATES_LOW/_MID/_HIGH  [default: RERANKQ_MAX_RERANK_CANDIDATES]")] = None
-    keep: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
-        description="rows the reader keeps: a set smaller than max(25, 4 x keep) after the budget is refused "
-                    "unless allow_shallow  [default: no over-fetch check]")] = None
-    allow_shallow: Annotated[bool | None, Meta(
-        description="accept a set smaller than the over-fetch rule asks for keep  [default: false]")] = None
-    max_rerank_candidates: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
-        description="the candidate budget's cap: at most this many candidates are reranked  "
-                    "[default: RERANKQ_MAX_RERANK_CANDIDATES, or the budget level's]")] = None
-    max_candidates_per_source: Annotated[Annotated[int, Meta(ge=0)] | None, Meta(
-        description="at most this many candidates of each source, applied before the cap; 0 for no limit  "
-                    "[default: RERANKQ_MAX_CANDIDATES_PER_SOURCE]")] = None
-    strategy_boosts: Annotated[str | dict[str, str] | None, Meta(
-        description="source:level pairs (graph:high,bm25:low, or a mapping) that decide who survives the cap and "
-                    "nudge the order after scoring  [default: RERANKQ_STRATEGY_BOOSTS]")] = None
-    document_budget: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
-        description="code points of each assembled document that are scored and returned; at most "
-                    "RERANKQ_MAX_TEXT_CHARS  [default: RERANKQ_DOCUMENT_BUDGET]")] = None
-    lane: Annotated[Lane | None, Meta(
-        description="interactive or batch: a batch stream's windows wait behind every interactive window of "
-                    "their device queue; a retried open keeps the lane it was first opened with  "
-                    "[default: interactive]")] = None
+    window_size: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="candidates per window, the batch a worker scores at once; at most RERANKQ_MAX_WINDOW_SIZE  "
+            "[default: RERANKQ_WINDOW_SIZE]"
+        ),
+    ] = None
+    first_windows: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="windows admitted and sent when the stream opens; deeper ones are admitted when a pull needs "
+            "them  [default: 1]"
+        ),
+    ] = None
+    device: Annotated[
+        Device | None,
+        Meta(
+            description="the device queue that scores the stream: cpu, gpu, or any (whichever worker is free)  "
+            "[default: cpu]"
+        ),
+    ] = None
+    min_score: Annotated[
+        Annotated[float, Meta(ge=0.0, le=1.0)] | None,
+        Meta(
+            description="a row whose normalised score is below this is filtered: kept, but not paged  "
+            "[default: RERANKQ_MIN_SCORE]"
+        ),
+    ] = None
+    min_final_score: Annotated[
+        float | None,
+        Meta(
+            description="a row whose final (boosted) score is below this is filtered; a finite number  "
+            "[default: RERANKQ_MIN_FINAL_SCORE]"
+        ),
+    ] = None
+    chain: Annotated[
+        Token | None,
+        Meta(
+            description="a chain profile (RERANKQ_CHAIN_<NAME>) that scores the stream instead of the whole chain  "
+            "[default: the whole chain]"
+        ),
+    ] = None
+    tenant: Annotated[
+        Token | None,
+        Meta(description="the tenant the stream belongs to; pair-score caches are per tenant  [default: none]"),
+    ] = None
+    boosts: Annotated[
+        Boosts | None,
+        Meta(
+            description="recency, temporal and proof boosts that multiply the score: recency_alpha, temporal_alpha, "
+            "proof_alpha, recency_curve (linear, exponential, none), recency_window_days, recency_floor, "
+            "recency_half_life_days, temporal_decay_days  [default: 0.2, 0.2, 0.1, linear, 365, 0.1, "
+            "90, 30]"
+        ),
+    ] = None
+    reference_time: Annotated[
+        dt.datetime | None,
+        Meta(description="the time ages are measured from, RFC 3339 (without an offset it is UTC)  [default: now]"),
+    ] = None
+    query_range: Annotated[
+        TimeRange | None,
+        Meta(description="the period the query is about (start, end), for the temporal boost  [default: none]"),
+    ] = None
+    ttl_s: Annotated[
+        Annotated[int, Meta(ge=1, le=MAX_TTL_S)] | None,
+        Meta(description="seconds the stream and its decisions are kept in Redis  [default: RERANKQ_STREAM_TTL_S]"),
+    ] = None
+    idempotency_key: Annotated[
+        Token | None,
+        Meta(
+            description="the job's own key: opening the same job with it again returns the same stream and sends "
+            "nothing; another job with it is refused  [default: a new stream each time]"
+        ),
+    ] = None
+    budget: Annotated[
+        BudgetLevel | None,
+        Meta(
+            description="the candidate budget's level: low, mid or high picks "
+            "RERANKQ_MAX_RERANK_CANDIDATES_LOW/_MID/_HIGH  [default: RERANKQ_MAX_RERANK_CANDIDATES]"
+        ),
+    ] = None
+    keep: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="rows the reader keeps: a set smaller than max(25, 4 x keep) after the budget is refused "
+            "unless allow_shallow  [default: no over-fetch check]"
+        ),
+    ] = None
+    allow_shallow: Annotated[
+        bool | None, Meta(description="accept a set smaller than the over-fetch rule asks for keep  [default: false]")
+    ] = None
+    max_rerank_candidates: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="the candidate budget's cap: at most this many candidates are reranked  "
+            "[default: RERANKQ_MAX_RERANK_CANDIDATES, or the budget level's]"
+        ),
+    ] = None
+    max_candidates_per_source: Annotated[
+        Annotated[int, Meta(ge=0)] | None,
+        Meta(
+            description="at most this many candidates of each source, applied before the cap; 0 for no limit  "
+            "[default: RERANKQ_MAX_CANDIDATES_PER_SOURCE]"
+        ),
+    ] = None
+    strategy_boosts: Annotated[
+        str | dict[str, str] | None,
+        Meta(
+            description="source:level pairs (graph:high,bm25:low, or a mapping) that decide who survives the cap and "
+            "nudge the order after scoring  [default: RERANKQ_STRATEGY_BOOSTS]"
+        ),
+    ] = None
+    document_budget: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="code points of each assembled document that are scored and returned; at most "
+            "RERANKQ_MAX_TEXT_CHARS  [default: RERANKQ_DOCUMENT_BUDGET]"
+        ),
+    ] = None
+    lane: Annotated[
+        Lane | None,
+        Meta(
+            description="interactive or batch: a batch stream's windows wait behind every interactive window of "
+            "their device queue; a retried open keeps the lane it was first opened with  "
+            "[default: interactive]"
+        ),
+    ] = None
     instruction: InstructionOption = None
-    long_documents: Annotated[LongDocuments | None, Meta(
-        description="a document longer than the member reads: excerpt (the part around the first query-term "
-                    "match, cut to document_budget) or passages (split into passages on the model's token "
-                    "boundaries, each scored with the document's header; the best passage's span is kept)  "
-                    "[default: excerpt]")] = None
-    passage_tokens: Annotated[Annotated[int, Meta(ge=MIN_PASSAGE_TOKENS)] | None, Meta(
-        description="tokens of a document's text per passage, in the tokenizer of the chain's first in-process "
-                    "member  [default: that member's max_length less the query, the header and special tokens; "
-                    "512 for a chain of remote members]")] = None
-    passage_stride: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
-        description="tokens from one passage's start to the next's; at most passage_tokens  "
-                    "[default: half of passage_tokens]")] = None
-    passage_aggregate: Annotated[PassageAggregate | None, Meta(
-        description="a document's score from its passages' scores: max (the best passage), first (the first "
-                    "passage), sum_top_k (the sum of the best passage_top_k, divided by k)  [default: max]")] = None
-    passage_top_k: Annotated[Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None, Meta(
-        description="k of passage_aggregate=sum_top_k  [default: 3]")] = None
-    max_passages: Annotated[Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None, Meta(
-        description=f"passages per document at most, the first ones kept; at most {MAX_PASSAGES}, and "
-                    "window_size x max_passages x passage_tokens at most RERANKQ_MAX_WINDOW_PASSAGE_TOKENS  "
-                    "[default: 32]")] = None
+    long_documents: Annotated[
+        LongDocuments | None,
+        Meta(
+            description="a document longer than the member reads: excerpt (the part around the first query-term "
+            "match, cut to document_budget) or passages (split into passages on the model's token "
+            "boundaries, each scored with the document's header; the best passage's span is kept)  "
+            "[default: excerpt]"
+        ),
+    ] = None
+    passage_tokens: Annotated[
+        Annotated[int, Meta(ge=MIN_PASSAGE_TOKENS)] | None,
+        Meta(
+            description="tokens of a document's text per passage, in the tokenizer of the chain's first in-process "
+            "member  [default: that member's max_length less the query, the header and special tokens; "
+            "512 for a chain of remote members]"
+        ),
+    ] = None
+    passage_stride: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="tokens from one passage's start to the next's; at most passage_tokens  "
+            "[default: half of passage_tokens]"
+        ),
+    ] = None
+    passage_aggregate: Annotated[
+        PassageAggregate | None,
+        Meta(
+            description="a document's score from its passages' scores: max (the best passage), first (the first "
+            "passage), sum_top_k (the sum of the best passage_top_k, divided by k)  [default: max]"
+        ),
+    ] = None
+    passage_top_k: Annotated[
+        Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None,
+        Meta(description="k of passage_aggregate=sum_top_k  [default: 3]"),
+    ] = None
+    max_passages: Annotated[
+        Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None,
+        Meta(
+            description=f"passages per document at most, the first ones kept; at most {MAX_PASSAGES}, and "
+            "window_size x max_passages x passage_tokens at most RERANKQ_MAX_WINDOW_PASSAGE_TOKENS  "
+            "[default: 32]"
+        ),
+    ] = None
 
 
 #: Option names, in declaration order.
@@ -161,8 +252,7 @@ def description(annotation: Any) -> str:
 
 def given(options: StreamOptions) -> dict[str, Any]:
     """The options that were given (not None), as keyword arguments."""
-    return {name: value for name in options.__struct_fields__
-            if (value := getattr(options, name)) is not None}
+    return {name: value for name in options.__struct_fields__ if (value := getattr(options, name)) is not None}
 
 
 def takes_stream_options(function: F) -> F:
@@ -172,8 +262,10 @@ def takes_stream_options(function: F) -> F:
     hints = typing.get_type_hints(StreamOptions)
     head = inspect.signature(function)
     parameters = [p for p in head.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hints[name])
-                   for name in StreamOptions.__struct_fields__]
+    parameters += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hints[name])
+        for name in StreamOptions.__struct_fields__
+    ]
     vars(function)["__signature__"] = head.replace(parameters=parameters)
     indent = " " * 8
     function.__doc__ = (function.__doc__ or "").rstrip(" ") + options_help(indent + "    ") + indent

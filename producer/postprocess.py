@@ -99,9 +99,7 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / norm if norm else 0.0
 
 
-def mmr(
-    rows: Sequence[Row], embeddings: Mapping[int, Sequence[float] | None], keep: int, lambda_: float
-) -> list[Row]:
+def mmr(rows: Sequence[Row], embeddings: Mapping[int, Sequence[float] | None], keep: int, lambda_: float) -> list[Row]:
     """Maximal marginal relevance over ``rows``; a row without an embedding is never redundant.
 
     Ties go to the row that came first, so with no embeddings at all this is a stable
@@ -128,8 +126,12 @@ def mmr(
 
 
 def postprocess(
-    rows: Sequence[Row], candidates: Mapping[int, Candidate], keep: int, options: PostProcess,
-    *, kept_embeddings: Mapping[int, Sequence[float]] | None = None,
+    rows: Sequence[Row],
+    candidates: Mapping[int, Candidate],
+    keep: int,
+    options: PostProcess,
+    *,
+    kept_embeddings: Mapping[int, Sequence[float]] | None = None,
 ) -> list[Row]:
     """Per-document cap, then score-gap truncation, then MMR (or the first ``keep``).
 

@@ -65,8 +65,9 @@ class _RefusalReconnects:
             if not is_no_replicas(exc):
                 raise
             self.disconnect()  # type: ignore[attr-defined]
-            raise NoReplicasError("the master refused a write: not enough replicas in sync (NOREPLICAS); "
-                                  "nothing was written") from exc
+            raise NoReplicasError(
+                "the master refused a write: not enough replicas in sync (NOREPLICAS); nothing was written"
+            ) from exc
 
 
 _C = TypeVar("_C")
@@ -78,8 +79,9 @@ def refusal_reconnects(connection_class: type[_C]) -> type[_C]:
     if issubclass(connection_class, _RefusalReconnects):
         return connection_class
     if connection_class not in _REFUSAL_CLASSES:
-        _REFUSAL_CLASSES[connection_class] = type(f"RefusalReconnects{connection_class.__name__}",
-                                                  (_RefusalReconnects, connection_class), {})
+        _REFUSAL_CLASSES[connection_class] = type(
+            f"RefusalReconnects{connection_class.__name__}", (_RefusalReconnects, connection_class), {}
+        )
     refusing: type[_C] = _REFUSAL_CLASSES[connection_class]
     return refusing
 
@@ -95,7 +97,10 @@ def _reconnect_on_refusal(client: redis.Redis) -> redis.Redis:
 #: on a cluster, a slot without a master during a failover (CLUSTERDOWN, TRYAGAIN, not covered).
 #: Callers treat them alike: wait within their deadline, or report the store unavailable.
 UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
-    redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
     redis.exceptions.SlotNotCoveredError,
 )
 
@@ -155,11 +160,14 @@ def parse_multi_host(url: str, field: str = "RERANKQ_REDIS_URL") -> MultiHostUrl
     service = None
     if kind == SENTINEL_SCHEME:
         if not path:
-            raise ConfigError(field, "redis+sentinel:// needs the service name: redis+sentinel://host:port,host:port/<service>[/<db>]")
+            raise ConfigError(
+                field, "redis+sentinel:// needs the service name: redis+sentinel://host:port,host:port/<service>[/<db>]"
+            )
         service, path = path[0], path[1:]
     if len(path) > 1 or (path and not path[0].isdigit()):
-        raise ConfigError(field,
-                          f"{kind}:// takes at most a database number after the {'service' if service else 'hosts'}")
+        raise ConfigError(
+            field, f"{kind}:// takes at most a database number after the {'service' if service else 'hosts'}"
+        )
     db = int(path[0]) if path else 0
     if kind == CLUSTER_SCHEME and db != 0:
         raise ConfigError(field, "Redis Cluster has database 0 only")
@@ -172,8 +180,11 @@ def check_url(url: str, field: str, *, broker: bool) -> None:
     kind = scheme(url)
     if broker:
         if kind == CLUSTER_SCHEME:
-            raise ConfigError(field, "Celery has no Redis Cluster transport: use one Redis, redis+sentinel://, "
-                                     "or amqp:// for the broker, and keep redis+cluster:// for RERANKQ_REDIS_URL")
+            raise ConfigError(
+                field,
+                "Celery has no Redis Cluster transport: use one Redis, redis+sentinel://, "
+                "or amqp:// for the broker, and keep redis+cluster:// for RERANKQ_REDIS_URL",
+            )
         if kind == "sentinel":
             raise ConfigError(field, "write Sentinel as redis+sentinel://host:port[,host:port]/<service>[/<db>]")
         if kind not in BROKER_REDIS_SCHEMES and kind not in ("amqp", "amqps", "pyamqp"):
@@ -199,8 +210,10 @@ def server_version(info: str) -> tuple[int, ...]:
 def _refuse_old(version: tuple[int, ...]) -> None:
     if version and version < MIN_REDIS_VERSION:
         found = ".".join(map(str, version))
-        raise UnsupportedRedis(f"Redis {found} is older than {'.'.join(map(str, MIN_REDIS_VERSION))}, "
-                               "the oldest rerankq runs on (Valkey 7.2+ works too)")
+        raise UnsupportedRedis(
+            f"Redis {found} is older than {'.'.join(map(str, MIN_REDIS_VERSION))}, "
+            "the oldest rerankq runs on (Valkey 7.2+ works too)"
+        )
 
 
 def _check_version_on_connect(connection: Any) -> None:
@@ -272,8 +285,14 @@ def broker_client(url: str, **overrides: Any) -> redis.Redis:
 def health_client(url: str) -> Any:
     """A client whose calls give up quickly (2 s, no retries): for health checks and probes,
     which must answer within an orchestrator's timeout even when Redis does not."""
-    return store_client(url, socket_timeout=2, socket_connect_timeout=2, retry_on_timeout=False,
-                        retry=Retry(ExponentialBackoff(), retries=0), retry_on_error=[])
+    return store_client(
+        url,
+        socket_timeout=2,
+        socket_connect_timeout=2,
+        retry_on_timeout=False,
+        retry=Retry(ExponentialBackoff(), retries=0),
+        retry_on_error=[],
+    )
 
 
 def _sentinel_client(url: str, **overrides: Any) -> redis.Redis:
@@ -283,11 +302,22 @@ def _sentinel_client(url: str, **overrides: Any) -> redis.Redis:
     sentinel_password = parsed.query.get("sentinel_password")
     sentinel = redis.sentinel.Sentinel(
         parsed.hosts,
-        sentinel_kwargs={"socket_timeout": 2, "socket_connect_timeout": 2,
-                         **({"password": sentinel_password} if sentinel_password else {})},
+        sentinel_kwargs={
+            "socket_timeout": 2,
+            "socket_connect_timeout": 2,
+            **({"password": sentinel_password} if sentinel_password else {}),
+        },
     )
-    return _reconnect_on_refusal(sentinel.master_for(parsed.service, redis_class=redis.Redis, db=parsed.db,
-                                                     username=parsed.username, password=parsed.password, **options))
+    return _reconnect_on_refusal(
+        sentinel.master_for(
+            parsed.service,
+            redis_class=redis.Redis,
+            db=parsed.db,
+            username=parsed.username,
+            password=parsed.password,
+            **options,
+        )
+    )
 
 
 def _cluster_client(url: str, **overrides: Any) -> redis.cluster.RedisCluster:
@@ -299,7 +329,8 @@ def _cluster_client(url: str, **overrides: Any) -> redis.cluster.RedisCluster:
     retry = options.pop("retry", _retry())
     return redis.cluster.RedisCluster(
         startup_nodes=[redis.cluster.ClusterNode(host, port) for host, port in parsed.hosts],
-        username=parsed.username, password=parsed.password,
+        username=parsed.username,
+        password=parsed.password,
         # Reads go to masters only (redis-py's default; no load_balancing_strategy): a reader
         # must never see less than what a write it saw acknowledged left.
         # A failed-over or re-sharded slot is looked up again at the first MOVED.
@@ -326,24 +357,37 @@ def async_store_client(url: str, *, max_connections: int | None = None, pool_tim
         bound: dict[str, Any] = {"max_connections": max_connections} if max_connections else {}
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port) for host, port in parsed.hosts],
-            username=parsed.username, password=parsed.password, **options, **bound)
+            username=parsed.username,
+            password=parsed.password,
+            **options,
+            **bound,
+        )
     blocking: dict[str, Any] = {"max_connections": max_connections or 2**31, "timeout": pool_timeout_s}
     if kind == SENTINEL_SCHEME:
         parsed = parse_multi_host(url)
         sentinel_password = parsed.query.get("sentinel_password")
         sentinel = redis.asyncio.sentinel.Sentinel(
-            parsed.hosts, sentinel_kwargs={"socket_timeout": 2, **({"password": sentinel_password}
-                                                                   if sentinel_password else {})})
+            parsed.hosts,
+            sentinel_kwargs={"socket_timeout": 2, **({"password": sentinel_password} if sentinel_password else {})},
+        )
         assert parsed.service is not None  # parse_multi_host refuses a Sentinel URL without one
-        return sentinel.master_for(parsed.service, redis_class=redis.asyncio.Redis, db=parsed.db,
-                                   username=parsed.username, password=parsed.password,
-                                   connection_pool_class=BlockingSentinelConnectionPool, **blocking, **options)
+        return sentinel.master_for(
+            parsed.service,
+            redis_class=redis.asyncio.Redis,
+            db=parsed.db,
+            username=parsed.username,
+            password=parsed.password,
+            connection_pool_class=BlockingSentinelConnectionPool,
+            **blocking,
+            **options,
+        )
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, health_check_interval=30, **blocking, **options)
     return redis.asyncio.Redis.from_pool(pool)
 
 
-class BlockingSentinelConnectionPool(redis.asyncio.sentinel.SentinelConnectionPool,
-                                     redis.asyncio.BlockingConnectionPool):
+class BlockingSentinelConnectionPool(
+    redis.asyncio.sentinel.SentinelConnectionPool, redis.asyncio.BlockingConnectionPool
+):
     """Sentinel's pool (which asks the sentinels for the master) that waits when full, as
     ``BlockingConnectionPool`` does."""
 

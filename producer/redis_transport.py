@@ -68,16 +68,20 @@ class QoS(kombu_redis.QoS):
         try:
             self._remove_from_indices(delivery_tag).execute()
         except REFUSED as exc:
-            log.warning("%s: ack of %s kept locally; its unacked entry is restored later and turned away",
-                        _event(exc), delivery_tag)
+            log.warning(
+                "%s: ack of %s kept locally; its unacked entry is restored later and turned away",
+                _event(exc),
+                delivery_tag,
+            )
         virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         try:
             super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         except REFUSED as exc:
-            log.warning("%s: reject of %s kept locally; the message stays unacked until restored",
-                        _event(exc), delivery_tag)
+            log.warning(
+                "%s: reject of %s kept locally; the message stays unacked until restored", _event(exc), delivery_tag
+            )
             virtual.QoS.ack(self, delivery_tag)
 
     def restore_visible(self, *args: Any, **kwargs: Any) -> Any:

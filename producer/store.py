@@ -124,17 +124,25 @@ class Store:
         expire_at = now + spec.ttl_s * 1000
         deadline = now + int(enqueue_grace_s * 1000)
         reply = self._run(
-            self.keys.stream(stream_id), "open", stream_id, fingerprint, expire_at, encode(spec),
-            spec.window_size, first_windows, deadline, spec.device, lane, *blobs,
+            self.keys.stream(stream_id),
+            "open",
+            stream_id,
+            fingerprint,
+            expire_at,
+            encode(spec),
+            spec.window_size,
+            first_windows,
+            deadline,
+            spec.device,
+            lane,
+            *blobs,
         )
         if reply[0] == -1:
             raise IdempotencyConflict(stream_id.removeprefix("k_"))
         return reply[0] == 1, [int(w) for w in reply[1:]]
 
     def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> list[int]:
-        reply = self._run(
-            self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000)
-        )
+        reply = self._run(self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000))
         if reply and reply[0] == GONE:
             raise StreamNotFound(stream_id)
         return [int(w) for w in reply[1:]]
@@ -195,11 +203,18 @@ class Store:
             if meta[0] is None:
                 out.append(None)
                 continue
-            out.append(StreamProgress(
-                stream_id=stream_id, n_candidates=int(meta[0]), window_size=int(meta[1]), admitted=int(meta[2]),
-                committed=int(meta[3] or 0), failed=int(meta[4] or 0), failovers=int(meta[5] or 0),
-                lane=meta[6].decode() if meta[6] else "interactive",
-            ))
+            out.append(
+                StreamProgress(
+                    stream_id=stream_id,
+                    n_candidates=int(meta[0]),
+                    window_size=int(meta[1]),
+                    admitted=int(meta[2]),
+                    committed=int(meta[3] or 0),
+                    failed=int(meta[4] or 0),
+                    failovers=int(meta[5] or 0),
+                    lane=meta[6].decode() if meta[6] else "interactive",
+                )
+            )
         return out
 
     def wait_and_snapshot(self, stream_id: str, after_id: bytes, timeout_s: float) -> Snapshot:
@@ -247,14 +262,22 @@ class Store:
         HELD_ELSEWHERE (another delivery, the Celery task id, holds a live lease) or
         NO_SUCH_WINDOW.
         """
-        reply = self._run(self.keys.stream(stream_id), "begin", window,
-                          _now_ms() + int(work_deadline_s * 1000), delivery)
+        reply = self._run(
+            self.keys.stream(stream_id), "begin", window, _now_ms() + int(work_deadline_s * 1000), delivery
+        )
         if reply[0] < 0:
             return int(reply[0])
         return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
 
-    def commit(self, stream_id: str, result: WindowResult, *, outcome: str,
-               embeddings: WindowEmbeddings | None = None, side_writes: Sequence[Any] = ()) -> int:
+    def commit(
+        self,
+        stream_id: str,
+        result: WindowResult,
+        *,
+        outcome: str,
+        embeddings: WindowEmbeddings | None = None,
+        side_writes: Sequence[Any] = (),
+    ) -> int:
         """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
         its ``embeddings``, when given, are written in the same script call, or not at all.
 
@@ -265,8 +288,16 @@ class Store:
         Returns 1 when written, 0 when already committed, or a negative code.
         """
         stream = self.keys.stream(stream_id)
-        args: list[EncodableT] = ["commit", _now_ms(), result.window, encode(result), self.event_log_maxlen, outcome,
-                encode(embeddings) if embeddings is not None else b"", len(result.failovers)]
+        args: list[EncodableT] = [
+            "commit",
+            _now_ms(),
+            result.window,
+            encode(result),
+            self.event_log_maxlen,
+            outcome,
+            encode(embeddings) if embeddings is not None else b"",
+            len(result.failovers),
+        ]
         if not side_writes:
             return int(self._script(keys=stream.all(), args=args))
         if self._cluster:
@@ -296,8 +327,9 @@ class Store:
         if not windows:
             return {}
         out: dict[int, list[float]] = {}
-        blobs = cast("list[bytes | None]", self.client.hmget(self.keys.stream(stream_id).embeddings,
-                                                             [str(w) for w in windows]))
+        blobs = cast(
+            "list[bytes | None]", self.client.hmget(self.keys.stream(stream_id).embeddings, [str(w) for w in windows])
+        )
         for blob in blobs:
             if blob is not None:
                 out.update(window_embeddings_decoder.decode(blob).unpack())
@@ -308,8 +340,9 @@ class Store:
         due = self.due_windows_many([stream_id], retry_in_s=retry_in_s, trust_queued_s=trust_queued_s).get(stream_id)
         return due.windows if due is not None else []
 
-    def due_windows_many(self, stream_ids: list[str], *, retry_in_s: float,
-                         trust_queued_s: float = 0) -> dict[str, DueWindows]:
+    def due_windows_many(
+        self, stream_ids: list[str], *, retry_in_s: float, trust_queued_s: float = 0
+    ) -> dict[str, DueWindows]:
         """Overdue windows of these streams, claimed for re-sending (their deadline moves
         ``retry_in_s`` out), with each stream's device and lane: one round trip, each call atomic.
 
@@ -329,8 +362,12 @@ class Store:
         out: dict[str, DueWindows] = {}
         for stream_id, reply in zip(stream_ids, replies):
             if reply:
-                out[stream_id] = DueWindows(device=reply[0].decode(), lane=reply[1].decode(), held=int(reply[2]),
-                                            windows=[int(w) for w in reply[3:]])
+                out[stream_id] = DueWindows(
+                    device=reply[0].decode(),
+                    lane=reply[1].decode(),
+                    held=int(reply[2]),
+                    windows=[int(w) for w in reply[3:]],
+                )
         return out
 
     def _due_on_cluster(self, stream_ids: list[str], retry_at: int, trust_ms: int) -> list[Any]:

@@ -42,8 +42,21 @@ MAX_NESTING_DEPTH = 32
 # UTF-8, so they would fail at the first write or log line instead of here.
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # What metadata (free data, stored as msgpack and handed back as it decodes) may hold.
-_PLAIN_SCALARS = (type(None), bool, int, float, str, bytes, bytearray, dt.datetime, dt.date, dt.time,
-                  dt.timedelta, uuid.UUID, decimal.Decimal)
+_PLAIN_SCALARS = (
+    type(None),
+    bool,
+    int,
+    float,
+    str,
+    bytes,
+    bytearray,
+    dt.datetime,
+    dt.date,
+    dt.time,
+    dt.timedelta,
+    uuid.UUID,
+    decimal.Decimal,
+)
 
 
 def check_idempotency_key(key: str) -> str:
@@ -80,8 +93,11 @@ def _check_text(at: _At, text: str) -> None:
         return
     found = _SURROGATE_RE.search(text)
     if found:
-        raise ValidationError(_format(at), f"contains a lone surrogate U+{ord(found.group()):04X} at position "
-                                           f"{found.start()}; text must be valid Unicode")
+        raise ValidationError(
+            _format(at),
+            f"contains a lone surrogate U+{ord(found.group()):04X} at position "
+            f"{found.start()}; text must be valid Unicode",
+        )
 
 
 def _plain(value: Any, at: _At, root: _At, depth: int = 0, free: bool = False) -> Any:
@@ -98,30 +114,45 @@ def _plain(value: Any, at: _At, root: _At, depth: int = 0, free: bool = False) -
         _check_text(at, value)
         return value
     # dict and list first: the ABC check for Mapping is slow, and they are nearly all we meet.
-    if type(value) not in (dict, list) and not isinstance(value, (msgspec.Struct, Mapping, list, tuple, set,
-                                                                  frozenset)):
+    if type(value) not in (dict, list) and not isinstance(
+        value, (msgspec.Struct, Mapping, list, tuple, set, frozenset)
+    ):
         if free and not isinstance(value, _PLAIN_SCALARS):
-            raise ValidationError(_format(at), "must be plain data (strings, numbers, booleans, None, bytes, dates, "
-                                               f"lists and mappings), got {type(value).__name__}")
+            raise ValidationError(
+                _format(at),
+                "must be plain data (strings, numbers, booleans, None, bytes, dates, "
+                f"lists and mappings), got {type(value).__name__}",
+            )
         return value
     if depth >= MAX_NESTING_DEPTH:
         raise ValidationError(_format(root), f"is nested more than {MAX_NESTING_DEPTH} levels deep")
     if isinstance(value, (list, tuple, set, frozenset)):
         # As lists: msgspec reads any of these as a list, and msgpack stores them as one.
-        return [item if type(item) in _PASSED or (type(item) is str and item.isascii())
-                else _plain(item, (at, i), root, depth + 1, free) for i, item in enumerate(value)]
-    pairs = ((name, getattr(value, name)) for name in value.__struct_fields__) \
-        if isinstance(value, msgspec.Struct) else value.items()
+        return [
+            item
+            if type(item) in _PASSED or (type(item) is str and item.isascii())
+            else _plain(item, (at, i), root, depth + 1, free)
+            for i, item in enumerate(value)
+        ]
+    pairs = (
+        ((name, getattr(value, name)) for name in value.__struct_fields__)
+        if isinstance(value, msgspec.Struct)
+        else value.items()
+    )
     out = {}
     for key, item in pairs:
         if isinstance(key, str):
             _check_text((at, key), key)
         elif free and (isinstance(key, bool) or not isinstance(key, (int, float))):
-            raise ValidationError(_format((at, key)),
-                                  f"a mapping key must be a string or a number, got {type(key).__name__}")
+            raise ValidationError(
+                _format((at, key)), f"a mapping key must be a string or a number, got {type(key).__name__}"
+            )
         # Inlined for the common leaf: this walk runs over every value of every candidate.
-        out[key] = item if type(item) in _PASSED or (type(item) is str and item.isascii()) \
+        out[key] = (
+            item
+            if type(item) in _PASSED or (type(item) is str and item.isascii())
             else _plain(item, (at, key), root, depth + 1, free)
+        )
     return out
 
 
@@ -129,21 +160,30 @@ def _plain_candidate(item: Any, at: _At) -> Any:
     """One candidate as a dict, each field walked on its own (metadata as free data)."""
     if type(item) is dict:
         for key, value in item.items():
-            if not (type(key) is str and key.isascii()
-                    and (type(value) in _PASSED or (type(value) is str and value.isascii()))):
+            if not (
+                type(key) is str
+                and key.isascii()
+                and (type(value) in _PASSED or (type(value) is str and value.isascii()))
+            ):
                 break
         else:
             return item  # the usual candidate: ASCII text and scalars, nothing to walk or copy
     elif not isinstance(item, (Candidate, Mapping)):
         return _plain(item, at, at)
-    pairs = ((name, getattr(item, name)) for name in item.__struct_fields__) \
-        if isinstance(item, Candidate) else item.items()
+    pairs = (
+        ((name, getattr(item, name)) for name in item.__struct_fields__)
+        if isinstance(item, Candidate)
+        else item.items()
+    )
     out = {}
     for key, value in pairs:
         if isinstance(key, str):
             _check_text((at, key), key)
-        out[key] = value if type(value) in _PASSED or (type(value) is str and value.isascii()) \
+        out[key] = (
+            value
+            if type(value) in _PASSED or (type(value) is str and value.isascii())
             else _plain(value, (at, key), (at, key), 0, key == "metadata")
+        )
     return out
 
 
@@ -201,8 +241,9 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
                     f"{at}.{name}", f"{len(value)} characters exceeds the limit of {settings.streams.max_text_chars}"
                 )
         if sum(len(h) for h in c.heading_path) > settings.streams.max_text_chars:
-            raise ValidationError(f"{at}.heading_path",
-                                  f"exceeds the limit of {settings.streams.max_text_chars} characters")
+            raise ValidationError(
+                f"{at}.heading_path", f"exceeds the limit of {settings.streams.max_text_chars} characters"
+            )
         _finite(f"{at}.fusion_score", c.fusion_score)
         if c.proof_count is not None and not 0 <= c.proof_count < 2**63:
             raise ValidationError(f"{at}.proof_count", "must be a non-negative 64-bit integer")
@@ -312,9 +353,12 @@ def check_passages(spec: StreamSpec, settings: Settings) -> None:
             raise ValidationError("passage_stride", f"must be at least 1, got {spec.passage_stride}")
         # A stride past the passage length would leave text between passages that no pair reads.
         if spec.passage_stride > (spec.passage_tokens or REMOTE_PASSAGE_TOKENS):
-            raise ValidationError("passage_stride", f"{spec.passage_stride} is longer than passage_tokens "
-                                                    f"({spec.passage_tokens or REMOTE_PASSAGE_TOKENS}): text "
-                                                    "between passages would never be read")
+            raise ValidationError(
+                "passage_stride",
+                f"{spec.passage_stride} is longer than passage_tokens "
+                f"({spec.passage_tokens or REMOTE_PASSAGE_TOKENS}): text "
+                "between passages would never be read",
+            )
     if not 1 <= spec.max_passages <= MAX_PASSAGES:
         raise ValidationError("max_passages", f"must be between 1 and {MAX_PASSAGES}, got {spec.max_passages}")
     if not 1 <= spec.passage_top_k <= MAX_PASSAGES:
@@ -324,11 +368,14 @@ def check_passages(spec: StreamSpec, settings: Settings) -> None:
     tokens = spec.passage_tokens or REMOTE_PASSAGE_TOKENS
     window_tokens = spec.window_size * spec.max_passages * tokens
     if window_tokens > settings.streams.max_window_passage_tokens:
-        raise ValidationError("max_passages", f"window_size {spec.window_size} x max_passages {spec.max_passages} "
-                                              f"x passage_tokens {tokens} is {window_tokens} tokens a window, over "
-                                              "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS "
-                                              f"({settings.streams.max_window_passage_tokens})"
-                                              "; lower one of them")
+        raise ValidationError(
+            "max_passages",
+            f"window_size {spec.window_size} x max_passages {spec.max_passages} "
+            f"x passage_tokens {tokens} is {window_tokens} tokens a window, over "
+            "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS "
+            f"({settings.streams.max_window_passage_tokens})"
+            "; lower one of them",
+        )
 
 
 def _is_integer(value: Any) -> bool:

@@ -202,13 +202,15 @@ class WindowEmbeddings(Base, frozen=True):
     def unpack(self) -> dict[int, list[float]]:
         """Each candidate index's embedding; a blob of the wrong size is an error, not a guess."""
         if self.dims <= 0 or len(self.vectors) != 4 * self.dims * len(self.indexes):
-            raise ValueError(f"window {self.window}: {len(self.vectors)} bytes for {len(self.indexes)} "
-                             f"embeddings of {self.dims} dimensions")
+            raise ValueError(
+                f"window {self.window}: {len(self.vectors)} bytes for {len(self.indexes)} "
+                f"embeddings of {self.dims} dimensions"
+            )
         values = array.array("f")
         values.frombytes(self.vectors)
         if sys.byteorder == "big":
             values.byteswap()
-        return {index: values[k * self.dims:(k + 1) * self.dims].tolist() for k, index in enumerate(self.indexes)}
+        return {index: values[k * self.dims : (k + 1) * self.dims].tolist() for k, index in enumerate(self.indexes)}
 
 
 def pack_embeddings(window: int, served_by: str, indexes: list[int], vectors: list[list[float]]) -> WindowEmbeddings:
@@ -219,8 +221,9 @@ def pack_embeddings(window: int, served_by: str, indexes: list[int], vectors: li
     values = array.array("f", (x for v in vectors for x in v))
     if sys.byteorder == "big":
         values.byteswap()
-    return WindowEmbeddings(window=window, served_by=served_by, dims=dims, indexes=list(indexes),
-                            vectors=values.tobytes())
+    return WindowEmbeddings(
+        window=window, served_by=served_by, dims=dims, indexes=list(indexes), vectors=values.tobytes()
+    )
 
 
 # -- what readers get --------------------------------------------------------

@@ -14,8 +14,9 @@ from delivery_providers import _score
 RERANKQ = Path(sys.executable).with_name("rerankq")
 
 
-def rerankq(args: list[str], env: dict[str, str], *, timeout: float = 120, cwd: Path | None = None,
-            no_torch: Path | None = None) -> subprocess.CompletedProcess[str]:
+def rerankq(
+    args: list[str], env: dict[str, str], *, timeout: float = 120, cwd: Path | None = None, no_torch: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``rerankq ARGS``; with ``no_torch`` (a directory of poisoned modules) first on the path,
     an import of torch, or of anything else only the worker extra installs, fails the command."""
     assert RERANKQ.exists(), f"{RERANKQ} missing: run make install"
@@ -35,8 +36,11 @@ def poisoned_modules(directory: Path) -> Path:
 
 def fast_env(base_env: dict[str, str], **extra: str) -> dict[str, str]:
     """A worker on the torch-free test provider (starts in a second or two)."""
-    env = {**base_env, "RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
-           "RERANKQ_RERANKER_MODEL": ""}
+    env = {
+        **base_env,
+        "RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
+        "RERANKQ_RERANKER_MODEL": "",
+    }
     env.update(extra)
     return env
 
@@ -51,9 +55,16 @@ def write_jsonl(path: Path, jobs: list[dict[str, Any]], *, raw_lines: dict[int, 
 
 
 def make_jobs(n: int, *, candidates: int = 25, prefix: str = "job") -> list[dict[str, Any]]:
-    return [{"id": f"{prefix}{j}", "query": f"how to recover payments after outage {j}",
-             "candidates": [{"id": f"d{j}-{i}", "text": f"note {i} about outage {j} and payment retries"}
-                            for i in range(candidates)]} for j in range(n)]
+    return [
+        {
+            "id": f"{prefix}{j}",
+            "query": f"how to recover payments after outage {j}",
+            "candidates": [
+                {"id": f"d{j}-{i}", "text": f"note {i} about outage {j} and payment retries"} for i in range(candidates)
+            ],
+        }
+        for j in range(n)
+    ]
 
 
 def expected_order(query: str, texts: dict[str, str], window_size: int) -> list[str]:
@@ -61,7 +72,7 @@ def expected_order(query: str, texts: dict[str, str], window_size: int) -> list[
     ids = list(texts)
     order: list[str] = []
     for start in range(0, len(ids), window_size):
-        window = ids[start:start + window_size]
+        window = ids[start : start + window_size]
         order += sorted(window, key=lambda i: -_score(query, texts[i]))
     return order
 

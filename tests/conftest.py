@@ -61,29 +61,32 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def base_env(redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, broker: str,
-             request: pytest.FixtureRequest) -> dict[str, str]:
+def base_env(
+    redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, broker: str, request: pytest.FixtureRequest
+) -> dict[str, str]:
     """Environment for one test's workers and clients: own namespace, own queues, the test's broker."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": redis_server.url,
-        "RERANKQ_NAMESPACE": namespace,
-        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-        "RERANKQ_RERANKER_PROVIDER": "local",
-        "RERANKQ_RERANKER_MODEL": str(tiny_model_dir),
-        "RERANKQ_TORCH_THREADS": "1",
-        # auto picks bf16 on CPUs with native bf16, whose coarser scores tie and reorder with
-        # batch shape; the queue's tests compare orders, so they pin fp32 (test_engine covers auto).
-        "RERANKQ_PRECISION": "fp32",
-        # auto runs OpenVINO where it is installed; the queue's tests are about the queue, so
-        # they run torch (test_backends covers the exported backends, auto included).
-        "RERANKQ_RERANKER_BACKEND": "torch",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(ROOT),
-    })
+    env.update(
+        {
+            "RERANKQ_REDIS_URL": redis_server.url,
+            "RERANKQ_NAMESPACE": namespace,
+            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+            "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+            "RERANKQ_RERANKER_PROVIDER": "local",
+            "RERANKQ_RERANKER_MODEL": str(tiny_model_dir),
+            "RERANKQ_TORCH_THREADS": "1",
+            # auto picks bf16 on CPUs with native bf16, whose coarser scores tie and reorder with
+            # batch shape; the queue's tests compare orders, so they pin fp32 (test_engine covers auto).
+            "RERANKQ_PRECISION": "fp32",
+            # auto runs OpenVINO where it is installed; the queue's tests are about the queue, so
+            # they run torch (test_backends covers the exported backends, auto included).
+            "RERANKQ_RERANKER_BACKEND": "torch",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     if broker == "amqp":
         env["RERANKQ_BROKER_URL"] = request.getfixturevalue("rabbitmq_server").url
     return env
@@ -114,13 +117,15 @@ def start_worker(
     """Start real workers for this test; extra env and CLI args per call; all stopped after."""
     started: list[WorkerProcess] = []
 
-    def start(env: dict[str, str] | None = None, args: list[str] | None = None,
-              drop: tuple[str, ...] = ()) -> WorkerProcess:
+    def start(
+        env: dict[str, str] | None = None, args: list[str] | None = None, drop: tuple[str, ...] = ()
+    ) -> WorkerProcess:
         full = {**base_env, **(env or {})}
         for key in drop:
             full.pop(key, None)
-        worker = WorkerProcess.rerankq(full, tmp_path / f"worker-{len(started)}.log", *(args or ["--device", "cpu"]),
-                                       cwd=ROOT)
+        worker = WorkerProcess.rerankq(
+            full, tmp_path / f"worker-{len(started)}.log", *(args or ["--device", "cpu"]), cwd=ROOT
+        )
         started.append(worker)
         return worker.start()
 
@@ -166,8 +171,9 @@ def namespace_keys(client: redis.Redis, namespace: str) -> list[bytes]:
     return sorted(client.scan_iter(match=f"{namespace}:*", count=1000))
 
 
-def make_candidates(n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}") -> list[dict[str,
-                                                                                                               Any]]:
+def make_candidates(
+    n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}"
+) -> list[dict[str, Any]]:
     return [{"id": f"{prefix}{i}", "text": text.format(i=i)} for i in range(n)]
 
 

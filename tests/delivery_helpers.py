@@ -12,8 +12,9 @@ import redis
 from producer import RerankClient
 
 
-def provider_env(provider: str, *, mark_dir: Path | None = None, sleep_s: float | None = None,
-                 **settings: Any) -> dict[str, str]:
+def provider_env(
+    provider: str, *, mark_dir: Path | None = None, sleep_s: float | None = None, **settings: Any
+) -> dict[str, str]:
     """Worker env: one test provider (no torch), short delivery deadlines."""
     env = {
         "RERANKQ_RERANKER_PROVIDER": f"tests.delivery_providers:{provider}",

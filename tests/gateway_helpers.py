@@ -21,15 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def queue_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": redis_url,
-        "RERANKQ_NAMESPACE": namespace,
-        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-        "PYTHONPATH": str(ROOT),
-        **extra,
-    })
+    env.update(
+        {
+            "RERANKQ_REDIS_URL": redis_url,
+            "RERANKQ_NAMESPACE": namespace,
+            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+            "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+            "PYTHONPATH": str(ROOT),
+            **extra,
+        }
+    )
     return env
 
 
@@ -61,8 +63,7 @@ class GatewayProcess:
 
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([*self.program, *self.args], env=self.env,
-                                         cwd=ROOT, stdout=log, stderr=log)
+            self.proc = subprocess.Popen([*self.program, *self.args], env=self.env, cwd=ROOT, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -138,7 +139,7 @@ def send_until_answered(port: int, data: bytes, *, chunk: int = 256 * 1024, time
             if select.select([sock], [], [], 0)[0]:
                 break
             try:
-                sock.sendall(view[at:at + chunk])
+                sock.sendall(view[at : at + chunk])
             except OSError:
                 break
         return read_until_closed(sock, timeout_s)[0]

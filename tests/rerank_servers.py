@@ -29,21 +29,49 @@ from typing import Any
 
 SHAPES = ("tei", "cohere", "infinity", "scores", "rankings", "vllm")
 MODES = (
-    "ok", "hang", "500", "429", "malformed", "wrong_count", "repeated_index", "out_of_range",
-    "nan", "flat", "subset", "logits", "echo_auth", "echo_422", "echo_400_code",
+    "ok",
+    "hang",
+    "500",
+    "429",
+    "malformed",
+    "wrong_count",
+    "repeated_index",
+    "out_of_range",
+    "nan",
+    "flat",
+    "subset",
+    "logits",
+    "echo_auth",
+    "echo_422",
+    "echo_400_code",
 )
 # The paths each shape serves; None: any path.
 VLLM_RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
 VLLM_SCORE_PATHS = frozenset({"/score", "/v1/score"})
-PATHS: dict[str, frozenset[str] | None] = {"infinity": frozenset({"/rerank"}),
-                                           "vllm": VLLM_RERANK_PATHS | VLLM_SCORE_PATHS}
+PATHS: dict[str, frozenset[str] | None] = {
+    "infinity": frozenset({"/rerank"}),
+    "vllm": VLLM_RERANK_PATHS | VLLM_SCORE_PATHS,
+}
 # vLLM's request fields (vllm/entrypoints/pooling/scoring/protocol.py and base/protocol.py):
 # those every scoring request shares, then each API's own.
-VLLM_COMMON_FIELDS = frozenset({
-    "model", "user", "truncate_prompt_tokens", "padding", "truncation_side", "request_id", "priority",
-    "mm_processor_kwargs", "cache_salt", "use_activation", "max_tokens_per_query", "max_tokens_per_doc",
-    "instruction", "chat_template_kwargs",
-})
+VLLM_COMMON_FIELDS = frozenset(
+    {
+        "model",
+        "user",
+        "truncate_prompt_tokens",
+        "padding",
+        "truncation_side",
+        "request_id",
+        "priority",
+        "mm_processor_kwargs",
+        "cache_salt",
+        "use_activation",
+        "max_tokens_per_query",
+        "max_tokens_per_doc",
+        "instruction",
+        "chat_template_kwargs",
+    }
+)
 VLLM_RERANK_FIELDS = VLLM_COMMON_FIELDS | {"query", "documents", "top_n"}
 VLLM_SCORE_FIELDS = VLLM_COMMON_FIELDS | {"text_1", "text_2"}
 
@@ -113,8 +141,11 @@ class RerankServer:
         if self.shape == "vllm":
             refused = vllm_refusal(body, path)
             if refused is not None:
-                return 400, {}, json.dumps({"error": {"message": refused, "type": "BadRequestError",
-                                                      "code": 400}}).encode()
+                return (
+                    400,
+                    {},
+                    json.dumps({"error": {"message": refused, "type": "BadRequestError", "code": 400}}).encode(),
+                )
         if mode == "500":
             return 500, {}, b'{"error": "internal"}'
         if mode == "429":
@@ -128,8 +159,11 @@ class RerankServer:
             return 422, {}, json.dumps({"detail": detail}).encode()
         if mode == "echo_400_code":
             query = body.get("query") if isinstance(body, dict) else None
-            return 400, {}, json.dumps({"error": {"code": "too_many_tokens",
-                                                  "message": f"query {query!r} is too long"}}).encode()
+            return (
+                400,
+                {},
+                json.dumps({"error": {"code": "too_many_tokens", "message": f"query {query!r} is too long"}}).encode(),
+            )
         documents = body.get("texts") or body.get("documents") or body.get("text_2") or []
         documents = [d if isinstance(d, str) else d.get("text", "") for d in documents]
         n = len(documents)
@@ -154,19 +188,29 @@ class RerankServer:
             ranked[-1] = (n, ranked[-1][1])
         return 200, {}, json.dumps(self.render(ranked, documents, mode, path=path, body=body)).encode()
 
-    def render(self, ranked: list[tuple[int, float]], documents: list[str], mode: str, *, path: str = "",
-               body: Any = None) -> Any:
+    def render(
+        self, ranked: list[tuple[int, float]], documents: list[str], mode: str, *, path: str = "", body: Any = None
+    ) -> Any:
         if self.shape == "vllm":
             return vllm_answer(ranked, documents, mode, score_api=path in VLLM_SCORE_PATHS, body=body)
         if self.shape == "tei":
             return [{"index": i, "score": s} for i, s in ranked]
         if self.shape == "cohere":
-            return {"id": "r-1", "results": [{"index": i, "relevance_score": s} for i, s in ranked],
-                    "meta": {"api_version": {"version": "2"}}}
+            return {
+                "id": "r-1",
+                "results": [{"index": i, "relevance_score": s} for i, s in ranked],
+                "meta": {"api_version": {"version": "2"}},
+            }
         if self.shape == "infinity":
-            return {"object": "rerank", "model": "m", "usage": {"total_tokens": 1},
-                    "results": [{"index": i, "relevance_score": s,
-                                 "document": documents[i] if i < len(documents) else ""} for i, s in ranked]}
+            return {
+                "object": "rerank",
+                "model": "m",
+                "usage": {"total_tokens": 1},
+                "results": [
+                    {"index": i, "relevance_score": s, "document": documents[i] if i < len(documents) else ""}
+                    for i, s in ranked
+                ],
+            }
         if self.shape == "rankings":
             return {"rankings": [{"index": i, "score": s} for i, s in ranked]}
         # "scores": input order; a subset or a dropped one shortens the list.
@@ -225,8 +269,9 @@ def vllm_refusal(body: Any, path: str) -> str | None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         return f"fields outside vLLM's protocol: {unknown}"
-    query, documents = (body.get("text_1"), body.get("text_2")) if score_api else (body.get("query"),
-                                                                                   body.get("documents"))
+    query, documents = (
+        (body.get("text_1"), body.get("text_2")) if score_api else (body.get("query"), body.get("documents"))
+    )
     if not isinstance(query, str) or not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
         return "a text query and a list of text documents are required"
     truncate = body.get("truncate_prompt_tokens")
@@ -239,23 +284,34 @@ def vllm_refusal(body: Any, path: str) -> str | None:
     return None
 
 
-def vllm_answer(ranked: list[tuple[int, float]], documents: list[str], mode: str, *, score_api: bool,
-                body: Any) -> Any:
+def vllm_answer(ranked: list[tuple[int, float]], documents: list[str], mode: str, *, score_api: bool, body: Any) -> Any:
     model = body.get("model") or "served-model"
     tokens = sum(len(d.split()) for d in documents)
     if score_api:
         # In input order; a dropped one shortens the list.
         data = [{"index": i, "object": "score", "score": s} for i, s in sorted(ranked)]
-        return {"id": "score-1", "object": "list", "created": 1, "model": model, "data": data,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}
+        return {
+            "id": "score-1",
+            "object": "list",
+            "created": 1,
+            "model": model,
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+        }
     # vLLM answers every document for top_n 0 (or absent), the best top_n otherwise.
     top_n = body.get("top_n") or 0
     if top_n and mode == "ok":
         ranked = ranked[:top_n]
-    results = [{"index": i, "document": {"text": documents[i] if i < len(documents) else ""},
-                "relevance_score": s} for i, s in ranked]
-    return {"id": "rerank-1", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "results": results}
+    results = [
+        {"index": i, "document": {"text": documents[i] if i < len(documents) else ""}, "relevance_score": s}
+        for i, s in ranked
+    ]
+    return {
+        "id": "rerank-1",
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "results": results,
+    }
 
 
 def closed_port_url() -> str:

@@ -71,8 +71,9 @@ def test_the_worker_start_check_names_what_is_wrong(base_env, settings):
     assert prepare_amqp_broker(settings) is None
 
 
-def test_queues_are_durable_quorum_queues_and_the_worker_says_which_broker(start_worker, make_client,
-                                                                           rabbitmq_server, base_env):
+def test_queues_are_durable_quorum_queues_and_the_worker_says_which_broker(
+    start_worker, make_client, rabbitmq_server, base_env
+):
     worker = start_worker(provider_env("FastProvider"))
     client = make_client()
     stream = client.open("payment gateway error", make_candidates(10), window_size=10)
@@ -90,8 +91,9 @@ def test_queues_are_durable_quorum_queues_and_the_worker_says_which_broker(start
     assert "delayed delivery" not in log  # no ETA machinery declared for a queue of due-now windows
 
 
-def test_a_worker_killed_whole_has_its_window_redelivered_and_committed_once(start_worker, make_client, tmp_path,
-                                                                             raw_redis):
+def test_a_worker_killed_whole_has_its_window_redelivered_and_committed_once(
+    start_worker, make_client, tmp_path, raw_redis
+):
     """SIGKILL the worker's main process mid-window: RabbitMQ requeues its unacked message when the
     connection drops, at once (no visibility timeout), and another worker commits it once."""
     marks = tmp_path / "marks"
@@ -116,8 +118,9 @@ def test_a_worker_killed_whole_has_its_window_redelivered_and_committed_once(sta
     assert client.status(stream).windows[0].attempts == 2
 
 
-def test_the_sweep_trusts_a_queued_window_and_resends_a_lost_one(make_client, settings, base_env, start_worker,
-                                                                 raw_redis):
+def test_the_sweep_trusts_a_queued_window_and_resends_a_lost_one(
+    make_client, settings, base_env, start_worker, raw_redis
+):
     """No queue scan on RabbitMQ: an overdue window whose message was sent and not begun is left
     alone (a backlog, not a loss) until its queued mark is RERANKQ_QUEUED_MAX_AGE_S old; then it is
     re-sent. A lost message (purged here) is recovered that way, and committed once."""
@@ -144,11 +147,16 @@ def test_a_message_the_worker_refuses_is_dead_lettered(start_worker, make_client
     worker = start_worker(provider_env("FastProvider"))
     client = make_client()
     client.dispatcher.app.send_task(TASK_NAME, args=["s_../../etc", 0], queue=settings.queues.cpu_queue)
-    client.dispatcher.app.send_task(TASK_NAME, args=["s_" + "0" * 32, 0], queue=settings.queues.cpu_queue,
-                                    serializer="pickle")
+    client.dispatcher.app.send_task(
+        TASK_NAME, args=["s_" + "0" * 32, 0], queue=settings.queues.cpu_queue, serializer="pickle"
+    )
     dead = dead_letter_queue(settings.queues.cpu_queue)
-    wait_for(lambda: rabbitmq_server.queues().get(dead, {}).get("ready") == "2", 30,
-             "the refused messages in the dead-letter queue", interval_s=0.5)
+    wait_for(
+        lambda: rabbitmq_server.queues().get(dead, {}).get("ready") == "2",
+        30,
+        "the refused messages in the dead-letter queue",
+        interval_s=0.5,
+    )
     # Celery rejects a body it refuses to decode as an invalid task message: dead-lettered too.
     assert "task_refused" in worker.log() and "Refusing to deserialize" in worker.log()
     # Work after it is served as usual.
@@ -162,10 +170,13 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
     client.open("now", make_candidates(10), window_size=5, first_windows=2)
     probe = AmqpQueueProbe(settings.store.broker)
     try:
-        counts = {(c.queue, c.lane): c.waiting for c in probe.counts([settings.queues.cpu_queue,
-                                                                      settings.queues.gpu_queue])}
-        assert counts[(settings.queues.cpu_queue, "interactive")] == 2 and counts[(settings.queues.cpu_queue,
-                                                                                   "batch")] == 3
+        counts = {
+            (c.queue, c.lane): c.waiting for c in probe.counts([settings.queues.cpu_queue, settings.queues.gpu_queue])
+        }
+        assert (
+            counts[(settings.queues.cpu_queue, "interactive")] == 2
+            and counts[(settings.queues.cpu_queue, "batch")] == 3
+        )
         assert counts[(settings.queues.gpu_queue, "interactive")] == 0  # never declared: nothing waits
         assert probe.depth([settings.queues.cpu_queue]) == 5
         # What the exporter and `rerankq inspect` report from it.
@@ -177,18 +188,23 @@ def test_queue_depth_is_read_from_rabbitmq(make_client, settings):
     gateway_broker = AsyncAmqpBroker(settings.store.broker)
     try:
         assert asyncio.run(gateway_broker.depths([settings.queues.cpu_queue, settings.queues.any_queue])) == {
-            settings.queues.cpu_queue: 5, settings.queues.any_queue: 0}
+            settings.queues.cpu_queue: 5,
+            settings.queues.any_queue: 0,
+        }
         asyncio.run(gateway_broker.ping())
     finally:
         asyncio.run(gateway_broker.aclose())
     view = {(row["queue"], row["lane"]): row for row in queue_view(settings)}
-    assert view[(settings.queues.cpu_queue, "batch")]["waiting"] == 3 and view[(settings.queues.cpu_queue,
-                                                                                "batch")]["device"] == "cpu"
+    assert (
+        view[(settings.queues.cpu_queue, "batch")]["waiting"] == 3
+        and view[(settings.queues.cpu_queue, "batch")]["device"] == "cpu"
+    )
     assert lane_queue(settings.queues.cpu_queue, "batch") == settings.queues.cpu_queue + ".batch"
 
 
-def test_a_rabbitmq_restart_mid_run_loses_nothing_and_commits_nothing_twice(base_env, make_client, start_worker,
-                                                                            tmp_path, raw_redis):
+def test_a_rabbitmq_restart_mid_run_loses_nothing_and_commits_nothing_twice(
+    base_env, make_client, start_worker, tmp_path, raw_redis
+):
     """Stop the node (its own, not the session's) while windows wait and run; start it again.
     Quorum queues keep confirmed messages; workers reconnect (or exit non-zero and are restarted)."""
     node = EmbeddedRabbitMQ(directory=str(tmp_path / "rabbit")).start()
@@ -213,9 +229,9 @@ def test_a_rabbitmq_restart_mid_run_loses_nothing_and_commits_nothing_twice(base
         node.remove()
 
 
-def test_a_burst_is_confirmed_whole_and_a_refused_publish_is_the_sweeps_to_send(make_client, settings,
-                                                                                 rabbitmq_server, start_worker,
-                                                                                 raw_redis):
+def test_a_burst_is_confirmed_whole_and_a_refused_publish_is_the_sweeps_to_send(
+    make_client, settings, rabbitmq_server, start_worker, raw_redis
+):
     """An open's windows go out in one burst and open returns once RabbitMQ confirmed them all.
     A message RabbitMQ refuses (nack: here a queue over its max-length, reject-publish) fails the
     send, never the open: the stream exists, its windows are due at once, and the sweep sends
@@ -225,10 +241,24 @@ def test_a_burst_is_confirmed_whole_and_a_refused_publish_is_the_sweeps_to_send(
     depth = AmqpQueueProbe(settings.store.broker).depth([settings.queues.cpu_queue])
     assert depth == 4, "all four queued when open returned"
 
-    rabbitmq_server.ctl("set_policy", f"{settings.store.namespace}-full", f"^{settings.queues.cpu_queue}$",
-                        '{"max-length": 2, "overflow": "reject-publish"}', "--apply-to", "queues")
-    wait_for(lambda: rabbitmq_server.ctl("list_queues", "--quiet", "--no-table-headers", "name", "policy")
-             .count(f"{settings.store.namespace}-full") == 1, 30, "the policy applied")
+    rabbitmq_server.ctl(
+        "set_policy",
+        f"{settings.store.namespace}-full",
+        f"^{settings.queues.cpu_queue}$",
+        '{"max-length": 2, "overflow": "reject-publish"}',
+        "--apply-to",
+        "queues",
+    )
+    wait_for(
+        lambda: (
+            rabbitmq_server.ctl("list_queues", "--quiet", "--no-table-headers", "name", "policy").count(
+                f"{settings.store.namespace}-full"
+            )
+            == 1
+        ),
+        30,
+        "the policy applied",
+    )
     refused = client.open("cache miss", make_candidates(30, text="cache miss {i}"), window_size=10, first_windows=3)
     # Over its limit already: RabbitMQ refuses (nacks) all three, and open still returns the stream.
     assert AmqpQueueProbe(settings.store.broker).depth([settings.queues.cpu_queue]) == 4

@@ -41,8 +41,9 @@ def windows(n: int, size: int, *, seed: int) -> list[list[tuple[str, str]]]:
     out = []
     for _ in range(n):
         query = " ".join(rng.choice(WORDS) for _ in range(5))
-        out.append([(query, " ".join(rng.choice(WORDS) for _ in range(rng.choice([3, 8, 20, 60, 150]))))
-                    for _ in range(size)])
+        out.append(
+            [(query, " ".join(rng.choice(WORDS) for _ in range(rng.choice([3, 8, 20, 60, 150])))) for _ in range(size)]
+        )
     return out
 
 
@@ -58,16 +59,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) ->
 
 @pytest.fixture(scope="module")
 def torch_fp32(model_dir: Path) -> ScoringEngine:
-    return ScoringEngine(load_cross_encoder(str(model_dir), device="cpu"), settings=load_settings({}, precision="fp32"),
-                         backend=BackendChoice("torch"))
+    return ScoringEngine(
+        load_cross_encoder(str(model_dir), device="cpu"),
+        settings=load_settings({}, precision="fp32"),
+        backend=BackendChoice("torch"),
+    )
 
 
-@pytest.mark.parametrize("env", [
-    {"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_ONNX_OPTIMIZATION": "O1"},
-    {"RERANKQ_RERANKER_BACKEND": "onnx"},  # O2: ONNX Runtime's transformer fusions
-    {"RERANKQ_RERANKER_BACKEND": "openvino"},
-    {"RERANKQ_RERANKER_BACKEND": "auto"},
-], ids=["onnx-O1", "onnx-O2", "openvino", "auto"])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_ONNX_OPTIMIZATION": "O1"},
+        {"RERANKQ_RERANKER_BACKEND": "onnx"},  # O2: ONNX Runtime's transformer fusions
+        {"RERANKQ_RERANKER_BACKEND": "openvino"},
+        {"RERANKQ_RERANKER_BACKEND": "auto"},
+    ],
+    ids=["onnx-O1", "onnx-O2", "openvino", "auto"],
+)
 def test_an_exported_backend_ranks_every_window_as_torch_fp32(model_dir, torch_fp32, env):
     provider = local_provider(model_dir, **env)
     expected_backend = "openvino" if env["RERANKQ_RERANKER_BACKEND"] == "auto" else env["RERANKQ_RERANKER_BACKEND"]
@@ -87,9 +95,12 @@ def test_an_exported_backend_ranks_every_window_as_torch_fp32(model_dir, torch_f
 
 def test_every_batch_an_exported_backend_runs_reaches_the_metrics_hook(model_dir):
     # The worker's padding metrics hang on on_batch: a window served by ONNX Runtime counts as torch's does.
-    engine = ScoringEngine(load_cross_encoder(str(model_dir), device="cpu"), settings=load_settings({},
-                                                                                                    precision="fp32"),
-                           backend=BackendChoice("onnx"), token_budget=256)
+    engine = ScoringEngine(
+        load_cross_encoder(str(model_dir), device="cpu"),
+        settings=load_settings({}, precision="fp32"),
+        backend=BackendChoice("onnx"),
+        token_budget=256,
+    )
     seen: list[tuple[int, int]] = []
     engine.on_batch = lambda real, padded: seen.append((real, padded))
     window = windows(1, 25, seed=3)[0]
@@ -141,8 +152,11 @@ def test_a_backend_that_does_not_keep_the_ranking_is_refused_and_says_so(tiny_mo
     # An export of another model (a different seed) where this model's export belongs: a file
     # we did not make is used as it is, so only the parity probe stands between it and a window.
     other = build_tiny_cross_encoder(tmp_path / "other", seed=1)
-    ScoringEngine(load_cross_encoder(str(other), device="cpu"), settings=load_settings({}, precision="fp32"),
-                  backend=BackendChoice("onnx", onnx_optimization="O1"))
+    ScoringEngine(
+        load_cross_encoder(str(other), device="cpu"),
+        settings=load_settings({}, precision="fp32"),
+        backend=BackendChoice("onnx", onnx_optimization="O1"),
+    )
     model = copy_model(tiny_model_dir, tmp_path / "model")
     (model / "onnx").mkdir()
     shutil.copy(other / "onnx" / "model.onnx", model / "onnx" / "model.onnx")
@@ -161,15 +175,19 @@ def test_a_backend_that_does_not_keep_the_ranking_is_refused_and_says_so(tiny_mo
 
 
 def _openvino_export(model: Path) -> Path:
-    ScoringEngine(load_cross_encoder(str(model), device="cpu"), settings=load_settings({}, precision="fp32"),
-                  backend=BackendChoice("openvino"))
+    ScoringEngine(
+        load_cross_encoder(str(model), device="cpu"),
+        settings=load_settings({}, precision="fp32"),
+        backend=BackendChoice("openvino"),
+    )
     return model / "openvino"
 
 
 def test_static_int8_is_calibrated_on_the_windows_file_and_never_served_below_parity(model_dir, tmp_path):
     calibration = tmp_path / "windows.jsonl"
-    calibration.write_text("".join(
-        json.dumps({"query": w[0][0], "documents": [d for _, d in w]}) + "\n" for w in windows(8, 20, seed=5)))
+    calibration.write_text(
+        "".join(json.dumps({"query": w[0][0], "documents": [d for _, d in w]}) + "\n" for w in windows(8, 20, seed=5))
+    )
     choice = BackendChoice("openvino", quantization="int8", calibration=str(calibration))
     cross_encoder = load_cross_encoder(str(model_dir), device="cpu")
     try:
@@ -184,20 +202,35 @@ def test_static_int8_is_calibrated_on_the_windows_file_and_never_served_below_pa
 
     calibration.write_text('{"query": "q", "documents": ["only one"]}\n')
     with pytest.raises(ProviderStartError) as bad:
-        local_provider(model_dir, RERANKQ_RERANKER_BACKEND="onnx", RERANKQ_RERANKER_QUANTIZATION="int8",
-                       RERANKQ_RERANKER_CALIBRATION=str(calibration))
+        local_provider(
+            model_dir,
+            RERANKQ_RERANKER_BACKEND="onnx",
+            RERANKQ_RERANKER_QUANTIZATION="int8",
+            RERANKQ_RERANKER_CALIBRATION=str(calibration),
+        )
     assert bad.value.reason == "calibration" and "line 1" in bad.value.detail
 
 
-@pytest.mark.parametrize(("environ", "variable"), [
-    ({"RERANKQ_RERANKER_BACKEND": "tensorrt"}, "RERANKQ_RERANKER_BACKEND"),
-    ({"RERANKQ_RERANKER_PROVIDER": "rrf", "RERANKQ_RERANKER_1_PROVIDER": "local",
-      "RERANKQ_RERANKER_1_ONNX_OPTIMIZATION": "O9"}, "RERANKQ_RERANKER_1_ONNX_OPTIMIZATION"),
-    ({"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_QUANTIZATION": "int8"}, "RERANKQ_RERANKER_CALIBRATION"),
-    ({"RERANKQ_RERANKER_QUANTIZATION": "int8", "RERANKQ_RERANKER_CALIBRATION": "/w.jsonl"},
-     "RERANKQ_RERANKER_QUANTIZATION"),
-    ({"RERANKQ_RERANKER_QUANTIZATION": "int4"}, "RERANKQ_RERANKER_QUANTIZATION"),
-])
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"RERANKQ_RERANKER_BACKEND": "tensorrt"}, "RERANKQ_RERANKER_BACKEND"),
+        (
+            {
+                "RERANKQ_RERANKER_PROVIDER": "rrf",
+                "RERANKQ_RERANKER_1_PROVIDER": "local",
+                "RERANKQ_RERANKER_1_ONNX_OPTIMIZATION": "O9",
+            },
+            "RERANKQ_RERANKER_1_ONNX_OPTIMIZATION",
+        ),
+        ({"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_QUANTIZATION": "int8"}, "RERANKQ_RERANKER_CALIBRATION"),
+        (
+            {"RERANKQ_RERANKER_QUANTIZATION": "int8", "RERANKQ_RERANKER_CALIBRATION": "/w.jsonl"},
+            "RERANKQ_RERANKER_QUANTIZATION",
+        ),
+        ({"RERANKQ_RERANKER_QUANTIZATION": "int4"}, "RERANKQ_RERANKER_QUANTIZATION"),
+    ],
+)
 def test_a_bad_backend_setting_names_its_variable(environ, variable):
     with pytest.raises(ConfigError) as err:
         load_settings(environ)
@@ -211,7 +244,9 @@ def test_backend_settings_are_per_member():
 
 
 def test_a_worker_on_the_onnx_backend_serves_a_stream(
-    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], model_dir: Path,
+    start_worker: Callable[..., Any],
+    make_client: Callable[..., RerankClient],
+    model_dir: Path,
     torch_fp32: ScoringEngine,
 ) -> None:
     worker = start_worker(env={"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_MODEL": str(model_dir)})
@@ -229,11 +264,14 @@ def test_a_worker_on_the_onnx_backend_serves_a_stream(
     assert "backend=onnx" in worker.log()
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ({"avx512f", "avx512_bf16"}, "fp32"),  # native bf16 without AMX ran slower than fp32 (README)
-    ({"avx512f", "avx512_bf16", "amx_bf16"}, "bf16"),
-    ({"avx2"}, "fp32"),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"avx512f", "avx512_bf16"}, "fp32"),  # native bf16 without AMX ran slower than fp32 (README)
+        ({"avx512f", "avx512_bf16", "amx_bf16"}, "bf16"),
+        ({"avx2"}, "fp32"),
+    ],
+)
 def test_auto_precision_picks_bf16_on_a_cpu_only_where_it_is_faster(monkeypatch, flags, expected):
     from worker.engine import precision
 

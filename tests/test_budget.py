@@ -47,11 +47,15 @@ def test_strategy_boosts_parse_and_name_the_variable_when_wrong() -> None:
 
 
 def test_per_budget_overrides_and_per_call_values() -> None:
-    s = load_settings({
-        "RERANKQ_MAX_RERANK_CANDIDATES": "300", "RERANKQ_MAX_RERANK_CANDIDATES_LOW": "50",
-        "RERANKQ_MAX_RERANK_CANDIDATES_HIGH": "600", "RERANKQ_MAX_CANDIDATES_PER_SOURCE": "40",
-        "RERANKQ_STRATEGY_BOOSTS": "graph:high",
-    })
+    s = load_settings(
+        {
+            "RERANKQ_MAX_RERANK_CANDIDATES": "300",
+            "RERANKQ_MAX_RERANK_CANDIDATES_LOW": "50",
+            "RERANKQ_MAX_RERANK_CANDIDATES_HIGH": "600",
+            "RERANKQ_MAX_CANDIDATES_PER_SOURCE": "40",
+            "RERANKQ_STRATEGY_BOOSTS": "graph:high",
+        }
+    )
     assert limits_for(s).max_candidates == 300
     assert limits_for(s, budget="low").max_candidates == 50
     assert limits_for(s, budget="mid").max_candidates == 300  # 0: use the flat cap
@@ -104,10 +108,12 @@ def test_per_source_cap_runs_first_so_one_arm_cannot_fill_the_budget() -> None:
 def test_strategy_boosts_decide_who_survives_the_cap() -> None:
     items = cands(["semantic", "graph"] * 100)
     neutral = Counter(c.source for c in apply_budget(items, BudgetLimits(max_candidates=100)).kept)
-    favoured = Counter(c.source for c in apply_budget(
-        items, BudgetLimits(max_candidates=100, strategy_boosts={"graph": "high"})).kept)
-    disfavoured = Counter(c.source for c in apply_budget(
-        items, BudgetLimits(max_candidates=100, strategy_boosts={"graph": "low"})).kept)
+    favoured = Counter(
+        c.source for c in apply_budget(items, BudgetLimits(max_candidates=100, strategy_boosts={"graph": "high"})).kept
+    )
+    disfavoured = Counter(
+        c.source for c in apply_budget(items, BudgetLimits(max_candidates=100, strategy_boosts={"graph": "low"})).kept
+    )
     assert neutral["graph"] == 50
     assert favoured["graph"] > 50 > disfavoured["graph"]
 
@@ -141,8 +147,9 @@ def test_open_applies_the_budget_and_refuses_a_shallow_set(make_client: Callable
     stored = client.store.load_candidates(stream, 0, spec.n_candidates)
     assert spec.n_candidates == 24
     assert Counter(c.source for c in stored) == {"semantic": 12, "graph": 12}
-    per_call = client.open("payment", items, max_rerank_candidates=5, max_candidates_per_source=0,
-                           strategy_boosts="graph:high")
+    per_call = client.open(
+        "payment", items, max_rerank_candidates=5, max_candidates_per_source=0, strategy_boosts="graph:high"
+    )
     assert client.store.load_spec(per_call).strategy_boosts == {"graph": "high"}
     assert client.store.load_spec(per_call).n_candidates == 5
 

@@ -62,14 +62,12 @@ def test_same_decisions_with_and_without_the_cache(start_worker, make_client, na
     candidates = make_candidates(30)
     uncached_worker = start_worker(env={"RERANKQ_PAIR_CACHE": "false"})
     client = make_client()
-    uncached = [read_all(client, client.open(QUERY, candidates, window_size=10, first_windows=3), 30)
-                for _ in range(2)]
+    uncached = [read_all(client, client.open(QUERY, candidates, window_size=10, first_windows=3), 30) for _ in range(2)]
     assert provider_calls(client) == 6  # no cache: every window paid for twice
     uncached_worker.stop()
 
     start_worker()
-    cached = [read_all(client, client.open(QUERY, candidates, window_size=10, first_windows=3), 30)
-              for _ in range(2)]
+    cached = [read_all(client, client.open(QUERY, candidates, window_size=10, first_windows=3), 30) for _ in range(2)]
     assert provider_calls(client) == 6 + 3
     assert cached[0] == cached[1] == uncached[0] == uncached[1]
 
@@ -105,8 +103,15 @@ def test_a_score_is_keyed_by_the_provider_beneath_any_wrapper():
     # A provider that declares nothing is keyed on every setting that could change its answer ...
     custom = MemberSettings(provider="pkg.mod:Custom", url="http://r:80")
     identity = provider_identity(custom, Wrapper(Custom()))
-    for changed in ({"url": "http://r:81"}, {"model": "m"}, {"scale": "logit"}, {"top_n": 3},
-                    {"batch_size": 8}, {"max_tokens_per_doc": 64}, {"api_version": "v1"}):
+    for changed in (
+        {"url": "http://r:81"},
+        {"model": "m"},
+        {"scale": "logit"},
+        {"top_n": 3},
+        {"batch_size": 8},
+        {"max_tokens_per_doc": 64},
+        {"api_version": "v1"},
+    ):
         assert provider_identity(msgspec.structs.replace(custom, **changed), Wrapper(Custom())) != identity, changed
     # ... and not on how long to wait for it.
     assert provider_identity(msgspec.structs.replace(custom, timeout_s=99.0), Wrapper(Custom())) == identity
@@ -133,11 +138,16 @@ def test_a_subset_member_answers_a_repeat_exactly_as_the_first_time(server, star
     cohere = server("cohere")
     cohere.mode = "subset"
     cohere.subset_size = 25  # asked for no top_n, it answers every document
-    start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": cohere.url,
-        "RERANKQ_RERANKER_MODEL": "rerank-v3.5", "RERANKQ_RERANKER_TOP_N": "10",
-        "RERANKQ_RERANKER_TIMEOUT_S": "2", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
-    })
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_URL": cohere.url,
+            "RERANKQ_RERANKER_MODEL": "rerank-v3.5",
+            "RERANKQ_RERANKER_TOP_N": "10",
+            "RERANKQ_RERANKER_TIMEOUT_S": "2",
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+        }
+    )
     client = make_client()
     candidates = make_candidates(25)
     counts, rows = [], []
@@ -183,15 +193,25 @@ VARIANTS = [
 ]
 
 
-def test_every_setting_that_changes_an_answer_misses_the_cache(server, start_worker, make_client, tiny_model_dir,
-                                                               tmp_path):
-    servers = {"tei": server("tei"), "tei2": server("tei"), "cohere": server("cohere"),
-               "cohere2": server("cohere"), "rankings": server("rankings")}
+def test_every_setting_that_changes_an_answer_misses_the_cache(
+    server, start_worker, make_client, tiny_model_dir, tmp_path
+):
+    servers = {
+        "tei": server("tei"),
+        "tei2": server("tei"),
+        "cohere": server("cohere"),
+        "cohere2": server("cohere"),
+        "rankings": server("rankings"),
+    }
     model_copy = tmp_path / "same-weights-other-name"
     shutil.copytree(tiny_model_dir, model_copy)
     urls = {name: s.url for name, s in servers.items()} | {"model_copy": str(model_copy)}
-    baseline = {"tei": {"URL": "{tei}"}, "cohere": {"URL": "{cohere}", "MODEL": "rerank-v3.5"},
-                "http": {"URL": "{rankings}/rerank"}, "local": {"MODEL": str(tiny_model_dir)}}
+    baseline = {
+        "tei": {"URL": "{tei}"},
+        "cohere": {"URL": "{cohere}", "MODEL": "rerank-v3.5"},
+        "http": {"URL": "{rankings}/rerank"},
+        "local": {"MODEL": str(tiny_model_dir)},
+    }
     env = {}
     for i, (provider, changed, _) in enumerate(VARIANTS):
         prefix = "RERANKQ_RERANKER_" if i == 0 else f"RERANKQ_RERANKER_{i}_"
@@ -237,8 +257,10 @@ def test_one_tenant_repeating_anothers_query_and_documents_is_not_a_cache_hit(se
     # documents hit A's entries, B could time (or count) its way to what A sent.
     tei = server("tei")
     tei.mode, tei.hang_s = "ok", 0.0
-    start_worker(env={"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
-                      "RERANKQ_RERANKER_TIMEOUT_S": "2"}, drop=("RERANKQ_RERANKER_MODEL",))
+    start_worker(
+        env={"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url, "RERANKQ_RERANKER_TIMEOUT_S": "2"},
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     candidates = make_candidates(6)
     for tenant in ("acme", "globex", "acme", None, None):
@@ -254,13 +276,21 @@ def test_a_member_trusted_with_the_tenant_is_cached_per_tenant(server, start_wor
     # or index per customer): one tenant's scores must not answer for another's, even where
     # the operator shares the cache across tenants.
     shared, per_tenant = server("cohere"), server("cohere")
-    start_worker(env={
-        "RERANKQ_PAIR_CACHE_SHARED_ACROSS_TENANTS": "true",
-        "RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": shared.url, "RERANKQ_RERANKER_TIMEOUT_S": "2",
-        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": per_tenant.url,
-        "RERANKQ_RERANKER_1_SEND_TENANT": "true", "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
-        "RERANKQ_CHAIN_SHARED": "0", "RERANKQ_CHAIN_PER_TENANT": "1",
-    }, drop=("RERANKQ_RERANKER_MODEL",))
+    start_worker(
+        env={
+            "RERANKQ_PAIR_CACHE_SHARED_ACROSS_TENANTS": "true",
+            "RERANKQ_RERANKER_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_URL": shared.url,
+            "RERANKQ_RERANKER_TIMEOUT_S": "2",
+            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_1_URL": per_tenant.url,
+            "RERANKQ_RERANKER_1_SEND_TENANT": "true",
+            "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
+            "RERANKQ_CHAIN_SHARED": "0",
+            "RERANKQ_CHAIN_PER_TENANT": "1",
+        },
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     candidates = make_candidates(6)
     for tenant in ("acme", "globex", "acme"):

@@ -39,45 +39,81 @@ EMBEDDING_LABEL = "1:embedding"
 # Eight topics: a query and three documents that answer it; every other topic's documents
 # are irrelevant to it.
 TOPICS = {
-    "t1": ("how do we restart the payment gateway after a timeout",
-           ["Restart the payment gateway pods one region at a time after a timeout.",
+    "t1": (
+        "how do we restart the payment gateway after a timeout",
+        [
+            "Restart the payment gateway pods one region at a time after a timeout.",
             "When the payment gateway times out, drain it and restart it.",
-            "Payment gateway timeout runbook: restart the service and watch the error rate."]),
-    "t2": ("renew the internal TLS certificate before it expires",
-           ["To renew the internal TLS certificate, request a new one from the internal CA before it expires.",
+            "Payment gateway timeout runbook: restart the service and watch the error rate.",
+        ],
+    ),
+    "t2": (
+        "renew the internal TLS certificate before it expires",
+        [
+            "To renew the internal TLS certificate, request a new one from the internal CA before it expires.",
             "The internal certificate expires yearly; renew it with the certificate tool.",
-            "TLS certificate renewal steps for internal services before expiry."]),
-    "t3": ("database replica lag is growing on the orders cluster",
-           ["Replica lag on the orders database cluster: check long transactions on the primary.",
+            "TLS certificate renewal steps for internal services before expiry.",
+        ],
+    ),
+    "t3": (
+        "database replica lag is growing on the orders cluster",
+        [
+            "Replica lag on the orders database cluster: check long transactions on the primary.",
             "Growing replication lag on orders replicas comes from vacuum on the primary.",
-            "Orders cluster replica lag alert: what to check and how to reduce it."]),
-    "t4": ("kafka consumer group is falling behind on the events topic",
-           ["A Kafka consumer group falling behind on events: add partitions and consumers.",
+            "Orders cluster replica lag alert: what to check and how to reduce it.",
+        ],
+    ),
+    "t4": (
+        "kafka consumer group is falling behind on the events topic",
+        [
+            "A Kafka consumer group falling behind on events: add partitions and consumers.",
             "Consumer lag on the events topic: check the consumer group's rebalances.",
-            "When Kafka consumers fall behind, scale the consumer group for the topic."]),
-    "t5": ("pods are being killed for running out of memory",
-           ["Pods killed out of memory: raise the memory limit or fix the leak.",
+            "When Kafka consumers fall behind, scale the consumer group for the topic.",
+        ],
+    ),
+    "t5": (
+        "pods are being killed for running out of memory",
+        [
+            "Pods killed out of memory: raise the memory limit or fix the leak.",
             "OOMKilled pods mean the container ran out of its memory limit.",
-            "Memory limits for pods, and what happens when a pod runs out of memory."]),
-    "t6": ("customer emails are landing in the spam folder",
-           ["Customer emails landing in spam: check SPF, DKIM and the sending reputation.",
+            "Memory limits for pods, and what happens when a pod runs out of memory.",
+        ],
+    ),
+    "t6": (
+        "customer emails are landing in the spam folder",
+        [
+            "Customer emails landing in spam: check SPF, DKIM and the sending reputation.",
             "Our emails go to the spam folder when DKIM signing breaks.",
-            "Spam folder complaints from customers: how email deliverability is checked."]),
-    "t7": ("the search index needs a full reindex after the schema change",
-           ["Run a full reindex of the search index after any schema change.",
+            "Spam folder complaints from customers: how email deliverability is checked.",
+        ],
+    ),
+    "t7": (
+        "the search index needs a full reindex after the schema change",
+        [
+            "Run a full reindex of the search index after any schema change.",
             "Schema changes to the search index need a full reindex into a new index.",
-            "Reindexing search after a schema change: build the new index, then swap the alias."]),
-    "t8": ("our cloud bill jumped because of network egress",
-           ["A cloud bill jump from network egress: find the buckets serving traffic out.",
+            "Reindexing search after a schema change: build the new index, then swap the alias.",
+        ],
+    ),
+    "t8": (
+        "our cloud bill jumped because of network egress",
+        [
+            "A cloud bill jump from network egress: find the buckets serving traffic out.",
             "Network egress costs on the cloud bill rose when the CDN cache was bypassed.",
-            "Why egress drives the cloud bill, and how to cut network transfer out."]),
+            "Why egress drives the cloud bill, and how to cut network transfer out.",
+        ],
+    ),
 }
 
 
 def _collection(directory: Path) -> dict[str, Path]:
     documents = {f"{topic}d{i}": text for topic, (_, texts) in TOPICS.items() for i, text in enumerate(texts)}
-    files = {"qrels": directory / "qrels.txt", "run": directory / "run.txt", "queries": directory / "queries.tsv",
-             "documents": directory / "documents.jsonl"}
+    files = {
+        "qrels": directory / "qrels.txt",
+        "run": directory / "run.txt",
+        "queries": directory / "queries.tsv",
+        "documents": directory / "documents.jsonl",
+    }
     files["qrels"].write_text("".join(f"{t} 0 {t}d{i} 2\n" for t in TOPICS for i in range(3)))
     # Each query's run: every document, its own answers spread among the others.
     run_lines = []
@@ -112,11 +148,24 @@ def test_a_map_fitted_on_a_known_curve_recovers_it(method):
 
 def test_a_bad_calibration_file_names_its_variable(tmp_path):
     bad = tmp_path / "cal.json"
-    bad.write_text(json.dumps({"format": "rerankq-calibration/1", "relevant_grade": 1, "unjudged": "irrelevant",
-                               "members": {"{}": {"label": "0:x", "method": "isotonic", "scores": [0.5, 0.2],
-                                                  "probabilities": [0.1, 0.2],
-                                                  "fit": {"pairs": 1, "positives": 1, "brier": 0, "ece": 0,
-                                                          "ece_raw": 0}}}}))
+    bad.write_text(
+        json.dumps(
+            {
+                "format": "rerankq-calibration/1",
+                "relevant_grade": 1,
+                "unjudged": "irrelevant",
+                "members": {
+                    "{}": {
+                        "label": "0:x",
+                        "method": "isotonic",
+                        "scores": [0.5, 0.2],
+                        "probabilities": [0.1, 0.2],
+                        "fit": {"pairs": 1, "positives": 1, "brier": 0, "ece": 0, "ece_raw": 0},
+                    }
+                },
+            }
+        )
+    )
     with pytest.raises(ConfigError, match=r"RERANKQ_CALIBRATION .*scores must increase"):
         Calibrations.from_settings(load_settings({}, calibration=str(bad)))
     with pytest.raises(ConfigError, match=r"RERANKQ_CALIBRATION_NOPE: names no chain profile"):
@@ -127,9 +176,17 @@ def test_a_bad_calibration_file_names_its_variable(tmp_path):
 
 
 def _env(base_env: dict[str, str], **extra: str) -> dict[str, str]:
-    env = {**base_env, "RERANKQ_RERANKER_PROVIDER": SKEWED, "RERANKQ_RERANKER_1_PROVIDER": "embedding",
-           "RERANKQ_PRECISION": "fp32", "RERANKQ_CHAIN_EVAL0": "0", "RERANKQ_CHAIN_EVAL1": "1",
-           "RERANKQ_CHAIN_FLAKY": "0,1", "RERANKQ_CHAIN_RENAMED": "0", **extra}
+    env = {
+        **base_env,
+        "RERANKQ_RERANKER_PROVIDER": SKEWED,
+        "RERANKQ_RERANKER_1_PROVIDER": "embedding",
+        "RERANKQ_PRECISION": "fp32",
+        "RERANKQ_CHAIN_EVAL0": "0",
+        "RERANKQ_CHAIN_EVAL1": "1",
+        "RERANKQ_CHAIN_FLAKY": "0,1",
+        "RERANKQ_CHAIN_RENAMED": "0",
+        **extra,
+    }
     env.pop("RERANKQ_RERANKER_MODEL", None)
     env.pop("RERANKQ_RERANKER_BACKEND", None)
     return env
@@ -144,18 +201,40 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     directory = tmp_path_factory.mktemp("calibration")
     namespace = "t" + uuid.uuid4().hex[:10]
     base = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    base.update({"RERANKQ_REDIS_URL": redis_server.url, "RERANKQ_NAMESPACE": namespace,
-                 "RERANKQ_CPU_QUEUE": f"{namespace}.cpu", "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-                 "RERANKQ_ANY_QUEUE": f"{namespace}.any", "RERANKQ_TORCH_THREADS": "1",
-                 "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)})
+    base.update(
+        {
+            "RERANKQ_REDIS_URL": redis_server.url,
+            "RERANKQ_NAMESPACE": namespace,
+            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+            "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+            "RERANKQ_TORCH_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     files = _collection(directory)
     out = directory / "calibration.json"
     fitting = WorkerProcess.rerankq(_env(base), directory / "fitting.log", "--device", "cpu", cwd=ROOT).start()
     try:
-        done = subprocess.run([sys.executable, "-m", "worker.cli", "calibrate", *(f"--{k}={v}" for k,
-                                                                                  v in files.items()),
-                               "--out", str(out)], env=_env(base), cwd=ROOT, capture_output=True, text=True,
-                              timeout=240, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "worker.cli",
+                "calibrate",
+                *(f"--{k}={v}" for k, v in files.items()),
+                "--out",
+                str(out),
+            ],
+            env=_env(base),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
     finally:
         fitting.stop()
     assert done.returncode == 0, done.stdout + done.stderr + fitting.log()[-4000:]
@@ -166,10 +245,19 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     serving = WorkerProcess.rerankq(serving_env, directory / "serving.log", "--device", "cpu", cwd=ROOT).start()
     client = RerankClient(load_settings(serving_env))
     try:
-        candidates = [{"id": d["id"], "text": d["text"]} for d in
-                      map(json.loads, files["documents"].read_text().splitlines())]
-        yield {"file": out, "stdout": done.stdout, "client": client, "worker": serving, "namespace": namespace,
-               "candidates": candidates, "files": files, "env": serving_env}
+        candidates = [
+            {"id": d["id"], "text": d["text"]} for d in map(json.loads, files["documents"].read_text().splitlines())
+        ]
+        yield {
+            "file": out,
+            "stdout": done.stdout,
+            "client": client,
+            "worker": serving,
+            "namespace": namespace,
+            "candidates": candidates,
+            "files": files,
+            "env": serving_env,
+        }
     finally:
         client.close()
         serving.stop()
@@ -191,10 +279,18 @@ def test_calibrate_writes_one_map_per_member_keyed_by_its_identity(calibrated):
     assert SKEWED_LABEL in calibrated["stdout"] and "ECE raw" in calibrated["stdout"]
 
 
-def _open(calibrated: dict[str, Any], topic: str, *, chain: str, min_score: float | None = 0.5,
-          window_size: int = 24, query: str | None = None) -> str:
-    return calibrated["client"].open(query or TOPICS[topic][0], calibrated["candidates"], window_size=window_size,
-                                     chain=chain, min_score=min_score)
+def _open(
+    calibrated: dict[str, Any],
+    topic: str,
+    *,
+    chain: str,
+    min_score: float | None = 0.5,
+    window_size: int = 24,
+    query: str | None = None,
+) -> str:
+    return calibrated["client"].open(
+        query or TOPICS[topic][0], calibrated["candidates"], window_size=window_size, chain=chain, min_score=min_score
+    )
 
 
 def _decisions(calibrated: dict[str, Any], stream: str) -> list[Ranked | Filtered]:
@@ -227,16 +323,18 @@ def test_a_failover_mid_stream_keeps_the_threshold_consistent(calibrated):
     client = calibrated["client"]
     # Windows of 8: member 0 serves the even ones, the embedding member the odd ones (a query
     # of its own, so no pair is in the cache and member 0 is asked, and fails, for window 1).
-    stream = _open(calibrated, "t3", chain="flaky", window_size=8,
-                   query="replica lag keeps growing on the orders database cluster")
+    stream = _open(
+        calibrated, "t3", chain="flaky", window_size=8, query="replica lag keeps growing on the orders database cluster"
+    )
     page = client.pull(stream, 0, 200, timeout=60)
     assert page.complete
     results = client.store.snapshot(stream).results
     served = {w: r.served_by for w, r in results.items()}
     assert set(served.values()) == {SKEWED_LABEL, EMBEDDING_LABEL}
     for by in (SKEWED_LABEL, EMBEDDING_LABEL):
-        decisions = [d for r in results.values() if r.served_by == by for d in r.decisions
-                     if isinstance(d, (Ranked, Filtered))]
+        decisions = [
+            d for r in results.values() if r.served_by == by for d in r.decisions if isinstance(d, (Ranked, Filtered))
+        ]
         irrelevant = [d for d in decisions if not d.id.startswith("t3")]
         assert all(d.calibrated for d in decisions)
         # Each member's windows drop the unrelated documents under the one threshold.
@@ -256,8 +354,9 @@ def test_a_member_whose_identity_changed_is_served_uncalibrated_and_said_once(ca
 def test_the_pair_cache_keeps_the_members_raw_scores(calibrated):
     client = calibrated["client"]
     decisions = _decisions(calibrated, _open(calibrated, "t6", chain="eval0", min_score=None))
-    identity = json.dumps({"model": "skewed-1", "provider": "skewed", "scale": "probability"}, sort_keys=True,
-                          separators=(",", ":"))
+    identity = json.dumps(
+        {"model": "skewed-1", "provider": "skewed", "scale": "probability"}, sort_keys=True, separators=(",", ":")
+    )
     keys = Keys(calibrated["namespace"])
     query = TOPICS["t6"][0]
     for d in decisions[:5]:
@@ -269,10 +368,26 @@ def test_the_pair_cache_keeps_the_members_raw_scores(calibrated):
 def test_eval_reports_each_members_ece_raw_and_calibrated_with_a_reliability_plot(calibrated, tmp_path):
     env = {**calibrated["env"], "RERANKQ_CALIBRATION": str(calibrated["file"])}
     plots = tmp_path / "plots"
-    done = subprocess.run([sys.executable, "-m", "worker.cli", "eval", *(f"--{k}={v}" for k, v in
-                                                                         calibrated["files"].items()),
-                           "--depths=24", "--json", str(tmp_path / "eval.json"), "--plots", str(plots)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "eval",
+            *(f"--{k}={v}" for k, v in calibrated["files"].items()),
+            "--depths=24",
+            "--json",
+            str(tmp_path / "eval.json"),
+            "--plots",
+            str(plots),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "eval.json").read_text())
     for member in report["members"]:
@@ -293,8 +408,9 @@ def test_the_gateway_answers_calibrated_scores(calibrated, tmp_path):
     query, answers = TOPICS["t7"]
     texts = [c["text"] for c in calibrated["candidates"]]
     try:
-        answered = httpx.post(gateway.url + "/v2/rerank", json={"model": "m", "query": query, "documents": texts},
-                              timeout=60)
+        answered = httpx.post(
+            gateway.url + "/v2/rerank", json={"model": "m", "query": query, "documents": texts}, timeout=60
+        )
     finally:
         gateway.stop()
     assert answered.status_code == 200, answered.text

@@ -34,14 +34,22 @@ def log_lines(worker, event: str) -> list[str]:
 def test_timeout_fails_over_to_hosted_member(server, start_worker, make_client):
     tei, cohere = server("tei"), server("cohere")
     tei.mode = "hang"
-    worker = start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
-        "RERANKQ_RERANKER_API_KEY": KEY, "RERANKQ_RERANKER_TIMEOUT_S": "1",
-        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": cohere.url,
-        "RERANKQ_RERANKER_1_MODEL": "rerank-v3.5", "RERANKQ_RERANKER_1_API_KEY": KEY,
-        "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
-        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
-    }, args=DEBUG, drop=("RERANKQ_RERANKER_MODEL",))
+    worker = start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": tei.url,
+            "RERANKQ_RERANKER_API_KEY": KEY,
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_1_URL": cohere.url,
+            "RERANKQ_RERANKER_1_MODEL": "rerank-v3.5",
+            "RERANKQ_RERANKER_1_API_KEY": KEY,
+            "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
+            "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+        },
+        args=DEBUG,
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     stream = client.open("gateway error", make_candidates(10), window_size=5, first_windows=2, tenant="acme-eu")
     status = wait_committed(client, stream)
@@ -75,13 +83,20 @@ def test_timeout_fails_over_to_hosted_member(server, start_worker, make_client):
 def test_chain_fails_open_to_fusion_order(server, start_worker, make_client):
     cohere = server("cohere")
     cohere.mode = "malformed"
-    worker = start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": closed_port_url(),
-        "RERANKQ_RERANKER_TIMEOUT_S": "1",
-        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": cohere.url + "/rerank",
-        "RERANKQ_RERANKER_1_API_KEY": KEY, "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
-        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
-    }, args=DEBUG, drop=("RERANKQ_RERANKER_MODEL",))
+    worker = start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": closed_port_url(),
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_1_URL": cohere.url + "/rerank",
+            "RERANKQ_RERANKER_1_API_KEY": KEY,
+            "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+        },
+        args=DEBUG,
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     stream = client.open("gateway error", make_candidates(6), window_size=6)
     wait_committed(client, stream)
@@ -99,10 +114,15 @@ def test_chain_fails_open_to_fusion_order(server, start_worker, make_client):
 def test_chain_without_a_fail_open_member_commits_failed_once(server, start_worker, make_client):
     tei = server("tei")
     tei.mode = "500"
-    start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
-        "RERANKQ_RERANKER_TIMEOUT_S": "1", "RERANKQ_RERANKER_MAX_RETRIES": "1",
-    }, drop=("RERANKQ_RERANKER_MODEL",))
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": tei.url,
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_MAX_RETRIES": "1",
+        },
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     stream = client.open("gateway error", make_candidates(4), window_size=4)
     window = wait_committed(client, stream).windows[0]
@@ -119,12 +139,17 @@ def test_chain_without_a_fail_open_member_commits_failed_once(server, start_work
 def test_valid_subset_commits_omitted_and_tenant_goes_only_where_enabled(server, start_worker, make_client):
     generic = server("rankings")
     generic.mode = "subset"
-    start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "http", "RERANKQ_RERANKER_URL": generic.url + "/rerank",
-        "RERANKQ_RERANKER_TOP_N": "3", "RERANKQ_RERANKER_SEND_TENANT": "true",
-        "RERANKQ_RERANKER_TIMEOUT_S": "1",
-        "RERANKQ_RERANKER_1_PROVIDER": "rrf",
-    }, drop=("RERANKQ_RERANKER_MODEL",))
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "http",
+            "RERANKQ_RERANKER_URL": generic.url + "/rerank",
+            "RERANKQ_RERANKER_TOP_N": "3",
+            "RERANKQ_RERANKER_SEND_TENANT": "true",
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+        },
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     stream = client.open("gateway error", make_candidates(8), window_size=8, tenant="acme-eu")
     window = wait_committed(client, stream).windows[0]
@@ -137,10 +162,14 @@ def test_valid_subset_commits_omitted_and_tenant_goes_only_where_enabled(server,
 
 def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, tiny_model_dir, tmp_path):
     model_dir = tmp_path / "model-not-there-yet"
-    worker = start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": str(model_dir),
-        "RERANKQ_RERANKER_1_PROVIDER": "rrf", "RERANKQ_MEMBER_RESTART_S": "2",
-    })
+    worker = start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "local",
+            "RERANKQ_RERANKER_MODEL": str(model_dir),
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+            "RERANKQ_MEMBER_RESTART_S": "2",
+        }
+    )
     # Said loudly once at start, before any window: no member that scores could start.
     deadline = time.monotonic() + 30
     while not log_lines(worker, "no_scoring_member_started") and time.monotonic() < deadline:
@@ -165,14 +194,20 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
 
 def test_chain_profiles_select_members_and_never_widen(server, start_worker, make_client):
     cohere = server("cohere")
-    start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": closed_port_url(),
-        "RERANKQ_RERANKER_TIMEOUT_S": "1",
-        "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_URL": cohere.url,
-        "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
-        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
-        "RERANKQ_CHAIN_PRIVATE": "0,2", "RERANKQ_CHAIN_HOSTED": "1",
-    }, drop=("RERANKQ_RERANKER_MODEL",))
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": closed_port_url(),
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_1_URL": cohere.url,
+            "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+            "RERANKQ_CHAIN_PRIVATE": "0,2",
+            "RERANKQ_CHAIN_HOSTED": "1",
+        },
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     served = {}
     for profile in ("private", "HOSTED", None, "missing"):
@@ -193,10 +228,15 @@ def test_an_unusable_answer_is_never_cached(server, start_worker, make_client):
     # "answered" from the cache, rejected again, and never sent to the recovered member.
     tei = server("tei")
     tei.plan = ["flat", "nan"]
-    start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
-        "RERANKQ_RERANKER_TIMEOUT_S": "1", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
-    }, drop=("RERANKQ_RERANKER_MODEL",))
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": tei.url,
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+        },
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     served = []
     for _ in range(3):  # the same query and texts each time
@@ -212,10 +252,14 @@ def test_an_error_body_echoing_the_window_reaches_no_warning_and_no_window(serve
     tei = server("tei")
     tei.mode = "echo_422"  # the refused request (query and documents) is quoted back
     query = "confidential merger with acme corp"
-    worker = start_worker(env={
-        "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
-        "RERANKQ_RERANKER_TIMEOUT_S": "1",
-    }, drop=("RERANKQ_RERANKER_MODEL",))
+    worker = start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": tei.url,
+            "RERANKQ_RERANKER_TIMEOUT_S": "1",
+        },
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client()
     candidates = make_candidates(3, text="board minutes {i} about the takeover")
     stream = client.open(query, candidates, window_size=3)
@@ -235,13 +279,17 @@ def test_credentials_in_a_member_url_are_refused_at_start(server, start_worker):
     cohere = server("cohere")
     # A member that cannot be configured fails the worker's start, naming the variable.
     with pytest.raises(RuntimeError) as exited:
-        start_worker(env={
-            "RERANKQ_RERANKER_PROVIDER": "rrf",
-            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
-            "RERANKQ_RERANKER_1_URL": cohere.url.replace("http://", f"http://operator:{KEY}@"),
-            "RERANKQ_RERANKER_1_API_KEY": "sk-the-configured-bearer-key", "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
-            "RERANKQ_CHAIN_HOSTED": "1",
-        }, drop=("RERANKQ_RERANKER_MODEL",))
+        start_worker(
+            env={
+                "RERANKQ_RERANKER_PROVIDER": "rrf",
+                "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+                "RERANKQ_RERANKER_1_URL": cohere.url.replace("http://", f"http://operator:{KEY}@"),
+                "RERANKQ_RERANKER_1_API_KEY": "sk-the-configured-bearer-key",
+                "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+                "RERANKQ_CHAIN_HOSTED": "1",
+            },
+            drop=("RERANKQ_RERANKER_MODEL",),
+        )
     said = str(exited.value)
     assert said.startswith("worker exited 1")
     assert "RERANKQ_RERANKER_1_URL: must not carry credentials" in said

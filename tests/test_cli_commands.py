@@ -39,11 +39,13 @@ def test_every_command_has_its_own_help_with_examples(command: str) -> None:
     assert "Examples:" in done.stdout and f"rerankq {command}" in done.stdout.split("Examples:")[1]
 
 
-@pytest.mark.parametrize("program,command", [("producer.gateway", "serve"), ("producer.exporter", "exporter"),
-                                             ("worker.evaluation", "eval")])
+@pytest.mark.parametrize(
+    "program,command", [("producer.gateway", "serve"), ("producer.exporter", "exporter"), ("worker.evaluation", "eval")]
+)
 def test_the_python_m_programs_run_the_same_commands(program: str, command: str) -> None:
-    done = subprocess.run([sys.executable, "-m", program, "--help"], env=plain_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", program, "--help"], env=plain_env(), cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     same = rerankq([command, "--help"], plain_env()).stdout
     assert done.stdout == same.replace(f"Usage: rerankq {command} ", f"Usage: python -m {program} ", 1)
@@ -59,8 +61,9 @@ def test_bash_completion_is_generated_and_completes_commands_and_options() -> No
     assert script.returncode == 0 and "_rerankq_completion()" in script.stdout and "complete " in script.stdout
     commands = rerankq([], plain_env(_RERANKQ_COMPLETE="bash_complete", COMP_WORDS="rerankq se", COMP_CWORD="1"))
     assert "plain,serve" in commands.stdout.split()
-    options = rerankq([], plain_env(_RERANKQ_COMPLETE="bash_complete", COMP_WORDS="rerankq serve keygen --te",
-                                    COMP_CWORD="3"))
+    options = rerankq(
+        [], plain_env(_RERANKQ_COMPLETE="bash_complete", COMP_WORDS="rerankq serve keygen --te", COMP_CWORD="3")
+    )
     assert "plain,--tenant" in options.stdout.split()
 
 
@@ -79,8 +82,7 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
     assert acme.startswith("rq_") and "\n" not in acme  # stdout is the key alone, for KEY=$(...)
     assert oct(keys_file.stat().st_mode & 0o777) == "0o600"
     # The file named by the gateway's own variable is the default.
-    second = keygen("--tenant", "ops", "--devices", "cpu,gpu",
-                    env=plain_env(RERANKQ_GATEWAY_KEYS_FILE=str(keys_file)))
+    second = keygen("--tenant", "ops", "--devices", "cpu,gpu", env=plain_env(RERANKQ_GATEWAY_KEYS_FILE=str(keys_file)))
     assert second.returncode == 0, second.stderr
     ops = second.stdout.strip()
     stored = json.loads(keys_file.read_text())
@@ -91,16 +93,21 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
     assert "shown once" in second.stderr and str(keys_file) in second.stderr
 
     namespace = "k" + uuid.uuid4().hex[:10]
-    env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_NAMESPACE=namespace,
-                    RERANKQ_GATEWAY_KEYS_FILE=str(keys_file))
+    env = plain_env(
+        RERANKQ_REDIS_URL=redis_server.url, RERANKQ_NAMESPACE=namespace, RERANKQ_GATEWAY_KEYS_FILE=str(keys_file)
+    )
     gateway = GatewayProcess(env, tmp_path / "gateway.log", program=[str(RERANKQ), "serve"]).start()
     try:
         missing = "/v1/streams/s_" + "0" * 32
         for key in (acme, ops):  # authenticated: the stream is simply not there
-            assert httpx.get(gateway.url + missing, headers={"Authorization": f"Bearer {key}"},
-                             timeout=10).status_code == 404
-        assert httpx.get(gateway.url + missing, headers={"Authorization": "Bearer rq_unknown"},
-                         timeout=10).status_code == 401
+            assert (
+                httpx.get(gateway.url + missing, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code
+                == 404
+            )
+        assert (
+            httpx.get(gateway.url + missing, headers={"Authorization": "Bearer rq_unknown"}, timeout=10).status_code
+            == 401
+        )
     finally:
         gateway.stop()
     # rerankq renders the gateway's records (its modules configure no logging); no key is in them.

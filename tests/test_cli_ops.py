@@ -10,13 +10,19 @@ from delivery_helpers import pull_until_complete, wait_for
 from rerank_servers import closed_port_url
 
 
-def test_inspect_reports_queues_workers_breakers_and_counters(start_worker, base_env, make_client, tiny_model_dir,
-                                                              tmp_path):
-    env = {**base_env,
-           # member 0: the model in process; members 1 (a dead remote) and 2 (fusion order) for profile "remote"
-           "RERANKQ_RERANKER_1_PROVIDER": "tei", "RERANKQ_RERANKER_1_URL": closed_port_url(),
-           "RERANKQ_RERANKER_2_PROVIDER": "rrf", "RERANKQ_CHAIN_REMOTE": "1,2", "RERANKQ_BREAKER_FAILURES": "1",
-           "RERANKQ_BREAKER_COOLDOWN_S": "600"}
+def test_inspect_reports_queues_workers_breakers_and_counters(
+    start_worker, base_env, make_client, tiny_model_dir, tmp_path
+):
+    env = {
+        **base_env,
+        # member 0: the model in process; members 1 (a dead remote) and 2 (fusion order) for profile "remote"
+        "RERANKQ_RERANKER_1_PROVIDER": "tei",
+        "RERANKQ_RERANKER_1_URL": closed_port_url(),
+        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+        "RERANKQ_CHAIN_REMOTE": "1,2",
+        "RERANKQ_BREAKER_FAILURES": "1",
+        "RERANKQ_BREAKER_COOLDOWN_S": "600",
+    }
     start_worker(env)
     client = make_client()
     served = client.open("q", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(4)], chain="remote")
@@ -61,8 +67,9 @@ def test_status_and_pull_show_each_window_state(start_worker, base_env, make_cli
     env = fast_env(base_env)
     start_worker(env)
     client = make_client()
-    stream = client.open("payment errors", [{"id": f"c{i}", "text": f"payment error {i}"} for i in range(12)],
-                         window_size=5)
+    stream = client.open(
+        "payment errors", [{"id": f"c{i}", "text": f"payment error {i}"} for i in range(12)], window_size=5
+    )
     assert len(client.pull(stream, 0, 5, timeout=30).rows) == 5
     client.store.admit(stream, 2, enqueue_grace_s=600)  # window 1 admitted, never sent: it stays admitted
     failed = client.open("q", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(3)], chain="nope")
@@ -89,5 +96,7 @@ def test_status_and_pull_show_each_window_state(start_worker, base_env, make_cli
     table = rerankq(["status", failed], env).stdout
     assert "failed" in table and "RERANKQ_CHAIN_NOPE" in table
     text = rerankq(["pull", stream, "--limit", "2"], env).stdout
-    assert "rank    score    final  decision" in text and len([ln for ln in text.splitlines()
-                                                                 if ln.strip()[:1].isdigit()]) == 2
+    assert (
+        "rank    score    final  decision" in text
+        and len([ln for ln in text.splitlines() if ln.strip()[:1].isdigit()]) == 2
+    )

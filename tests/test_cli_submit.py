@@ -36,13 +36,23 @@ def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, t
     source = write_jsonl(tmp_path / "jobs.jsonl", jobs)
     out = tmp_path / "out.jsonl"
 
-    done = rerankq(["submit", str(source), "--out", str(out), "--max-in-flight", "3", "--json"], env,
-                   no_torch=poisoned_modules(tmp_path / "poison"))
+    done = rerankq(
+        ["submit", str(source), "--out", str(out), "--max-in-flight", "3", "--json"],
+        env,
+        no_torch=poisoned_modules(tmp_path / "poison"),
+    )
 
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(done.stdout)
-    assert summary["jobs"] == {"total": 9, "done": 9, "resumed": 0, "failed": 0, "skipped": 0, "in_flight": 0,
-                               "per_s": summary["jobs"]["per_s"]}
+    assert summary["jobs"] == {
+        "total": 9,
+        "done": 9,
+        "resumed": 0,
+        "failed": 0,
+        "skipped": 0,
+        "in_flight": 0,
+        "per_s": summary["jobs"]["per_s"],
+    }
     lines = read_jsonl(out)
     assert sorted(line["id"] for line in lines) == sorted(j["id"] for j in jobs)
     for line in lines:
@@ -52,8 +62,19 @@ def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, t
         assert [row["id"] for row in line["rows"]] == expected_order(job["query"], texts, job.get("window_size", 25))
         assert [row["rank"] for row in line["rows"]] == list(range(1, len(texts) + 1))
         row = line["rows"][0]
-        assert set(row) == {"rank", "window", "kind", "id", "index", "score", "final_score", "served_by", "reason",
-                            "document", "passage"}
+        assert set(row) == {
+            "rank",
+            "window",
+            "kind",
+            "id",
+            "index",
+            "score",
+            "final_score",
+            "served_by",
+            "reason",
+            "document",
+            "passage",
+        }
         assert row["passage"] is None  # an excerpt stream's rows say no passage
         assert row["kind"] == "ranked" and row["reason"] is None and row["served_by"].startswith("0:")
         assert line["stream"] == "k_" + idempotency_key(summary["run_id"], line["id"])
@@ -69,9 +90,12 @@ def write_trec(tmp_path: Path, n_queries: int, n_docs: int) -> tuple[Path, Path,
             run.append(f"{q} Q0 {doc} {rank} {50 - rank * 0.25:.2f} bm25")
     (tmp_path / "run.trec").write_text("\n".join(run) + "\n")
     (tmp_path / "topics.tsv").write_text("".join(f"{q}\tincident number {q} in checkout\n" for q in ranked))
-    (tmp_path / "corpus.jsonl").write_text("".join(
-        json.dumps({"_id": f"D{d}", "title": f"Title {d}", "text": f"body of document {d}", "extra": [1]}) + "\n"
-        for d in range(97)))
+    (tmp_path / "corpus.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"D{d}", "title": f"Title {d}", "text": f"body of document {d}", "extra": [1]}) + "\n"
+            for d in range(97)
+        )
+    )
     return tmp_path / "run.trec", tmp_path / "topics.tsv", tmp_path / "corpus.jsonl", ranked
 
 
@@ -81,8 +105,27 @@ def test_trec_batch_end_to_end(start_worker, base_env, tmp_path):
     run, topics, corpus, ranked = write_trec(tmp_path, 5, 40)
     out = tmp_path / "reranked.trec"
 
-    done = rerankq(["submit", str(run), "--queries", str(topics), "--docs", str(corpus), "--out", str(out),
-                    "--format", "trec", "--depth", "30", "--window-size", "15", "--tag", "rq"], env)
+    done = rerankq(
+        [
+            "submit",
+            str(run),
+            "--queries",
+            str(topics),
+            "--docs",
+            str(corpus),
+            "--out",
+            str(out),
+            "--format",
+            "trec",
+            "--depth",
+            "30",
+            "--window-size",
+            "15",
+            "--tag",
+            "rq",
+        ],
+        env,
+    )
 
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line.split() for line in out.read_text().splitlines()]
@@ -104,8 +147,13 @@ def test_trec_batch_end_to_end(start_worker, base_env, tmp_path):
 def test_interrupted_run_resumes_without_scoring_twice(start_worker, base_env, server, tmp_path):
     tei = server("tei")
     tei.mode, tei.hang_s = "hang", 0.25  # each window takes a quarter second
-    env = {**base_env, "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url,
-           "RERANKQ_RERANKER_MODEL": "", "RERANKQ_PAIR_CACHE": "false"}
+    env = {
+        **base_env,
+        "RERANKQ_RERANKER_PROVIDER": "tei",
+        "RERANKQ_RERANKER_URL": tei.url,
+        "RERANKQ_RERANKER_MODEL": "",
+        "RERANKQ_PAIR_CACHE": "false",
+    }
     start_worker(env)
     jobs = make_jobs(14, candidates=25)
     source = write_jsonl(tmp_path / "jobs.jsonl", jobs)
@@ -143,8 +191,9 @@ def test_bad_lines_stop_or_are_skipped_and_nothing_is_half_written(start_worker,
     stopped = rerankq(["submit", str(source), "--out", str(tmp_path / "stop.jsonl"), "--json"], env)
     assert stopped.returncode == 1
     summary = json.loads(stopped.stdout)
-    assert summary["bad_lines"] == [{"file": str(source), "line": 3, "field": "candidates[1].id",
-                                     "message": summary["bad_lines"][0]["message"]}]
+    assert summary["bad_lines"] == [
+        {"file": str(source), "line": 3, "field": "candidates[1].id", "message": summary["bad_lines"][0]["message"]}
+    ]
     assert "missing required field" in summary["bad_lines"][0]["message"]
     # The jobs before it are written; nothing past the next bad line was opened (job3 may have
     # been opening alongside job2 when job2 was refused).
@@ -155,8 +204,13 @@ def test_bad_lines_stop_or_are_skipped_and_nothing_is_half_written(start_worker,
     assert skipped.returncode == 1  # some input was not reranked
     assert f"skipped {source}:3: candidates[1].id:" in skipped.stdout
     assert f"skipped {source}:5: line: not a JSON object" in skipped.stdout
-    assert sorted(line["id"] for line in read_jsonl(tmp_path / "skip.jsonl")) == ["job0", "job1", "job3", "job4",
-                                                                                 "job5"]
+    assert sorted(line["id"] for line in read_jsonl(tmp_path / "skip.jsonl")) == [
+        "job0",
+        "job1",
+        "job3",
+        "job4",
+        "job5",
+    ]
     # Nothing of the bad job reached Redis.
     store = Store(connect(env["RERANKQ_REDIS_URL"]), env["RERANKQ_NAMESPACE"])
     bad_stream = "k_" + idempotency_key(summary["run_id"], "job2")
@@ -165,8 +219,9 @@ def test_bad_lines_stop_or_are_skipped_and_nothing_is_half_written(start_worker,
 
 def test_usage_errors_exit_2_and_help_shows_an_example(base_env, tmp_path):
     source = write_jsonl(tmp_path / "jobs.jsonl", make_jobs(1))
-    bad_boost = rerankq(["submit", str(source), "--out", str(tmp_path / "o"), "--boost", "recency_curve=zigzag"],
-                        base_env)
+    bad_boost = rerankq(
+        ["submit", str(source), "--out", str(tmp_path / "o"), "--boost", "recency_curve=zigzag"], base_env
+    )
     assert bad_boost.returncode == 2 and "--boost" in bad_boost.stderr
     missing = rerankq(["submit", str(source)], base_env)
     assert missing.returncode == 2 and "--out" in missing.stderr
@@ -248,15 +303,30 @@ def test_job_lines_and_flags_set_every_stream_option(start_worker, base_env, tmp
     source = write_jsonl(tmp_path / "jobs.jsonl", jobs)
     out = tmp_path / "out.jsonl"
 
-    done = rerankq(["submit", str(source), "--out", str(out), "--instruction", "rank outage notes first",
-                    "--window-size", "10", "--json"], env)
+    done = rerankq(
+        [
+            "submit",
+            str(source),
+            "--out",
+            str(out),
+            "--instruction",
+            "rank outage notes first",
+            "--window-size",
+            "10",
+            "--json",
+        ],
+        env,
+    )
 
     assert done.returncode == 0, done.stdout + done.stderr
     streams = {line["id"]: line["stream"] for line in read_jsonl(out)}
     store = Store(connect(env["RERANKQ_REDIS_URL"]), env["RERANKQ_NAMESPACE"])
     specs = {job_id: store.load_spec(stream) for job_id, stream in streams.items()}
     assert {job_id: spec.instruction for job_id, spec in specs.items()} == {
-        "job0": "rank outage notes first", "job1": "find the payment runbook", "job2": "rank outage notes first"}
+        "job0": "rank outage notes first",
+        "job1": "find the payment runbook",
+        "job2": "rank outage notes first",
+    }
     assert {spec.window_size for spec in specs.values()} == {10}
     assert streams["job2"] == "k_" + own_key  # a job's own key is used as it is
     assert streams["job0"] == "k_" + idempotency_key(json.loads(done.stdout)["run_id"], "job0")

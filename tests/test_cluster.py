@@ -98,10 +98,12 @@ def test_every_script_call_names_keys_of_one_slot():
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_streams_spread_over_every_master_and_the_sweep_recovers_lost_messages_on_all(
-        start_worker, make_client, raw_redis, broker_redis, broker, redis_cluster):
+    start_worker, make_client, raw_redis, broker_redis, broker, redis_cluster
+):
     client = make_client(redeliver_after_s=2)
-    streams = [client.open("payment gateway error", make_candidates(10, prefix=f"x{i}-"), window_size=10)
-               for i in range(24)]
+    streams = [
+        client.open("payment gateway error", make_candidates(10, prefix=f"x{i}-"), window_size=10) for i in range(24)
+    ]
     # Only the sweep, walking every shard of every master, can bring the windows back.
     lose_every_message(broker, client.settings, broker_redis)
     masters = {raw_redis.get_node_from_key(client.store.keys.stream(s).meta).port for s in streams}
@@ -121,8 +123,13 @@ def _open_retrying(client, key: str, text: str):
     deadline = time.monotonic() + 30
     while True:
         try:
-            return client.open("payment gateway error", make_candidates(20, text=text), window_size=10,
-                               first_windows=2, idempotency_key=key)
+            return client.open(
+                "payment gateway error",
+                make_candidates(20, text=text),
+                window_size=10,
+                first_windows=2,
+                idempotency_key=key,
+            )
         except StoreError:
             if time.monotonic() > deadline:
                 raise
@@ -130,7 +137,8 @@ def _open_retrying(client, key: str, text: str):
 
 
 def test_a_master_killed_mid_run_is_replaced_by_its_replica_and_every_stream_completes(
-        start_worker, make_client, raw_redis, redis_cluster):
+    start_worker, make_client, raw_redis, redis_cluster
+):
     """What survives: every stream completes, each window once in its log. What may not: a write
     the dead master acknowledged and had not yet sent to its replica. Then a stream's open is
     gone (StreamNotFound; opened again under its key) or a commit is gone (its window is
@@ -176,8 +184,13 @@ def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_
 
     client = make_client()
     for i in range(6):
-        client.open("payment gateway error", make_candidates(50, prefix=f"o{i}-"), window_size=25, first_windows=2,
-                    device="gpu" if i % 2 else "cpu")
+        client.open(
+            "payment gateway error",
+            make_candidates(50, prefix=f"o{i}-"),
+            window_size=25,
+            first_windows=2,
+            device="gpu" if i % 2 else "cpu",
+        )
     backlog = BacklogReader(settings, client.store.client, broker_redis).read()
     assert backlog.active_streams == 6
     assert backlog.uncommitted == {"cpu": 6, "gpu": 6, "any": 0}
@@ -193,8 +206,9 @@ def test_what_operators_read_works_on_the_cluster(make_client, settings, broker_
 
 
 @pytest.mark.parametrize("broker", ["amqp"], indirect=True)
-def test_inspect_the_exporter_and_the_gateway_work_on_rabbitmq_and_the_cluster(start_worker, make_client, base_env,
-                                                                                 tmp_path):
+def test_inspect_the_exporter_and_the_gateway_work_on_rabbitmq_and_the_cluster(
+    start_worker, make_client, base_env, tmp_path
+):
     """The operators' tools as shipped, each in its own process, on RabbitMQ + Redis Cluster: the
     exporter's scrape (RabbitMQ's counts, the cluster's 1024 shards), ``rerankq inspect`` (queues
     from RabbitMQ, workers by remote control over it, cards from the cluster) and a rerank
@@ -211,8 +225,14 @@ def test_inspect_the_exporter_and_the_gateway_work_on_rabbitmq_and_the_cluster(s
     client = make_client()
     for i in range(2):  # a backlog, no worker yet: 2 streams x 2 windows wait in RabbitMQ
         client.open(f"nightly {i}", make_candidates(20, prefix=f"n{i}-"), window_size=10, first_windows=2)
-    once = subprocess.run([sys.executable, "-m", "producer.exporter", "--once"], env=base_env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    once = subprocess.run(
+        [sys.executable, "-m", "producer.exporter", "--once"],
+        env=base_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert once.returncode == 0, once.stderr
     metrics = [line for line in once.stdout.splitlines() if line and not line.startswith("#")]
     assert "rerankq_exporter_redis_up 1.0" in metrics
@@ -222,11 +242,16 @@ def test_inspect_the_exporter_and_the_gateway_work_on_rabbitmq_and_the_cluster(s
     start_worker(provider_env("FastProvider"))
     wait_for(lambda: client.store.counters().get("windows_committed") == 4, 60, "the backlog scored")
     keys = write_keys(tmp_path / "keys.json", [{"name": "ops", "tenant": "ops"}])
-    gateway = GatewayProcess({**base_env, "RERANKQ_GATEWAY_KEYS_FILE": str(tmp_path / "keys.json")},
-                             tmp_path / "gateway.log").start()
+    gateway = GatewayProcess(
+        {**base_env, "RERANKQ_GATEWAY_KEYS_FILE": str(tmp_path / "keys.json")}, tmp_path / "gateway.log"
+    ).start()
     try:
-        answer = httpx.post(gateway.url + "/v2/rerank", timeout=60, headers={"Authorization": f"Bearer {keys['ops']}"},
-                            json={"model": "m", "query": "checkout 502", "documents": ["a cat", "checkout 502 fix"]})
+        answer = httpx.post(
+            gateway.url + "/v2/rerank",
+            timeout=60,
+            headers={"Authorization": f"Bearer {keys['ops']}"},
+            json={"model": "m", "query": "checkout 502", "documents": ["a cat", "checkout 502 fix"]},
+        )
         assert answer.status_code == 200, (answer.text, gateway.log()[-3000:])
         assert sorted(r["index"] for r in answer.json()["results"]) == [0, 1]
     finally:

@@ -114,8 +114,10 @@ def test_same_decisions_with_and_without_coalescing(start_worker, make_client):
     expected = score_streams(client, candidates)
     plain.stop()
 
-    coalescing = start_worker(env={**no_cache, "RERANKQ_COALESCE_DELAY_MS": "50"},
-                              args=["--device", "cpu", "--pool", "threads", "--threads", "6", "--loglevel", "DEBUG"])
+    coalescing = start_worker(
+        env={**no_cache, "RERANKQ_COALESCE_DELAY_MS": "50"},
+        args=["--device", "cpu", "--pool", "threads", "--threads", "6", "--loglevel", "DEBUG"],
+    )
     got = score_streams(client, candidates)
 
     assert "coalesced" in coalescing.log()  # several windows did share a forward pass

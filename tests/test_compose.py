@@ -89,9 +89,11 @@ def image_env(target: str) -> dict[str, str]:
 
 def compose_env(service: dict) -> dict[str, str]:
     """The service's environment with ``${VAR:-default}`` resolved as compose does, secrets filled in."""
+
     def resolve(value: str) -> str:
         value = re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: "secret", str(value))
         return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), value)
+
     return {k: resolve(v) for k, v in service.get("environment", {}).items()}
 
 
@@ -136,8 +138,11 @@ def test_worker_services_run_what_they_claim(name):
     mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
     assert mounts.get("/home/rerankq/.cache") == "model-cache", mounts
     assert hf_home.startswith("/home/rerankq/.cache/")
-    assert any("useradd --create-home" in run and "chown -R rerankq:rerankq /home/rerankq/.cache" in run
-               and hf_home in run for s in chain for run in s.runs)
+    assert any(
+        "useradd --create-home" in run and "chown -R rerankq:rerankq /home/rerankq/.cache" in run and hf_home in run
+        for s in chain
+        for run in s.runs
+    )
     assert not any(target.startswith("/root") for target in mounts)
 
 
@@ -194,8 +199,11 @@ def test_the_amqp_profile_runs_rabbitmq_and_points_the_workers_and_the_exporter_
     rabbitmq = SERVICES["rabbitmq"]
     assert rabbitmq["profiles"] == ["amqp"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in rabbitmq["volumes"]}
-    conf = dict(line.split(" = ", 1) for line in (ROOT / "ops" / "rabbitmq.conf").read_text().splitlines()
-                if line and not line.startswith("#"))
+    conf = dict(
+        line.split(" = ", 1)
+        for line in (ROOT / "ops" / "rabbitmq.conf").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert mounts["/etc/rabbitmq/conf.d/20-rerankq.conf"] == "./ops/rabbitmq.conf"
     user = rabbitmq["environment"]["RABBITMQ_DEFAULT_USER"]
     url = f"amqp://{user}:pw@rabbitmq:5672//"  # what the compose file's header says to set
@@ -221,8 +229,9 @@ def test_deployment_profiles_run_workers_on_their_shape(profile, service):
         assert settings.store.broker_url.startswith("redis://") and "@redis:6379" in settings.store.broker_url
         nodes = [name for name, s in SERVICES.items() if name.startswith("redis-cluster-") and name[-1].isdigit()]
         assert len(nodes) == 6 and all(SERVICES[n]["profiles"] == ["cluster"] for n in nodes)
-        assert all(f"{n}:6379" in settings.store.redis_url for n in ("redis-cluster-1", "redis-cluster-2",
-                                                                     "redis-cluster-3"))
+        assert all(
+            f"{n}:6379" in settings.store.redis_url for n in ("redis-cluster-1", "redis-cluster-2", "redis-cluster-3")
+        )
         init = " ".join(SERVICES["redis-cluster-init"]["command"])
         assert "--cluster create" in init and "--cluster-replicas 1" in init
     else:
@@ -280,7 +289,8 @@ def test_services_built_from_one_target_share_one_image():
         images.setdefault(service["build"]["target"], set()).add(service["image"])
     assert all(len(names) == 1 for names in images.values()), images
     assert {target: next(iter(names)).split(":")[0] for target, names in images.items()} == {
-        target: f"rerankq-{target}" for target in images}
+        target: f"rerankq-{target}" for target in images
+    }
 
 
 def test_published_ports_are_loopback_and_movable():

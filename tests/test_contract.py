@@ -38,8 +38,9 @@ from producer import ConfigError, ValidationError, load_settings
         ("q", make_candidates(3), {"ttl_s": 0}, "ttl_s"),
     ],
 )
-def test_bad_input_names_its_field_and_writes_nothing(make_client, raw_redis, namespace, query, candidates, kwargs,
-                                                      field):
+def test_bad_input_names_its_field_and_writes_nothing(
+    make_client, raw_redis, namespace, query, candidates, kwargs, field
+):
     client = make_client()
     with pytest.raises(ValidationError) as err:
         client.open(query, candidates, **kwargs)
@@ -77,10 +78,14 @@ def test_a_bad_setting_names_its_variable(environ, variable):
 
 
 def test_chain_members_are_read_in_isolation():
-    settings = load_settings({
-        "RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_TIMEOUT_S": "0.5",
-        "RERANKQ_RERANKER_MODEL": "/models/x", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
-    })
+    settings = load_settings(
+        {
+            "RERANKQ_RERANKER_PROVIDER": "local",
+            "RERANKQ_RERANKER_TIMEOUT_S": "0.5",
+            "RERANKQ_RERANKER_MODEL": "/models/x",
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+        }
+    )
     primary, fallback = settings.chain.effective_members()
     assert (primary.provider, primary.timeout_s, primary.model) == ("local", 0.5, "/models/x")
     assert (fallback.provider, fallback.timeout_s, fallback.model) == ("rrf", 10.0, None)
@@ -101,8 +106,10 @@ def test_api_keys_do_not_print():
 
 
 def test_the_producer_imports_without_torch():
-    code = "import sys, producer; from producer import RerankClient; assert 'torch' not in sys.modules, 'torch'; " \
-           "assert 'sentence_transformers' not in sys.modules"
+    code = (
+        "import sys, producer; from producer import RerankClient; assert 'torch' not in sys.modules, 'torch'; "
+        "assert 'sentence_transformers' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -120,16 +127,26 @@ client.close()
 
 def test_the_library_neither_prints_nor_configures_logging(redis_server, namespace, raw_redis):
     """A pipeline importing the producer once got `stream_opened` lines on its stdout."""
-    quiet = subprocess.run([sys.executable, "-c", LIBRARY_HOST.format(configure=""), redis_server.url, namespace],
-                           cwd=ROOT, capture_output=True, text=True, check=True)
+    quiet = subprocess.run(
+        [sys.executable, "-c", LIBRARY_HOST.format(configure=""), redis_server.url, namespace],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     # INFO events stay with stdlib, unconfigured; a WARNING reaches stderr through Python's own
     # last-resort handler, as any library's: here, that no worker consumes the queue (none runs).
     assert quiet.stdout == ""
     assert [line.split(" ", 1)[0] for line in quiet.stderr.splitlines()] == ["no_live_worker"], quiet.stderr
     # The host decides: with its own handler at INFO it sees the library's events, as stdlib records.
     host = "logging.basicConfig(level=logging.INFO, format='%(name)s|%(levelname)s|%(message)s', stream=sys.stdout)"
-    loud = subprocess.run([sys.executable, "-c", LIBRARY_HOST.format(configure=host), redis_server.url, namespace],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
+    loud = subprocess.run(
+        [sys.executable, "-c", LIBRARY_HOST.format(configure=host), redis_server.url, namespace],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "rerankq.producer|INFO|stream_opened stream='s_" in loud.stdout
     for key in raw_redis.scan_iter(f"{namespace}*"):
         raw_redis.delete(key)
@@ -167,8 +184,11 @@ class OldRedis:
                 args = [reader.readline() and reader.readline().strip() for _ in range(int(line[1:]))]
                 if args and args[0].upper() == b"HELLO":  # a RESP3 handshake, as 6.0 answers it
                     fields = {b"server": b"redis", b"version": self.version.encode()}
-                    conn.sendall(b"%3\r\n" + b"".join(b"$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v)
-                                                     for k, v in fields.items()) + b"$5\r\nproto\r\n:3\r\n")
+                    conn.sendall(
+                        b"%3\r\n"
+                        + b"".join(b"$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v) for k, v in fields.items())
+                        + b"$5\r\nproto\r\n:3\r\n"
+                    )
                 elif args and args[0].upper() == b"INFO":
                     body = f"# Server\r\nredis_version:{self.version}\r\n".encode()
                     conn.sendall(b"$%d\r\n%s\r\n" % (len(body), body))

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.slow
 def run_demo(extra_env: dict[str, str]) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **extra_env})
-    done = subprocess.run([sys.executable, "-m", "worker.demo"], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.demo"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -41,8 +42,11 @@ def test_demo_scores_with_a_model_on_disk(tiny_model_dir):
     assert "served by: 0:local" in out
 
 
-@pytest.mark.parametrize("extra_env", [{}, {"RERANKQ_RERANKER_MODEL": "/nonexistent/model"}],
-                         ids=["no chain configured", "a cross-encoder that is not there"])
+@pytest.mark.parametrize(
+    "extra_env",
+    [{}, {"RERANKQ_RERANKER_MODEL": "/nonexistent/model"}],
+    ids=["no chain configured", "a cross-encoder that is not there"],
+)
 def test_demo_offline_reranks_with_the_packaged_model_and_says_so(extra_env):
     out = run_demo(extra_env)
     first, deeper = page_ids(out, "1:embedding")

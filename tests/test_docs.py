@@ -19,8 +19,25 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 #: Pages another step generates (from producer/settings.py); links to them are checked once they exist.
 GENERATED = {ROOT / "docs" / "configuration.md"}
 #: Programs README's shell lines may name besides rerankq and make: shell builtins and the usual tools.
-KNOWN_PROGRAMS = {"redis-server", "redis-cli", "export", "until", "do", "done", "echo", "curl", "kill", "grep",
-                  "sleep", "python", "pip", "cd", ".", "docker", "jobs"}
+KNOWN_PROGRAMS = {
+    "redis-server",
+    "redis-cli",
+    "export",
+    "until",
+    "do",
+    "done",
+    "echo",
+    "curl",
+    "kill",
+    "grep",
+    "sleep",
+    "python",
+    "pip",
+    "cd",
+    ".",
+    "docker",
+    "jobs",
+}
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
@@ -58,8 +75,14 @@ def make_targets() -> set[str]:
 
 
 def rerankq_help(args: list[str]) -> str:
-    done = subprocess.run([sys.executable, "-m", "worker.cli", *args, "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, f"rerankq {' '.join(args)} --help: {done.stdout}{done.stderr}"
     return done.stdout
 
@@ -83,13 +106,19 @@ def test_readme_shell_lines_name_real_commands_targets_and_flags():
             if program == "make":
                 assert set(words[1:]) <= targets, f"README: {command}: no such make target"
             elif program == "rerankq":
-                path = tuple(w for w in words[1:3] if not w.startswith("-") and w in {
-                    "worker", "demo", "submit", "status", "pull", "inspect", "serve", "exporter", "eval", "keygen"})
+                path = tuple(
+                    w
+                    for w in words[1:3]
+                    if not w.startswith("-")
+                    and w
+                    in {"worker", "demo", "submit", "status", "pull", "inspect", "serve", "exporter", "eval", "keygen"}
+                )
                 if path not in helps:
                     helps[path] = rerankq_help(list(path))
                 for flag in (w.split("=", 1)[0] for w in words if w.startswith("--")):
-                    assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[path]), \
+                    assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[path]), (
                         f"README: {command}: rerankq {' '.join(path)} has no {flag}"
+                    )
             else:
                 assert program in KNOWN_PROGRAMS, f"README: {command}: {program} is not a command README may use"
     assert ("worker",) in helps and ("serve",) in helps and ("submit",) in helps
@@ -139,8 +168,16 @@ def test_no_doc_links_to_a_missing_file_or_anchor(page):
 def test_readme_is_a_landing_page():
     text = README.read_text()
     assert len(text.splitlines()) <= 200
-    for command in ("make demo", "make test", "make install", "rerankq worker", "rerankq submit", "rerankq serve",
-                    "rerankq serve keygen", "RerankClient"):
+    for command in (
+        "make demo",
+        "make test",
+        "make install",
+        "rerankq worker",
+        "rerankq submit",
+        "rerankq serve",
+        "rerankq serve keygen",
+        "RerankClient",
+    ):
         assert command in text, command
 
 
@@ -149,7 +186,7 @@ def quickstart_script(redis_port: int, gateway_port: int, folder: Path) -> str:
     ports swapped for free ones), each python block saved under the name its first line gives
     and run as README says (``python <name>``)."""
     text = README.read_text()
-    section = text[text.index("## Run it yourself"):text.index("## Where next")]
+    section = text[text.index("## Run it yourself") : text.index("## Where next")]
     lines = ["set -euo pipefail"]
     for lang, body in blocks(section):
         if lang == "python":
@@ -171,14 +208,21 @@ def test_readme_quickstart_runs_as_written(tmp_path):
     bin_dir.mkdir()
     # `rerankq` and `python` as an activated install would have them, running this checkout's code.
     for name, command in (("rerankq", f"{sys.executable} -m worker.cli"), ("python", sys.executable)):
-        (bin_dir / name).write_text(f"#!/bin/sh\nexec {command} \"$@\"\n")
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "quickstart.sh"
     script.write_text(quickstart_script(redis_port, gateway_port, tmp_path))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
     env.update({"PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
-    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=280)
     finally:

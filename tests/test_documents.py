@@ -37,8 +37,13 @@ def test_date_prefix_does_not_follow_the_process_locale() -> None:
 
 
 def test_full_assembly() -> None:
-    c = Candidate(id="m1", text="restart the pods", context="incident 42",
-                  heading_path=["Runbooks", "Payments"], occurred_start=JUNE_5)
+    c = Candidate(
+        id="m1",
+        text="restart the pods",
+        context="incident 42",
+        heading_path=["Runbooks", "Payments"],
+        occurred_start=JUNE_5,
+    )
     assert assemble(c, "pods", budget=2048) == (
         "[Date: June 05, 2022 (2022-06-05)] Runbooks > Payments\n\nincident 42: restart the pods"
     )
@@ -93,7 +98,10 @@ scripts = st.sampled_from(["latin", "cyrillic", "cjk", "emoji", "mixed"])
 def texts(draw: st.DrawFn) -> str:
     script = draw(scripts)
     pieces = {
-        "latin": list(LATIN), "cyrillic": list(CYRILLIC), "cjk": list(CJK), "emoji": EMOJI,
+        "latin": list(LATIN),
+        "cyrillic": list(CYRILLIC),
+        "cjk": list(CJK),
+        "emoji": EMOJI,
         "mixed": list(LATIN) + list(CYRILLIC) + list(CJK) + EMOJI,
     }[script]
     return "".join(draw(st.lists(st.sampled_from(pieces), min_size=0, max_size=400)))
@@ -177,8 +185,13 @@ def texts_with_stray_marks(draw: st.DrawFn) -> tuple[str, int]:
     """Text where marks and joiners follow spaces and each other, with one query match somewhere."""
     pieces = st.lists(st.sampled_from(BASES + EXTENDERS + [" "] * 4 + [" " + e for e in EXTENDERS]), max_size=150)
     before, after = draw(pieces), draw(pieces)
-    text = "".join(before) + " " + "".join(draw(st.lists(st.sampled_from(EXTENDERS), min_size=1, max_size=3))) \
-        + "needle " + "".join(after)
+    text = (
+        "".join(before)
+        + " "
+        + "".join(draw(st.lists(st.sampled_from(EXTENDERS), min_size=1, max_size=3)))
+        + "needle "
+        + "".join(after)
+    )
     return text, draw(st.integers(min_value=2, max_value=120))
 
 
@@ -198,7 +211,7 @@ def test_no_excerpt_begins_or_ends_inside_a_character(case: tuple[str, int]) -> 
     if out == text:
         return
     head_cut, tail_cut = out.startswith(ELLIPSIS), out.endswith(ELLIPSIS)
-    body = out[1 if head_cut else 0: len(out) - 1 if tail_cut else len(out)]
+    body = out[1 if head_cut else 0 : len(out) - 1 if tail_cut else len(out)]
     if head_cut and body:
         assert not extends_previous(body[0]), f"starts with {body[0]!r}: {body[:8]!r}"
     cuts = boundaries(text)

@@ -111,8 +111,11 @@ def test_the_embedding_member_serves_through_a_worker_and_keeps_embeddings_for_m
     # The best answer twice, under two ids and worded a little apart: what MMR is for.
     duplicate = RELEVANT[1].replace("; rotating", ". Rotating")
     items = [{"id": f"u{i}", "text": t} for i, t in enumerate(UNRELATED)]
-    items += [{"id": "gw", "text": RELEVANT[0]}, {"id": "tls", "text": RELEVANT[1]},
-              {"id": "tls-copy", "text": duplicate}]
+    items += [
+        {"id": "gw", "text": RELEVANT[0]},
+        {"id": "tls", "text": RELEVANT[1]},
+        {"id": "tls-copy", "text": duplicate},
+    ]
     stream = client.open(QUERY, items, window_size=len(items))
     page = client.pull(stream, 0, len(items), timeout=120)
 
@@ -201,8 +204,14 @@ def test_a_gpu_worker_whose_only_model_is_the_bi_encoder_refuses_to_start_withou
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA: the worker would rightly start")
     env = {**base_env, **EMBEDDING_ONLY, "RERANKQ_RERANKER_1_PROVIDER": "rrf"}
-    proc = subprocess.run([sys.executable, "-m", "worker", "--device", "gpu"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "--device", "gpu"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "no CUDA device" in proc.stderr and " ready." not in proc.stderr
 
@@ -222,8 +231,9 @@ def prompted_engine(prompted_dir: Path):
     from worker.engine.embedding import EmbeddingEngine
     from worker.engine.loading import load_sentence_transformer
 
-    return EmbeddingEngine(load_sentence_transformer(str(prompted_dir), device="cpu"),
-                           settings=load_settings({}, precision="fp32"))
+    return EmbeddingEngine(
+        load_sentence_transformer(str(prompted_dir), device="cpu"), settings=load_settings({}, precision="fp32")
+    )
 
 
 def library_cosines(model: Any, query: str, documents: list[str], *, prompt: str | None = None) -> list[float]:
@@ -259,8 +269,13 @@ def test_a_bi_encoder_with_prompts_scores_as_encode_query_and_encode_document(pr
 def test_a_worker_serves_a_prompted_bi_encoder_with_the_streams_instruction(
     prompted_dir: Path, prompted_engine, start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
 ) -> None:
-    start_worker(env={"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MODEL": str(prompted_dir),
-                      "RERANKQ_PAIR_CACHE": "false"})
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "embedding",
+            "RERANKQ_RERANKER_MODEL": str(prompted_dir),
+            "RERANKQ_PAIR_CACHE": "false",
+        }
+    )
     client = make_client()
     items = [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCUMENTS)]
     model = prompted_engine.sentence_transformer

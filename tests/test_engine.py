@@ -26,8 +26,7 @@ def realistic_pairs(n: int, *, seed: int = 0) -> list[tuple[str, str]]:
     """Queries of a few words; documents from a handful of words to past the model's maximum."""
     rng = random.Random(seed)
     query = " ".join(rng.choice(WORDS) for _ in range(6))
-    return [(query, " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 5, 12, 30, 60, 200]))))
-            for _ in range(n)]
+    return [(query, " ".join(rng.choice(WORDS) for _ in range(rng.choice([2, 5, 12, 30, 60, 200])))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +126,9 @@ def test_spearman():
     assert spearman([1, 1, 2], [1, 1, 2]) == pytest.approx(1.0)
 
 
-def test_the_models_activation_is_applied_so_the_declared_scale_holds(tiny_model_dir: Path, tiny_cross_encoder,
-                                                                     fp32_settings):
+def test_the_models_activation_is_applied_so_the_declared_scale_holds(
+    tiny_model_dir: Path, tiny_cross_encoder, fp32_settings
+):
     import torch
     from sentence_transformers import CrossEncoder
 
@@ -167,8 +167,7 @@ def predicted(model: Any, pairs: list[tuple[str, str]], *, prompt: str | None = 
     return [float(x) for x in model.predict(pairs, prompt=prompt, batch_size=32, show_progress_bar=False)]
 
 
-def test_a_causal_lm_reranker_scores_as_predict_does_with_its_prompt_or_an_instruction(causal_reranker,
-                                                                                       fp32_settings):
+def test_a_causal_lm_reranker_scores_as_predict_does_with_its_prompt_or_an_instruction(causal_reranker, fp32_settings):
     from worker.providers.local import activation_scale
 
     pairs = realistic_pairs(30, seed=5)
@@ -183,8 +182,13 @@ def test_a_causal_lm_reranker_scores_as_predict_does_with_its_prompt_or_an_instr
             assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-4
             assert ranking(scores) == ranking(expected)
     # The instruction reaches the model: the same pairs score differently under it.
-    assert max(abs(a - b) for a, b in zip(predicted(causal_reranker, pairs),
-                                          predicted(causal_reranker, pairs, prompt=INSTRUCTION))) > 1e-3
+    assert (
+        max(
+            abs(a - b)
+            for a, b in zip(predicted(causal_reranker, pairs), predicted(causal_reranker, pairs, prompt=INSTRUCTION))
+        )
+        > 1e-3
+    )
     # LogitScore's log-odds go through the model's sigmoid, as predict gives them: probabilities.
     assert activation_scale(causal_reranker) == "probability"
     assert all(0.0 <= s <= 1.0 for s in reused.score_pairs(pairs))
@@ -214,8 +218,9 @@ def test_a_model_whose_scores_depend_on_its_batch_padding_is_refused_at_load(tmp
 
     # Learned absolute positions: left padding moves every token, so predict's own number for
     # a pair depends on its batch; an engine that batches otherwise cannot give it.
-    model = load_cross_encoder(str(build_tiny_causal_reranker(tmp_path / "gpt2", absolute_positions=True)),
-                               device="cpu")
+    model = load_cross_encoder(
+        str(build_tiny_causal_reranker(tmp_path / "gpt2", absolute_positions=True)), device="cpu"
+    )
     with pytest.raises(EngineDisagrees) as refused:
         ScoringEngine(model, settings=fp32_settings)
     assert "CrossEncoder.predict" in str(refused.value) and "max |diff|" in str(refused.value)
@@ -223,7 +228,10 @@ def test_a_model_whose_scores_depend_on_its_batch_padding_is_refused_at_load(tmp
 
 @pytest.mark.slow  # two real workers
 def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_it_cannot(
-    causal_dir: Path, causal_reranker, tmp_path: Path, start_worker: Callable[..., Any],
+    causal_dir: Path,
+    causal_reranker,
+    tmp_path: Path,
+    start_worker: Callable[..., Any],
     make_client: Callable[..., RerankClient],
 ) -> None:
     import time

@@ -29,38 +29,75 @@ q2 0 e1 2
 q2 0 e2 0
 q2 0 e4 3
 """
-RUN = "".join(f"{q} Q0 {d} {r} {10 - r}.0 bm25\n" for q, docs in (("q1", "d1 d2 d3 d4 d5"), ("q2", "e1 e2 e3 e4"))
-              for r, d in enumerate(docs.split(), start=1))
+RUN = "".join(
+    f"{q} Q0 {d} {r} {10 - r}.0 bm25\n"
+    for q, docs in (("q1", "d1 d2 d3 d4 d5"), ("q2", "e1 e2 e3 e4"))
+    for r, d in enumerate(docs.split(), start=1)
+)
 QUERIES = "q1\thow do I restart the payment gateway\nq2\twhat fixes a stuck deploy\n"
 DOCUMENTS = {
-    "d1": "An overview of the payment gateway.", "d2": "Payment gateway pricing tiers.",
-    "d3": "Fix: restart the gateway pods one region at a time.", "d4": "Where the gateway writes its logs.",
-    "d5": "Fix: drain the gateway, then restart it.", "dX": "Restart checklist for the gateway.",
-    "e1": "Fix a stuck deploy by cancelling the rollout.", "e2": "Deploy calendar for the quarter.",
-    "e3": "Who approves a deploy.", "e4": "The fix for a stuck deploy: clear the lock file.",
+    "d1": "An overview of the payment gateway.",
+    "d2": "Payment gateway pricing tiers.",
+    "d3": "Fix: restart the gateway pods one region at a time.",
+    "d4": "Where the gateway writes its logs.",
+    "d5": "Fix: drain the gateway, then restart it.",
+    "dX": "Restart checklist for the gateway.",
+    "e1": "Fix a stuck deploy by cancelling the rollout.",
+    "e2": "Deploy calendar for the quarter.",
+    "e3": "Who approves a deploy.",
+    "e4": "The fix for a stuck deploy: clear the lock file.",
 }
 
 # By hand: gain = grade, discount log2(rank + 1); ideal order of q1's grades 3, 2, 1, 1 and q2's 3, 2.
 IDCG_Q1 = 3 + 2 / log2(3) + 1 / log2(4) + 1 / log2(5)
 IDCG_Q2 = 3 + 2 / log2(3)
 INPUT = {  # the run as given: q1 d1 d2 d3 d4 d5, q2 e1 e2 e3 e4
-    "q1": {"nDCG@10": (3 / log2(4) + 1 / log2(5) + 2 / log2(6)) / IDCG_Q1, "P@1": 0.0, "P@5": 3 / 5,
-           "P@10": 3 / 10, "P@20": 3 / 20, "R@1": 0.0, "R@5": 3 / 4, "R@10": 3 / 4, "R@20": 3 / 4, "MRR@10": 1 / 3},
-    "q2": {"nDCG@10": (2 + 3 / log2(5)) / IDCG_Q2, "P@1": 1.0, "P@5": 2 / 5, "P@10": 2 / 10, "P@20": 2 / 20,
-           "R@1": 1 / 2, "R@5": 1.0, "R@10": 1.0, "R@20": 1.0, "MRR@10": 1.0},
+    "q1": {
+        "nDCG@10": (3 / log2(4) + 1 / log2(5) + 2 / log2(6)) / IDCG_Q1,
+        "P@1": 0.0,
+        "P@5": 3 / 5,
+        "P@10": 3 / 10,
+        "P@20": 3 / 20,
+        "R@1": 0.0,
+        "R@5": 3 / 4,
+        "R@10": 3 / 4,
+        "R@20": 3 / 4,
+        "MRR@10": 1 / 3,
+    },
+    "q2": {
+        "nDCG@10": (2 + 3 / log2(5)) / IDCG_Q2,
+        "P@1": 1.0,
+        "P@5": 2 / 5,
+        "P@10": 2 / 10,
+        "P@20": 2 / 20,
+        "R@1": 1 / 2,
+        "R@5": 1.0,
+        "R@10": 1.0,
+        "R@20": 1.0,
+        "MRR@10": 1.0,
+    },
 }
 RERANKED = {  # the keyword provider over everything: q1 d3 d5 d1 d2 d4, q2 e1 e4 e2 e3
-    "q1": {"nDCG@10": (3 + 2 / log2(3) + 1 / log2(6)) / IDCG_Q1, "P@1": 1.0, "P@5": 3 / 5, "R@1": 1 / 4,
-           "R@5": 3 / 4, "MRR@10": 1.0},
-    "q2": {"nDCG@10": (2 + 3 / log2(3)) / IDCG_Q2, "P@1": 1.0, "P@5": 2 / 5, "R@1": 1 / 2, "R@5": 1.0,
-           "MRR@10": 1.0},
+    "q1": {
+        "nDCG@10": (3 + 2 / log2(3) + 1 / log2(6)) / IDCG_Q1,
+        "P@1": 1.0,
+        "P@5": 3 / 5,
+        "R@1": 1 / 4,
+        "R@5": 3 / 4,
+        "MRR@10": 1.0,
+    },
+    "q2": {"nDCG@10": (2 + 3 / log2(3)) / IDCG_Q2, "P@1": 1.0, "P@5": 2 / 5, "R@1": 1 / 2, "R@5": 1.0, "MRR@10": 1.0},
 }
 
 
 @pytest.fixture
 def tiny_collection(tmp_path: Path) -> dict[str, Path]:
-    files = {"qrels": tmp_path / "qrels.txt", "run": tmp_path / "run.txt", "queries": tmp_path / "queries.tsv",
-             "documents": tmp_path / "documents.jsonl"}
+    files = {
+        "qrels": tmp_path / "qrels.txt",
+        "run": tmp_path / "run.txt",
+        "queries": tmp_path / "queries.tsv",
+        "documents": tmp_path / "documents.jsonl",
+    }
     files["qrels"].write_text(QRELS)
     files["run"].write_text(RUN)
     files["queries"].write_text(QUERIES)
@@ -93,16 +130,25 @@ def run_harness(files: dict[str, Path], extra: list[str], env_extra: dict[str, s
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
     env.update({"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env_extra})
     args = [f"--{k}={v}" for k, v in files.items()]
-    return subprocess.run([sys.executable, "-m", "worker.evaluation", *args, *extra], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "worker.evaluation", *args, *extra],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def test_the_harness_reranks_through_a_private_queue_and_reports_each_member_and_depth(tiny_collection, tmp_path):
-    chain = {"RERANKQ_RERANKER_PROVIDER": "tests.evaluation_providers:KeywordProvider",
-             "RERANKQ_RERANKER_1_PROVIDER": "rrf"}
+    chain = {
+        "RERANKQ_RERANKER_PROVIDER": "tests.evaluation_providers:KeywordProvider",
+        "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+    }
     plots = tmp_path / "plots"
-    done = run_harness(tiny_collection, ["--depths=2,5", "--json", str(tmp_path / "eval.json"), "--plots", str(plots)],
-                       chain)
+    done = run_harness(
+        tiny_collection, ["--depths=2,5", "--json", str(tmp_path / "eval.json"), "--plots", str(plots)], chain
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "eval.json").read_text())
     keyword, rrf = report["members"]
@@ -136,8 +182,11 @@ def test_the_harness_reranks_through_a_private_queue_and_reports_each_member_and
 
 @pytest.mark.slow
 def test_a_member_that_cannot_start_is_reported_not_fatal(tiny_collection, tmp_path):
-    chain = {"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": "/nonexistent/model",
-             "RERANKQ_RERANKER_1_PROVIDER": "rrf"}
+    chain = {
+        "RERANKQ_RERANKER_PROVIDER": "local",
+        "RERANKQ_RERANKER_MODEL": "/nonexistent/model",
+        "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+    }
     done = run_harness(tiny_collection, ["--depths=5", "--json", "-"], chain)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)

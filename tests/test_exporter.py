@@ -22,11 +22,23 @@ from worker.embedded.redis_server import free_port
 def exporter(base_env, tmp_path) -> Iterator[int]:
     port = free_port()
     log = open(tmp_path / "exporter.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "producer.exporter", "--host", "127.0.0.1", "--port", str(port)],
-                            env=base_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "producer.exporter", "--host", "127.0.0.1", "--port", str(port)],
+        env=base_env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_for(lambda: status_of(port, "/healthz") == 200 if proc.poll() is None else pytest.fail(
-            (tmp_path / "exporter.log").read_text()), 30, "the exporter")
+        wait_for(
+            lambda: (
+                status_of(port, "/healthz") == 200
+                if proc.poll() is None
+                else pytest.fail((tmp_path / "exporter.log").read_text())
+            ),
+            30,
+            "the exporter",
+        )
         yield port
     finally:
         proc.terminate()
@@ -50,12 +62,15 @@ def list_lengths(raw_redis, queue: str) -> int:
     return sum(raw_redis.llen(name) for name in queue_lists(queue))
 
 
-def test_backlog_fills_with_no_worker_and_drains_to_zero(exporter, start_worker, make_client, raw_redis, namespace,
-                                                         tmp_path):
+def test_backlog_fills_with_no_worker_and_drains_to_zero(
+    exporter, start_worker, make_client, raw_redis, namespace, tmp_path
+):
     client = make_client()
     first_sent = time.time()
-    cpu_streams = [client.open(f"query {i}", make_candidates(30, prefix=f"c{i}"), window_size=10, first_windows=3)
-                   for i in range(4)]
+    cpu_streams = [
+        client.open(f"query {i}", make_candidates(30, prefix=f"c{i}"), window_size=10, first_windows=3)
+        for i in range(4)
+    ]
     gpu_stream = client.open("gpu query", make_candidates(30), window_size=10, first_windows=2, device="gpu")
     last_sent = time.time()
     time.sleep(1.0)
@@ -112,20 +127,29 @@ def test_expired_streams_leave_the_backlog_without_a_scan(exporter, make_client,
 def test_unreadable_redis_reports_down_not_stale_figures(tmp_path, base_env):
     port = free_port()
     env = {**base_env, "RERANKQ_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
-    once = subprocess.run([sys.executable, "-m", "producer.exporter", "--once", "--port", str(port)], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    once = subprocess.run(
+        [sys.executable, "-m", "producer.exporter", "--once", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert once.returncode == 0, once.stderr
     lines = [line for line in once.stdout.splitlines() if line and not line.startswith("#")]
     assert lines == ["rerankq_exporter_redis_up 0.0"]
 
 
 def test_the_exporter_imports_no_torch_and_no_worker_code(base_env):
-    script = ("import sys\n"
-              "from producer.exporter import main\n"
-              "assert main(['--once']) == 0\n"
-              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'worker', 'transformers'))\n"
-              "assert not heavy, heavy\n")
-    once = subprocess.run([sys.executable, "-c", script], env=base_env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    script = (
+        "import sys\n"
+        "from producer.exporter import main\n"
+        "assert main(['--once']) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'worker', 'transformers'))\n"
+        "assert not heavy, heavy\n"
+    )
+    once = subprocess.run(
+        [sys.executable, "-c", script], env=base_env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert once.returncode == 0, once.stderr
     assert "rerankq_queue_messages{" in once.stdout

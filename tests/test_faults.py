@@ -81,12 +81,12 @@ def test_a_full_redis_is_waited_out_and_the_worker_stays_up(own_redis, start_wor
     # A short lease: windows give up waiting while Redis is still full, so their acks (and the
     # next deliveries) meet the full Redis too.
     delivery = {"redeliver_after_s": 4, "visibility_timeout_s": 60, "sweep_interval_s": 1}
-    env = {**provider_env("SlowProvider", mark_dir=marks, sleep_s=1.0, **delivery),
-           "RERANKQ_REDIS_URL": own_redis.url}
+    env = {**provider_env("SlowProvider", mark_dir=marks, sleep_s=1.0, **delivery), "RERANKQ_REDIS_URL": own_redis.url}
     worker = start_worker(env=env, args=["--device", "cpu", "--processes", "2"])
     client = make_client(redis_url=own_redis.url, **delivery)
-    streams = [client.open("payment gateway error", make_candidates(20), window_size=10, first_windows=2)
-               for _ in range(4)]
+    streams = [
+        client.open("payment gateway error", make_candidates(20), window_size=10, first_windows=2) for _ in range(4)
+    ]
     wait_for(lambda: list(marks.iterdir()), 20, "windows to start scoring")
     raw.config_set("maxmemory", str(int(raw.info("memory")["used_memory"]) + 2 * 2**20))
     with KeptFull(raw):
@@ -95,8 +95,12 @@ def test_a_full_redis_is_waited_out_and_the_worker_stays_up(own_redis, start_wor
         assert worker.proc.poll() is None, "the worker died of a full Redis"
         assert len(client.store.snapshot(streams[-1]).results) < 2
 
-    wait_for(lambda: all(len(client.store.snapshot(s).results) == 2 for s in streams), 60,
-             "every window to commit once memory freed", 0.2)
+    wait_for(
+        lambda: all(len(client.store.snapshot(s).results) == 2 for s in streams),
+        60,
+        "every window to commit once memory freed",
+        0.2,
+    )
     assert worker.proc.poll() is None
     assert "Unrecoverable" not in worker.log()
     assert "redis_full:" in worker.log()  # the transport met the full Redis and kept going
@@ -123,8 +127,14 @@ def test_a_gpu_worker_without_cuda_refuses_to_start(base_env, tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA: the worker would rightly start")
-    proc = subprocess.run([sys.executable, "-m", "worker", "--device", "gpu"], env=base_env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "--device", "gpu"],
+        env=base_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "worker_cannot_serve_device" in proc.stderr and "no CUDA device" in proc.stderr
     assert " ready." not in proc.stderr
@@ -145,8 +155,9 @@ def test_open_on_a_full_redis_writes_nothing_and_says_a_retry_is_safe(own_redis,
     raw.close()
 
 
-def test_a_stream_written_before_the_broker_filled_is_opened_and_swept(own_redis, start_worker, make_client,
-                                                                       raw_redis, namespace):
+def test_a_stream_written_before_the_broker_filled_is_opened_and_swept(
+    own_redis, start_worker, make_client, raw_redis, namespace
+):
     """The stream is written, then the (separate) broker refuses the messages: open succeeds,
     a retry would pay twice, and the workers' sweep sends the windows once the broker frees."""
     broker = redis.Redis.from_url(own_redis.url)
@@ -159,8 +170,7 @@ def test_a_stream_written_before_the_broker_filled_is_opened_and_swept(own_redis
     assert client.status(stream).windows[0].state == "admitted"
     assert broker.llen(f"{namespace}.cpu") == 0
     free(broker)
-    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1,
-                                  broker_url=own_redis.url))
+    start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1, broker_url=own_redis.url))
     wait_for(lambda: len(client.store.snapshot(stream).results) == 2, 30, "the sweep to send both windows", 0.2)
     assert commits_per_window(raw_redis, client, stream) == {0: 1, 1: 1}
     broker.close()
@@ -189,8 +199,9 @@ def test_a_redis_killed_mid_run_is_waited_out(start_worker, make_client, tmp_pat
         env = {**provider_env("SlowProvider", sleep_s=0.5), "RERANKQ_REDIS_URL": server.url}
         worker = start_worker(env=env)
         client = make_client(redis_url=server.url, redeliver_after_s=4)
-        streams = [client.open("payment gateway error", make_candidates(20), window_size=10, first_windows=2)
-                   for _ in range(3)]
+        streams = [
+            client.open("payment gateway error", make_candidates(20), window_size=10, first_windows=2) for _ in range(3)
+        ]
         time.sleep(1.0)
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait()
@@ -198,8 +209,12 @@ def test_a_redis_killed_mid_run_is_waited_out(start_worker, make_client, tmp_pat
         time.sleep(2)
         server.start()
 
-        wait_for(lambda: all(len(client.store.snapshot(s).results) == 2 for s in streams), 60,
-                 "every window to commit after the restart", 0.5)
+        wait_for(
+            lambda: all(len(client.store.snapshot(s).results) == 2 for s in streams),
+            60,
+            "every window to commit after the restart",
+            0.5,
+        )
         assert worker.proc.poll() is None
         raw = redis.Redis.from_url(server.url)
         for stream in streams:

@@ -23,9 +23,22 @@ def test_flower_sees_the_windows_and_the_worker(start_worker, make_client, base_
     port = free_port()
     env = {**base_env, "FLOWER_UNAUTHENTICATED_API": "true"}  # the API answers without auth for the test
     log = open(tmp_path / "flower.log", "wb")
-    flower = subprocess.Popen([sys.executable, "-m", "celery", "--broker", base_env["RERANKQ_REDIS_URL"], "flower",
-                               f"--port={port}", "--address=127.0.0.1"], env=env, cwd=ROOT, stdout=log,
-                              stderr=subprocess.STDOUT)
+    flower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "--broker",
+            base_env["RERANKQ_REDIS_URL"],
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_for(lambda: status_of(port, "/healthcheck") == 200, 60, "flower")
         # Events are broadcast, not queued: start once Flower hears the worker's heartbeats.
@@ -36,8 +49,9 @@ def test_flower_sees_the_windows_and_the_worker(start_worker, make_client, base_
 
         def tasks() -> dict:
             status, body = get_json(port, "/api/tasks")
-            return body if status == 200 and len(body) == 3 and all(
-                t["state"] == "SUCCESS" for t in body.values()) else {}
+            return (
+                body if status == 200 and len(body) == 3 and all(t["state"] == "SUCCESS" for t in body.values()) else {}
+            )
 
         seen = wait_for(tasks, 30, "three succeeded tasks in flower")
         assert {t["name"] for t in seen.values()} == {"rerankq.score_window"}

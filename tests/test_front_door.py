@@ -38,9 +38,13 @@ def candidates(n: int) -> list[dict[str, str]]:
 
 def test_mask_url_hides_passwords_in_every_url_shape():
     assert mask_url("redis://:pw@h:6379/0") == "redis://:***@h:6379/0"
-    assert mask_url("rediss://user:pw@h:6380/1?ssl_ca_certs=/ca.pem") == "rediss://user:***@h:6380/1?ssl_ca_certs=/ca.pem"
-    assert mask_url("redis+sentinel://:pw@h1:26379,h2:26379/svc?sentinel_password=pw2") == \
-        "redis+sentinel://:***@h1:26379,h2:26379/svc?sentinel_password=***"
+    assert (
+        mask_url("rediss://user:pw@h:6380/1?ssl_ca_certs=/ca.pem") == "rediss://user:***@h:6380/1?ssl_ca_certs=/ca.pem"
+    )
+    assert (
+        mask_url("redis+sentinel://:pw@h1:26379,h2:26379/svc?sentinel_password=pw2")
+        == "redis+sentinel://:***@h1:26379,h2:26379/svc?sentinel_password=***"
+    )
     assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
     assert "pw" not in mask_url("amqp://guest:pw@rabbit:5672//")
 
@@ -62,17 +66,21 @@ def test_every_store_error_names_the_url_tried_with_the_password_masked():
             assert err.value.url == mask_url(url)
     # A read reached no stream: it must not say the stream exists.
     for name in ("pull", "status", "progress"):
-        with RerankClient(load_settings({"RERANKQ_REDIS_URL": url})) as client, \
-                pytest.raises(StoreUnavailable) as err:
-            calls_again = {"pull": lambda: client.pull("s_" + "0" * 32, 0, 10, timeout=0),
-                           "status": lambda: client.status("k_doesnotexist"),
-                           "progress": lambda: client.progress(["k_doesnotexist"])}
+        with RerankClient(load_settings({"RERANKQ_REDIS_URL": url})) as client, pytest.raises(StoreUnavailable) as err:
+            calls_again = {
+                "pull": lambda: client.pull("s_" + "0" * 32, 0, 10, timeout=0),
+                "status": lambda: client.status("k_doesnotexist"),
+                "progress": lambda: client.progress(["k_doesnotexist"]),
+            }
             calls_again[name]()
         assert "the stream exists" not in str(err.value) and err.value.stream_written is None
 
 
-@pytest.mark.parametrize("args", [["status", "k_doesnotexist"], ["inspect", "--timeout", "0.5"],
-                                  ["pull", "k_doesnotexist", "--timeout", "0"]], ids=lambda a: a[0])
+@pytest.mark.parametrize(
+    "args",
+    [["status", "k_doesnotexist"], ["inspect", "--timeout", "0.5"], ["pull", "k_doesnotexist", "--timeout", "0"]],
+    ids=lambda a: a[0],
+)
 def test_a_command_against_a_wrong_url_prints_one_line_naming_it(args, base_env):
     url = dead_url()
     done = rerankq(args, {**base_env, "RERANKQ_REDIS_URL": url}, timeout=120)
@@ -82,12 +90,12 @@ def test_a_command_against_a_wrong_url_prints_one_line_naming_it(args, base_env)
     assert "RERANKQ_REDIS_URL" in done.stderr and "the stream exists" not in done.stderr
 
 
-def test_submit_words_the_too_shallow_refusal_for_the_command_line_and_a_skip_run_says_it_finished(
-        base_env, tmp_path):
+def test_submit_words_the_too_shallow_refusal_for_the_command_line_and_a_skip_run_says_it_finished(base_env, tmp_path):
     source = tmp_path / "jobs.jsonl"
     source.write_text(json.dumps({"id": "j1", "query": "payment", "candidates": candidates(3)}) + "\n")
-    done = rerankq(["submit", str(source), "--out", str(tmp_path / "out.jsonl"), "--keep", "10",
-                    "--on-error", "skip"], base_env)
+    done = rerankq(
+        ["submit", str(source), "--out", str(tmp_path / "out.jsonl"), "--keep", "10", "--on-error", "skip"], base_env
+    )
     assert done.returncode == 1
     said = done.stdout + done.stderr
     assert "--allow-shallow" in said and "allow_shallow=True" not in said
@@ -100,8 +108,16 @@ def test_submit_progress_at_80_columns_keeps_the_bar_n_of_m_and_the_eta():
     from worker.cli.submit.progress import RichDisplay, Tally
 
     out = io.StringIO()
-    tally = Tally(total=1000, done=237, in_flight=48, windows_total=1500, windows_committed=700, pairs=17_000,
-                  failovers=700, started=time.monotonic() - 60)
+    tally = Tally(
+        total=1000,
+        done=237,
+        in_flight=48,
+        windows_total=1500,
+        windows_committed=700,
+        pairs=17_000,
+        failovers=700,
+        started=time.monotonic() - 60,
+    )
     display = RichDisplay(out, console=Console(file=out, width=80, force_terminal=False, color_system=None))
     display.task = display.progress.add_task("submit", total=None, detail="", eta="-")
     display.update(tally)
@@ -118,8 +134,9 @@ def test_submit_progress_at_80_columns_keeps_the_bar_n_of_m_and_the_eta():
 def one_cpu_worker(redis_server, tmp_path_factory):
     """A CPU worker and a gateway (no keys) in their own namespace; no GPU worker at all."""
     tmp = tmp_path_factory.mktemp("front-door")
-    env = queue_env(redis_server.url, "f" + uuid.uuid4().hex[:10], RERANKQ_RERANKER_PROVIDER=FAST,
-                    RERANKQ_RERANKER_MODEL="")
+    env = queue_env(
+        redis_server.url, "f" + uuid.uuid4().hex[:10], RERANKQ_RERANKER_PROVIDER=FAST, RERANKQ_RERANKER_MODEL=""
+    )
     worker = WorkerProcess.rerankq(env, tmp / "worker.log", "--device", "cpu", cwd=ROOT).start()
     gateway = GatewayProcess(env, tmp / "gateway.log", "--insecure-no-auth").start()
     client = RerankClient(load_settings(env))

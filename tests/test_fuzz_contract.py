@@ -33,14 +33,37 @@ from producer.wire import (
     window_result_decoder,
 )
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 CANDIDATE_FIELDS = set(Candidate.__struct_fields__)
-OPEN_ARGS = {"query", "candidates", "window_size", "first_windows", "device", "min_score", "min_final_score",
-             "chain", "tenant", "boosts", "reference_time", "query_range", "ttl_s", "idempotency_key",
-             "strategy_boosts", "budget", "keep", "allow_shallow", "max_rerank_candidates",
-             "max_candidates_per_source", "document_budget", "lane"}
+OPEN_ARGS = {
+    "query",
+    "candidates",
+    "window_size",
+    "first_windows",
+    "device",
+    "min_score",
+    "min_final_score",
+    "chain",
+    "tenant",
+    "boosts",
+    "reference_time",
+    "query_range",
+    "ttl_s",
+    "idempotency_key",
+    "strategy_boosts",
+    "budget",
+    "keep",
+    "allow_shallow",
+    "max_rerank_candidates",
+    "max_candidates_per_source",
+    "document_budget",
+    "lane",
+}
 
 junk = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) | st.binary(max_size=8),
@@ -55,8 +78,10 @@ field_value = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
 )
 candidate = st.one_of(
-    st.fixed_dictionaries({"id": st.text(max_size=10), "text": st.text(max_size=30)},
-                          optional={f: field_value for f in sorted(CANDIDATE_FIELDS - {"id", "text"})}),
+    st.fixed_dictionaries(
+        {"id": st.text(max_size=10), "text": st.text(max_size=30)},
+        optional={f: field_value for f in sorted(CANDIDATE_FIELDS - {"id", "text"})},
+    ),
     st.dictionaries(st.sampled_from(sorted(CANDIDATE_FIELDS | {"bogus", "ID"})), field_value, max_size=4),
     junk,
 )
@@ -75,17 +100,22 @@ def client(make_client, raw_redis, namespace):
 
 
 @FUZZ
-@given(query=st.one_of(st.text(max_size=120), junk), items=candidates,
-       window_size=st.one_of(st.none(), st.integers(-3, 300), junk),
-       ttl_s=st.one_of(st.none(), st.integers(-5, 10**7), junk),
-       key=st.one_of(st.none(), st.text(max_size=70), junk),
-       device=st.one_of(st.sampled_from(["cpu", "gpu", "any"]), junk))
-def test_open_either_succeeds_or_names_the_field_and_writes_nothing(client, raw_redis, namespace, query, items,
-                                                                     window_size, ttl_s, key, device):
+@given(
+    query=st.one_of(st.text(max_size=120), junk),
+    items=candidates,
+    window_size=st.one_of(st.none(), st.integers(-3, 300), junk),
+    ttl_s=st.one_of(st.none(), st.integers(-5, 10**7), junk),
+    key=st.one_of(st.none(), st.text(max_size=70), junk),
+    device=st.one_of(st.sampled_from(["cpu", "gpu", "any"]), junk),
+)
+def test_open_either_succeeds_or_names_the_field_and_writes_nothing(
+    client, raw_redis, namespace, query, items, window_size, ttl_s, key, device
+):
     before = namespace_keys(raw_redis, namespace)
     try:
-        stream = client.open(query, items, window_size=window_size, ttl_s=ttl_s, idempotency_key=key,
-                             device=device, allow_shallow=True)
+        stream = client.open(
+            query, items, window_size=window_size, ttl_s=ttl_s, idempotency_key=key, device=device, allow_shallow=True
+        )
     except ValidationError as exc:
         assert _field_root(exc.field) in OPEN_ARGS, exc.field
         assert str(exc).startswith(exc.field)
@@ -105,23 +135,37 @@ def test_open_either_succeeds_or_names_the_field_and_writes_nothing(client, raw_
 # Any code point, lone surrogates included (what json.loads makes of "\\ud800").
 hostile_text = st.text(alphabet=st.characters(exclude_categories=()), max_size=12)
 datetimes = st.datetimes() | st.datetimes(timezones=st.just(dt.timezone.utc)) | st.dates()
-scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | hostile_text
-           | st.binary(max_size=6) | datetimes | st.sampled_from(["cpu", "low", "linear", "graph:high", "k_a\n"]))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | hostile_text
+    | st.binary(max_size=6)
+    | datetimes
+    | st.sampled_from(["cpu", "low", "linear", "graph:high", "k_a\n"])
+)
 
 
 def struct_of(cls: type, required: tuple[str, ...], values: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     """An instance built in Python: its constructor checks no type, so every field may hold junk."""
     fields = set(cls.__struct_fields__)
-    return st.fixed_dictionaries({f: values for f in required},
-                                 optional={f: values for f in sorted(fields - set(required))}).map(lambda kw: cls(**kw))
+    return st.fixed_dictionaries(
+        {f: values for f in required}, optional={f: values for f in sorted(fields - set(required))}
+    ).map(lambda kw: cls(**kw))
 
 
 hostile = st.recursive(
     scalars,
-    lambda inner: (st.lists(inner, max_size=3) | st.tuples(inner) | st.frozensets(scalars, max_size=2)
-                   | st.dictionaries(scalars.filter(lambda k: k == k), inner, max_size=3)
-                   | struct_of(Boosts, (), inner) | struct_of(TimeRange, ("start", "end"), inner)
-                   | struct_of(Candidate, ("id",), inner)),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner)
+        | st.frozensets(scalars, max_size=2)
+        | st.dictionaries(scalars.filter(lambda k: k == k), inner, max_size=3)
+        | struct_of(Boosts, (), inner)
+        | struct_of(TimeRange, ("start", "end"), inner)
+        | struct_of(Candidate, ("id",), inner)
+    ),
     max_leaves=6,
 )
 
@@ -164,10 +208,15 @@ def time_ranges(draw: st.DrawFn) -> TimeRange:
 
 
 candidate_fields = {
-    "context": some_text, "heading_path": st.lists(some_text, max_size=2), "occurred_start": aware | st.datetimes(),
-    "mentioned_at": aware, "proof_count": st.integers(0, 9), "source": st.sampled_from(["graph", "bm25"]),
-    "fusion_score": st.floats(-5, 5), "doc_id": some_text, "embedding": st.lists(st.floats(-1, 1), min_size=2,
-                                                                                 max_size=2),
+    "context": some_text,
+    "heading_path": st.lists(some_text, max_size=2),
+    "occurred_start": aware | st.datetimes(),
+    "mentioned_at": aware,
+    "proof_count": st.integers(0, 9),
+    "source": st.sampled_from(["graph", "bm25"]),
+    "fusion_score": st.floats(-5, 5),
+    "doc_id": some_text,
+    "embedding": st.lists(st.floats(-1, 1), min_size=2, max_size=2),
     "metadata": st.dictionaries(some_text, st.integers() | some_text | st.lists(st.booleans(), max_size=2), max_size=3),
 }
 open_arguments = {
@@ -188,8 +237,9 @@ open_arguments = {
     "allow_shallow": st.just(True),
     "max_rerank_candidates": st.none() | st.integers(1, 10),
     "max_candidates_per_source": st.none() | st.integers(0, 3),
-    "strategy_boosts": st.none() | st.just("graph:high") | st.dictionaries(some_text, st.sampled_from(["low", "high"]),
-                                                                           max_size=2),
+    "strategy_boosts": st.none()
+    | st.just("graph:high")
+    | st.dictionaries(some_text, st.sampled_from(["low", "high"]), max_size=2),
     "document_budget": st.none() | st.integers(1, 500),
     "lane": st.sampled_from(["interactive", "batch"]),
 }
@@ -202,8 +252,7 @@ def open_calls(draw: st.DrawFn) -> tuple[Any, Any, dict[str, Any]]:
     n = draw(st.integers(1, 4))
     items: list[Any] = []
     for i in range(n):
-        fields = {"id": f"c{i}", "text": draw(some_text),
-                  **draw(st.fixed_dictionaries({}, optional=candidate_fields))}
+        fields = {"id": f"c{i}", "text": draw(some_text), **draw(st.fixed_dictionaries({}, optional=candidate_fields))}
         items.append(Candidate(**fields) if draw(st.booleans()) else fields)
     query: Any = draw(some_text)
     kwargs = draw(st.fixed_dictionaries({}, optional=open_arguments))
@@ -270,14 +319,19 @@ def valid_or(valid: st.SearchStrategy[Any], hostile_values: st.SearchStrategy[An
 
 
 @FUZZ
-@given(stream_id=valid_or(st.just(OPEN_STREAM), st.one_of(st.text(max_size=80), hostile_text, junk,
-                                                         st.sampled_from(["k_legit\n", "s_" + "0" * 32 + "\n"]))),
-       offset=valid_or(st.integers(0, 50), st.integers(-5, -1) | anything),
-       limit=valid_or(st.integers(1, 50), st.integers(-5, 0) | anything),
-       timeout=valid_or(st.just(0) | st.floats(0, 0.01), anything),
-       raise_on_failed=valid_or(st.booleans(), anything))
-def test_reads_of_hostile_ids_and_bounds_are_refused_by_name(client, open_stream, stream_id, offset, limit, timeout,
-                                                             raise_on_failed):
+@given(
+    stream_id=valid_or(
+        st.just(OPEN_STREAM),
+        st.one_of(st.text(max_size=80), hostile_text, junk, st.sampled_from(["k_legit\n", "s_" + "0" * 32 + "\n"])),
+    ),
+    offset=valid_or(st.integers(0, 50), st.integers(-5, -1) | anything),
+    limit=valid_or(st.integers(1, 50), st.integers(-5, 0) | anything),
+    timeout=valid_or(st.just(0) | st.floats(0, 0.01), anything),
+    raise_on_failed=valid_or(st.booleans(), anything),
+)
+def test_reads_of_hostile_ids_and_bounds_are_refused_by_name(
+    client, open_stream, stream_id, offset, limit, timeout, raise_on_failed
+):
     stream_id = open_stream if stream_id == OPEN_STREAM else stream_id
     try:
         page = client.pull(stream_id, offset, limit, timeout=timeout, raise_on_failed=raise_on_failed)
@@ -315,11 +369,17 @@ def test_decoders_reject_garbage_with_msgspec_errors_only(blob):
             pass
 
 
-@given(st.builds(Candidate, id=st.text(min_size=1, max_size=10), text=st.text(max_size=30),
-                 heading_path=st.lists(st.text(max_size=5), max_size=3),
-                 fusion_score=st.one_of(st.none(), st.floats(allow_nan=False)),
-                 proof_count=st.one_of(st.none(), st.integers()),
-                 metadata=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3)))
+@given(
+    st.builds(
+        Candidate,
+        id=st.text(min_size=1, max_size=10),
+        text=st.text(max_size=30),
+        heading_path=st.lists(st.text(max_size=5), max_size=3),
+        fusion_score=st.one_of(st.none(), st.floats(allow_nan=False)),
+        proof_count=st.one_of(st.none(), st.integers()),
+        metadata=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3),
+    )
+)
 def test_valid_candidates_round_trip_through_the_wire(candidate):
     from producer.validation import check_candidates
 
@@ -335,7 +395,19 @@ def test_unknown_fields_are_refused_not_ignored():
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"id": "a", "txt": "typo"}, Candidate)
     with pytest.raises(msgspec.ValidationError):
-        window_result_decoder.decode(encode({"window": 0, "start": 0, "end": 0, "served_by": None,
-                                             "passthrough": False, "attempts": 1, "committed_at": 0.0,
-                                             "decisions": [], "extra": 1}))
+        window_result_decoder.decode(
+            encode(
+                {
+                    "window": 0,
+                    "start": 0,
+                    "end": 0,
+                    "served_by": None,
+                    "passthrough": False,
+                    "attempts": 1,
+                    "committed_at": 0.0,
+                    "decisions": [],
+                    "extra": 1,
+                }
+            )
+        )
     assert WindowResult  # the contract under test

@@ -62,26 +62,45 @@ class Deployment:
 
     def calls(self) -> dict[str, int]:
         counters = self.client.store.counters()
-        return {name: counters.get(name, 0) for name in
-                (f"provider_calls:{SERVED_BY}", "windows_committed", "pair_cache_hits", "pair_cache_misses")}
+        return {
+            name: counters.get(name, 0)
+            for name in (f"provider_calls:{SERVED_BY}", "windows_committed", "pair_cache_hits", "pair_cache_misses")
+        }
 
 
 @pytest.fixture(scope="module")
 def deployment(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("gateway")
-    env = queue_env(redis_server.url, "g" + uuid.uuid4().hex[:10], RERANKQ_RERANKER_PROVIDER=FAST,
-                    RERANKQ_CHAIN_FAST="0", RERANKQ_MAX_WINDOW_SIZE=str(MAX_WINDOW), RERANKQ_WINDOW_SIZE="10")
-    keys = write_keys(tmp / "keys.json", [
-        {"name": "acme", "tenant": "acme", "devices": ["cpu", "gpu"]},
-        {"name": "other", "tenant": "other"},
-        {"name": "pinned", "tenant": "acme", "chain": "fast"},
-    ])
+    env = queue_env(
+        redis_server.url,
+        "g" + uuid.uuid4().hex[:10],
+        RERANKQ_RERANKER_PROVIDER=FAST,
+        RERANKQ_CHAIN_FAST="0",
+        RERANKQ_MAX_WINDOW_SIZE=str(MAX_WINDOW),
+        RERANKQ_WINDOW_SIZE="10",
+    )
+    keys = write_keys(
+        tmp / "keys.json",
+        [
+            {"name": "acme", "tenant": "acme", "devices": ["cpu", "gpu"]},
+            {"name": "other", "tenant": "other"},
+            {"name": "pinned", "tenant": "acme", "chain": "fast"},
+        ],
+    )
     worker = WorkerProcess.rerankq(env, tmp / "worker.log", "--device", "cpu", cwd=ROOT).start()
-    gateway = GatewayProcess({**env, "RERANKQ_GATEWAY_KEYS_FILE": str(tmp / "keys.json"),
-                              "RERANKQ_GATEWAY_MAX_DOCUMENTS": str(MAX_DOCUMENTS),
-                              "RERANKQ_GATEWAY_MAX_DOCUMENT_CHARS": str(MAX_CHARS),
-                              "RERANKQ_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)},
-                             tmp / "gateway.log", "--log-level", "debug", "--access-log").start()
+    gateway = GatewayProcess(
+        {
+            **env,
+            "RERANKQ_GATEWAY_KEYS_FILE": str(tmp / "keys.json"),
+            "RERANKQ_GATEWAY_MAX_DOCUMENTS": str(MAX_DOCUMENTS),
+            "RERANKQ_GATEWAY_MAX_DOCUMENT_CHARS": str(MAX_CHARS),
+            "RERANKQ_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY),
+        },
+        tmp / "gateway.log",
+        "--log-level",
+        "debug",
+        "--access-log",
+    ).start()
     client = RerankClient(load_settings(env))
     http = httpx.Client(base_url=gateway.url, timeout=60)
     try:
@@ -97,8 +116,13 @@ def query(tag: str) -> str:
     return f"payment gateway 502 {tag} {uuid.uuid4().hex[:6]}"
 
 
-DOCS = ["the cat sat on the mat", "checkout returned 502 after the certificate expired",
-        "how to recover checkout after 502s", "office facilities: the printer on floor 3", "a payment gateway runbook"]
+DOCS = [
+    "the cat sat on the mat",
+    "checkout returned 502 after the certificate expired",
+    "how to recover checkout after 502s",
+    "office facilities: the printer on floor 3",
+    "a payment gateway runbook",
+]
 
 
 # -- Cohere ---------------------------------------------------------------------------------
@@ -132,8 +156,9 @@ def test_cohere_v1_returns_documents_as_given_and_ranks_by_rank_fields(deploymen
     assert by_index[0]["document"] == {"text": DOCS[0]}
     assert by_index[1]["document"] == {"text": DOCS[1], "id": "d1"}
     assert by_index[1]["relevance_score"] == pytest.approx(_score(q, DOCS[1]))
-    assert [r["relevance_score"] for r in body["results"]] == sorted((r["relevance_score"] for r in body["results"]),
-                                                                     reverse=True)
+    assert [r["relevance_score"] for r in body["results"]] == sorted(
+        (r["relevance_score"] for r in body["results"]), reverse=True
+    )
 
     plain = deployment.post("/v1/rerank", {"query": q, "documents": documents, "top_n": 1}).json()
     assert len(plain["results"]) == 1 and set(plain["results"][0]) == {"index", "relevance_score"}
@@ -169,8 +194,9 @@ def test_cohere_v1_max_chunks_per_doc_scores_passages_and_answers_per_document(d
 def test_cohere_errors_name_the_field_with_cohere_codes(deployment: Deployment) -> None:
     def refused(body: object, status: int, *needles: str, raw: bytes | None = None) -> None:
         headers = {"Authorization": f"Bearer {deployment.keys['acme']}"}
-        answer = deployment.http.post("/v2/rerank", content=raw if raw is not None else json.dumps(body),
-                                      headers=headers)
+        answer = deployment.http.post(
+            "/v2/rerank", content=raw if raw is not None else json.dumps(body), headers=headers
+        )
         assert answer.status_code == status, answer.text
         assert set(answer.json()) == {"message"}
         for needle in needles:
@@ -197,8 +223,11 @@ def test_more_documents_than_a_window_holds_are_scored_in_windows_and_ranked_tog
     answer = deployment.post("/v2/rerank", {"model": "m", "query": q, "documents": documents})
     assert answer.status_code == 200, answer.text
     status = deployment.client.status(answer.headers["x-rerankq-stream-id"])
-    assert [(w.start, w.end, w.state) for w in status.windows] == [(0, 16, "committed"), (16, 32, "committed"),
-                                                                   (32, 40, "committed")]
+    assert [(w.start, w.end, w.state) for w in status.windows] == [
+        (0, 16, "committed"),
+        (16, 32, "committed"),
+        (32, 40, "committed"),
+    ]
     expected = sorted(((_score(q, d), i) for i, d in enumerate(documents)), key=lambda p: (-p[0], p[1]))
     assert [r["index"] for r in answer.json()["results"]] == [i for _, i in expected]
 
@@ -216,8 +245,18 @@ def test_tei_answers_a_bare_array_with_text_and_raw_scores(deployment: Deploymen
     assert [r["index"] for r in ranks] == [i for _, i in expected]
     assert [r["score"] for r in ranks] == pytest.approx([score for score, _ in expected])
 
-    raw = deployment.post("/rerank", {"query": q, "texts": DOCS, "raw_scores": True, "return_text": True,
-                                      "truncate": True, "truncation_direction": "Left", "unknown": 1}).json()
+    raw = deployment.post(
+        "/rerank",
+        {
+            "query": q,
+            "texts": DOCS,
+            "raw_scores": True,
+            "return_text": True,
+            "truncate": True,
+            "truncation_direction": "Left",
+            "unknown": 1,
+        },
+    ).json()
     assert [r["index"] for r in raw] == [r["index"] for r in ranks]
     for rank in raw:
         assert set(rank) == {"index", "score", "text"}
@@ -228,8 +267,11 @@ def test_tei_answers_a_bare_array_with_text_and_raw_scores(deployment: Deploymen
 
 def test_tei_errors_in_tei_shape_with_413_422(deployment: Deployment) -> None:
     def refused(body: object, status: int, error_type: str, *needles: str, raw: bytes | None = None) -> None:
-        answer = deployment.http.post("/rerank", content=raw if raw is not None else json.dumps(body),
-                                      headers={"Authorization": f"Bearer {deployment.keys['acme']}"})
+        answer = deployment.http.post(
+            "/rerank",
+            content=raw if raw is not None else json.dumps(body),
+            headers={"Authorization": f"Bearer {deployment.keys['acme']}"},
+        )
         assert answer.status_code == status, answer.text
         assert answer.json()["error_type"] == error_type and set(answer.json()) == {"error", "error_type"}
         for needle in needles:
@@ -237,8 +279,12 @@ def test_tei_errors_in_tei_shape_with_413_422(deployment: Deployment) -> None:
 
     q = query("tei errors")
     refused({"query": q, "texts": []}, 400, "Empty", "`texts` cannot be empty")
-    refused({"query": q, "texts": ["t"] * (MAX_DOCUMENTS + 1)}, 413, "Validation",
-            f"batch size {MAX_DOCUMENTS + 1} > maximum allowed batch size {MAX_DOCUMENTS}")
+    refused(
+        {"query": q, "texts": ["t"] * (MAX_DOCUMENTS + 1)},
+        413,
+        "Validation",
+        f"batch size {MAX_DOCUMENTS + 1} > maximum allowed batch size {MAX_DOCUMENTS}",
+    )
     refused({"query": q, "texts": ["x" * 2000] * MAX_DOCUMENTS * 3}, 413, "Validation", "bytes")
     refused({"query": q, "texts": ["a", 7]}, 422, "Validation", "texts[1]")
     refused({"query": q, "texts": ["a", "x" * (MAX_CHARS + 1)]}, 422, "Validation", "texts[1]")
@@ -260,23 +306,29 @@ def test_a_repeat_is_answered_from_retained_decisions_without_a_provider_call(de
     again = deployment.post("/v2/rerank", {"model": "m", "query": q, "documents": DOCS, "top_n": 3})
     as_tei = deployment.post("/rerank", {"query": q, "texts": DOCS})
     assert deployment.calls() == before  # no provider call, no window, not even a cache lookup
-    assert again.headers["x-rerankq-stream-id"] == first.headers["x-rerankq-stream-id"] \
+    assert (
+        again.headers["x-rerankq-stream-id"]
+        == first.headers["x-rerankq-stream-id"]
         == as_tei.headers["x-rerankq-stream-id"]
+    )
     assert again.json()["results"] == first.json()["results"][:3]
-    assert [(r["index"], r["score"]) for r in as_tei.json()] == \
-        [(r["index"], r["relevance_score"]) for r in first.json()["results"]]
+    assert [(r["index"], r["score"]) for r in as_tei.json()] == [
+        (r["index"], r["relevance_score"]) for r in first.json()["results"]
+    ]
 
 
 def test_a_timeout_answers_504_and_the_result_is_fetched_later_by_stream_id(deployment: Deployment) -> None:
     q = query("late")
     # Nothing serves the GPU queue yet, so the windows wait there.
-    late = deployment.post("/gpu/v2/rerank", {"model": "m", "query": q, "documents": DOCS},
-                           **{"X-Rerankq-Timeout": "0.5"})
+    late = deployment.post(
+        "/gpu/v2/rerank", {"model": "m", "query": q, "documents": DOCS}, **{"X-Rerankq-Timeout": "0.5"}
+    )
     assert late.status_code == 504 and set(late.json()) == {"message"}
     stream_id = late.headers["x-rerankq-stream-id"]
     assert stream_id in late.json()["message"]
-    tei_late = deployment.post("/rerank", {"query": q, "texts": DOCS}, **{"X-Rerankq-Device": "gpu",
-                                                                          "X-Rerankq-Timeout": "0.3"})
+    tei_late = deployment.post(
+        "/rerank", {"query": q, "texts": DOCS}, **{"X-Rerankq-Device": "gpu", "X-Rerankq-Timeout": "0.3"}
+    )
     assert tei_late.status_code == 504 and tei_late.json()["error_type"] == "Backend"
     assert tei_late.headers["x-rerankq-stream-id"] == stream_id  # the same job, the same stream
 
@@ -289,8 +341,9 @@ def test_a_timeout_answers_504_and_the_result_is_fetched_later_by_stream_id(depl
     before = deployment.calls()
     done = deployment.post("/gpu/v2/rerank", {"model": "m", "query": q, "documents": DOCS})
     assert done.status_code == 200 and deployment.calls() == before
-    assert [(r["index"], r["relevance_score"]) for r in done.json()["results"]] == \
-        [(row["decision"]["index"], row["decision"]["score"]) for row in page.json()["rows"]]
+    assert [(r["index"], r["relevance_score"]) for r in done.json()["results"]] == [
+        (row["decision"]["index"], row["decision"]["score"]) for row in page.json()["rows"]
+    ]
 
 
 # -- auth and tenancy --------------------------------------------------------------------------
@@ -301,8 +354,9 @@ def test_keys_are_required_and_map_to_tenant_chain_and_devices(deployment: Deplo
     missing = deployment.post("/v2/rerank", body, key=None)
     assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
     assert missing.json() == {"message": "no api key supplied: send Authorization: Bearer <key>"}
-    wrong = deployment.http.post("/v2/rerank", content=json.dumps(body),
-                                 headers={"Authorization": "Bearer rq_not-a-key-we-know"})
+    wrong = deployment.http.post(
+        "/v2/rerank", content=json.dumps(body), headers={"Authorization": "Bearer rq_not-a-key-we-know"}
+    )
     assert wrong.status_code == 401 and wrong.json() == {"message": "invalid api token"}
     tei = deployment.http.post("/rerank", content=json.dumps({"query": "q", "texts": ["a"]}))
     assert tei.status_code == 401 and tei.content == b""  # TEI's --api-key check answers a bare 401
@@ -317,8 +371,9 @@ def test_keys_are_required_and_map_to_tenant_chain_and_devices(deployment: Deplo
     stream_id = opened.json()["stream_id"]
     spec = deployment.client.store.load_spec(stream_id)
     assert (spec.tenant, spec.chain) == ("acme", "fast")
-    refused = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}],
-                                              "chain": "other"}, key="pinned")
+    refused = deployment.post(
+        "/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}], "chain": "other"}, key="pinned"
+    )
     assert refused.status_code == 403 and refused.json()["error"]["field"] == "chain"
     # Another tenant cannot read it, nor learn that it exists.
     assert deployment.get(f"/v1/streams/{stream_id}", key="other").status_code == 404
@@ -340,12 +395,28 @@ def test_no_key_reaches_the_log(deployment: Deployment) -> None:
 
 def test_stream_api_opens_pages_reports_and_streams_commits(deployment: Deployment) -> None:
     candidates = [{"id": f"c{i}", "text": f"payment note {i}"} for i in range(30)]
-    opened = deployment.post("/v1/streams", {"query": "payment 502", "candidates": candidates, "window_size": 10,
-                                             "first_windows": 3, "idempotency_key": "job-1"})
+    opened = deployment.post(
+        "/v1/streams",
+        {
+            "query": "payment 502",
+            "candidates": candidates,
+            "window_size": 10,
+            "first_windows": 3,
+            "idempotency_key": "job-1",
+        },
+    )
     assert opened.status_code == 201, opened.text
     stream_id = opened.json()["stream_id"]
-    again = deployment.post("/v1/streams", {"query": "payment 502", "candidates": candidates, "window_size": 10,
-                                            "first_windows": 3, "idempotency_key": "job-1"})
+    again = deployment.post(
+        "/v1/streams",
+        {
+            "query": "payment 502",
+            "candidates": candidates,
+            "window_size": 10,
+            "first_windows": 3,
+            "idempotency_key": "job-1",
+        },
+    )
     assert again.json()["stream_id"] == stream_id
     page = deployment.get(f"/v1/streams/{stream_id}/page", offset=5, limit=20, wait=30).json()
     pulled = deployment.client.pull(stream_id, 5, 20, timeout=0)
@@ -358,15 +429,18 @@ def test_stream_api_opens_pages_reports_and_streams_commits(deployment: Deployme
     assert [e["event"] for e in events] == ["commit", "commit", "commit", "complete"]
     assert sorted(json.loads(e["data"])["window"] for e in events[:3]) == [0, 1, 2]
     assert json.loads(events[0]["data"])["served_by"] == SERVED_BY
-    resumed = deployment.http.get(f"/v1/streams/{stream_id}/events", headers={
-        "Authorization": f"Bearer {deployment.keys['acme']}", "Last-Event-ID": events[0]["id"]})
+    resumed = deployment.http.get(
+        f"/v1/streams/{stream_id}/events",
+        headers={"Authorization": f"Bearer {deployment.keys['acme']}", "Last-Event-ID": events[0]["id"]},
+    )
     assert [e["event"] for e in sse_events(resumed.text)] == ["commit", "commit", "complete"]
 
 
 def test_a_page_admits_deeper_windows_like_pull(deployment: Deployment) -> None:
     candidates = [{"id": f"c{i}", "text": f"checkout note {i}"} for i in range(30)]
-    stream_id = deployment.post("/v1/streams", {"query": "checkout", "candidates": candidates,
-                                                "window_size": 10}).json()["stream_id"]
+    stream_id = deployment.post(
+        "/v1/streams", {"query": "checkout", "candidates": candidates, "window_size": 10}
+    ).json()["stream_id"]
     page = deployment.get(f"/v1/streams/{stream_id}/page", offset=0, limit=25, wait=30).json()
     assert len(page["rows"]) == 25 and page["total"] == 30
 
@@ -374,8 +448,7 @@ def test_a_page_admits_deeper_windows_like_pull(deployment: Deployment) -> None:
 def test_stream_api_errors_name_the_field(deployment: Deployment) -> None:
     bad = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}, {"text": "no id"}]})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "candidates[1].id"
-    boosts = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a"}],
-                                             "boosts": {"recency_alpha": 5}})
+    boosts = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a"}], "boosts": {"recency_alpha": 5}})
     assert boosts.status_code == 422 and boosts.json()["error"]["field"] == "boosts.recency_alpha"
     unknown = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a"}], "windowsize": 3})
     assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "windowsize"
@@ -399,27 +472,58 @@ def test_stream_api_refuses_each_bad_option_as_open_does(deployment: Deployment,
 
 
 def test_stream_api_takes_every_option(deployment: Deployment) -> None:
-    options = {"window_size": 5, "first_windows": 2, "device": "cpu", "min_score": 0.0, "min_final_score": 0.0,
-               "chain": "fast", "tenant": "acme", "boosts": {"recency_alpha": 0.3},
-               "reference_time": "2024-03-01T12:00:00Z",
-               "query_range": {"start": "2024-01-01T00:00:00Z", "end": "2024-02-01T00:00:00Z"}, "ttl_s": 600,
-               "idempotency_key": "every-" + uuid.uuid4().hex[:8], "budget": "high", "keep": 1,
-               "allow_shallow": True, "max_rerank_candidates": 30, "max_candidates_per_source": 0,
-               "strategy_boosts": "graph:high", "document_budget": 500, "lane": "batch",
-               "instruction": "find the runbook for the outage", "long_documents": "passages",
-               "passage_tokens": 64, "passage_stride": 32, "passage_aggregate": "sum_top_k", "passage_top_k": 2,
-               "max_passages": 4}
+    options = {
+        "window_size": 5,
+        "first_windows": 2,
+        "device": "cpu",
+        "min_score": 0.0,
+        "min_final_score": 0.0,
+        "chain": "fast",
+        "tenant": "acme",
+        "boosts": {"recency_alpha": 0.3},
+        "reference_time": "2024-03-01T12:00:00Z",
+        "query_range": {"start": "2024-01-01T00:00:00Z", "end": "2024-02-01T00:00:00Z"},
+        "ttl_s": 600,
+        "idempotency_key": "every-" + uuid.uuid4().hex[:8],
+        "budget": "high",
+        "keep": 1,
+        "allow_shallow": True,
+        "max_rerank_candidates": 30,
+        "max_candidates_per_source": 0,
+        "strategy_boosts": "graph:high",
+        "document_budget": 500,
+        "lane": "batch",
+        "instruction": "find the runbook for the outage",
+        "long_documents": "passages",
+        "passage_tokens": 64,
+        "passage_stride": 32,
+        "passage_aggregate": "sum_top_k",
+        "passage_top_k": 2,
+        "max_passages": 4,
+    }
     assert set(options) == set(BAD)  # every option, as the table of bad values has every option
     candidates = [{"id": f"c{i}", "text": f"payment note {i}"} for i in range(12)]
     opened = deployment.post("/v1/streams", {"query": "payment 502", "candidates": candidates, **options})
     assert opened.status_code == 201, opened.text
     stream_id = opened.json()["stream_id"]
     spec = deployment.client.store.load_spec(stream_id)
-    assert (spec.window_size, spec.chain, spec.tenant, spec.ttl_s, spec.document_budget, spec.instruction) == \
-        (5, "fast", "acme", 600, 500, "find the runbook for the outage")
+    assert (spec.window_size, spec.chain, spec.tenant, spec.ttl_s, spec.document_budget, spec.instruction) == (
+        5,
+        "fast",
+        "acme",
+        600,
+        500,
+        "find the runbook for the outage",
+    )
     assert spec.boosts.recency_alpha == 0.3 and spec.strategy_boosts == {"graph": "high"}
-    assert (spec.long_documents, spec.passage_tokens, spec.passage_stride, spec.passage_aggregate,
-            spec.passage_top_k, spec.max_passages) == ("passages", 64, 32, "sum_top_k", 2, 4)
+    assert (
+        spec.long_documents,
+        spec.passage_tokens,
+        spec.passage_stride,
+        spec.passage_aggregate,
+        spec.passage_top_k,
+        spec.max_passages,
+    ) == ("passages", 64, 32, "sum_top_k", 2, 4)
     assert deployment.client.status(stream_id).windows[1].state != "not_admitted"  # first_windows: 2
     other = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "tenant": "other"})
     assert other.status_code == 403 and other.json()["error"]["field"] == "tenant"
@@ -428,9 +532,11 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
 @pytest.mark.parametrize("route", ["/v2/rerank", "/v1/rerank", "/rerank"])
 def test_an_instruction_reaches_the_stream_and_is_part_of_a_repeat(deployment: Deployment, route: str) -> None:
     q = query("instruction")
+
     def body(**extra: object) -> dict[str, object]:
-        base: dict[str, object] = {"query": q, "texts": DOCS} if route == "/rerank" else \
-            {"model": "m", "query": q, "documents": DOCS}
+        base: dict[str, object] = (
+            {"query": q, "texts": DOCS} if route == "/rerank" else {"model": "m", "query": q, "documents": DOCS}
+        )
         return {**base, **extra}
 
     first = deployment.post(route, body(instruction="find the outage runbook"))
@@ -451,8 +557,16 @@ def test_an_instruction_reaches_the_stream_and_is_part_of_a_repeat(deployment: D
 
 def test_openapi_describes_every_route(deployment: Deployment) -> None:
     document = deployment.http.get("/openapi.json").json()
-    for path in ("/v2/rerank", "/v1/rerank", "/rerank", "/{device}/v2/rerank", "/v1/streams",
-                 "/v1/streams/{stream_id}", "/v1/streams/{stream_id}/page", "/v1/streams/{stream_id}/events"):
+    for path in (
+        "/v2/rerank",
+        "/v1/rerank",
+        "/rerank",
+        "/{device}/v2/rerank",
+        "/v1/streams",
+        "/v1/streams/{stream_id}",
+        "/v1/streams/{stream_id}/page",
+        "/v1/streams/{stream_id}/events",
+    ):
         assert path in document["paths"]
     assert deployment.post("/tpu/v2/rerank", {}).status_code == 404  # only device queues are a route prefix
     schemas = document["components"]["schemas"]
@@ -466,22 +580,28 @@ def test_openapi_describes_every_route(deployment: Deployment) -> None:
 def test_rerankq_cohere_and_tei_providers_parse_the_gateway_unmodified(deployment: Deployment, redis_server) -> None:
     key = deployment.keys["acme"]
     member = {"URL": deployment.gateway.url, "API_KEY": key, "MODEL": "rerank-v3.5"}
-    env = queue_env(redis_server.url, "b" + uuid.uuid4().hex[:10], RERANKQ_CHAIN_V2="0", RERANKQ_CHAIN_V1="1",
-                    RERANKQ_CHAIN_TEI="2", RERANKQ_CHAIN_TEIRAW="3", RERANKQ_PAIR_CACHE="false",
-                    **{f"RERANKQ_RERANKER_{k}": v for k, v in {**member, "PROVIDER": "cohere"}.items()},
-                    **{f"RERANKQ_RERANKER_1_{k}": v for k, v in {**member, "PROVIDER": "cohere",
-                                                                   "API_VERSION": "v1"}.items()},
-                    **{f"RERANKQ_RERANKER_2_{k}": v for k, v in {**member, "PROVIDER": "tei"}.items()},
-                    **{f"RERANKQ_RERANKER_3_{k}": v for k, v in {**member, "PROVIDER": "tei",
-                                                                   "SCALE": "logit"}.items()})
+    env = queue_env(
+        redis_server.url,
+        "b" + uuid.uuid4().hex[:10],
+        RERANKQ_CHAIN_V2="0",
+        RERANKQ_CHAIN_V1="1",
+        RERANKQ_CHAIN_TEI="2",
+        RERANKQ_CHAIN_TEIRAW="3",
+        RERANKQ_PAIR_CACHE="false",
+        **{f"RERANKQ_RERANKER_{k}": v for k, v in {**member, "PROVIDER": "cohere"}.items()},
+        **{f"RERANKQ_RERANKER_1_{k}": v for k, v in {**member, "PROVIDER": "cohere", "API_VERSION": "v1"}.items()},
+        **{f"RERANKQ_RERANKER_2_{k}": v for k, v in {**member, "PROVIDER": "tei"}.items()},
+        **{f"RERANKQ_RERANKER_3_{k}": v for k, v in {**member, "PROVIDER": "tei", "SCALE": "logit"}.items()},
+    )
     worker = WorkerProcess.rerankq(env, deployment.tmp / "dogfood-worker.log", "--device", "cpu", cwd=ROOT).start()
     q = query("dogfood")
     candidates = [{"id": f"d{i}", "text": text} for i, text in enumerate(DOCS)]
     before = deployment.calls()[f"provider_calls:{SERVED_BY}"]
     try:
         with RerankClient(load_settings(env)) as client:
-            for n, (profile, served_by) in enumerate([("v2", "0:cohere"), ("v1", "1:cohere"), ("tei", "2:tei"),
-                                                      ("teiraw", "3:tei")]):
+            for n, (profile, served_by) in enumerate(
+                [("v2", "0:cohere"), ("v1", "1:cohere"), ("tei", "2:tei"), ("teiraw", "3:tei")]
+            ):
                 stream = client.open(f"{q} {n}", candidates, chain=profile)
                 page = client.pull(stream, 0, len(DOCS), timeout=60)
                 status = client.status(stream)
@@ -499,9 +619,14 @@ def test_rerankq_cohere_and_tei_providers_parse_the_gateway_unmodified(deploymen
 
 
 def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_path: Path) -> None:
-    env = queue_env(redis_server.url, "p" + uuid.uuid4().hex[:10], RERANKQ_GATEWAY_MAX_BACKLOG="2",
-                    RERANKQ_GATEWAY_MAX_RETRY_AFTER_S="9", RERANKQ_GATEWAY_DRAIN_SAMPLE_S="0.1",
-                    RERANKQ_RERANKER_PROVIDER=FAST)
+    env = queue_env(
+        redis_server.url,
+        "p" + uuid.uuid4().hex[:10],
+        RERANKQ_GATEWAY_MAX_BACKLOG="2",
+        RERANKQ_GATEWAY_MAX_RETRY_AFTER_S="9",
+        RERANKQ_GATEWAY_DRAIN_SAMPLE_S="0.1",
+        RERANKQ_RERANKER_PROVIDER=FAST,
+    )
     gateway = GatewayProcess(env, tmp_path / "gateway.log", "--insecure-no-auth").start()
     backlog = redis.Redis.from_url(redis_server.url)
     answered = {"model": "m", "query": query("answered"), "documents": DOCS}
@@ -517,8 +642,11 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
             deadline = time.monotonic() + 10
             while True:
                 # A new job each time: one already in flight would be waited on, as nothing is sent for it.
-                cohere = http.post("/v2/rerank", json={"model": "m", "query": query("busy"), "documents": ["a", "b"]},
-                                   headers={"X-Rerankq-Timeout": "0.2"})
+                cohere = http.post(
+                    "/v2/rerank",
+                    json={"model": "m", "query": query("busy"), "documents": ["a", "b"]},
+                    headers={"X-Rerankq-Timeout": "0.2"},
+                )
                 if cohere.status_code == 429 or time.monotonic() > deadline:
                     break
             assert cohere.status_code == 429 and cohere.headers["retry-after"] == "9"
@@ -529,8 +657,11 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
             stream = http.post("/v1/streams", json={"query": "q", "candidates": [{"id": "a"}]})
             assert stream.status_code == 429 and stream.json()["error"]["type"] == "overloaded"
             # Another device's queue is not held back by this one.
-            gpu = http.post("/gpu/v2/rerank", json={"model": "m", "query": "q", "documents": ["a"]},
-                            headers={"X-Rerankq-Timeout": "0.2"})
+            gpu = http.post(
+                "/gpu/v2/rerank",
+                json={"model": "m", "query": "q", "documents": ["a"]},
+                headers={"X-Rerankq-Timeout": "0.2"},
+            )
             assert gpu.status_code == 504
             # What was answered before is answered still: nothing needs sending.
             again = http.post("/v2/rerank", json=answered)
@@ -579,15 +710,23 @@ def test_retry_after_follows_the_measured_drain_rate(redis_server) -> None:
 
 def test_refuses_to_start_without_keys_unless_told(redis_server) -> None:
     env = queue_env(redis_server.url, "n" + uuid.uuid4().hex[:10])
-    run = subprocess.run([sys.executable, "-m", "producer.gateway", "--port", "1"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "producer.gateway", "--port", "1"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     assert "RERANKQ_GATEWAY_KEYS_FILE" in run.stderr and "--insecure-no-auth" in run.stderr
 
 
 def test_the_gateway_imports_no_torch_and_no_worker_module() -> None:
-    code = ("import sys, producer.gateway.app, producer.gateway.main; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.split('.')[0] == 'worker'))")
+    code = (
+        "import sys, producer.gateway.app, producer.gateway.main; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.split('.')[0] == 'worker'))"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
 

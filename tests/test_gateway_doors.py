@@ -61,17 +61,32 @@ class Doors:
 def doors(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
     tmp = tmp_path_factory.mktemp("doors")
     # Each window takes a little while, so concurrent calls wait together, as under real load.
-    env = queue_env(redis_server.url, "d" + uuid.uuid4().hex[:10], RERANKQ_RERANKER_PROVIDER=FAST,
-                    TEST_PROVIDER_SLEEP_S=str(WINDOW_S))
-    keys = write_keys(tmp / "keys.json", [{"name": "a", "tenant": "tenant-a", "devices": ["cpu", "gpu"]},
-                                          {"name": "b", "tenant": "tenant-b", "devices": ["cpu", "gpu"]}])
+    env = queue_env(
+        redis_server.url,
+        "d" + uuid.uuid4().hex[:10],
+        RERANKQ_RERANKER_PROVIDER=FAST,
+        TEST_PROVIDER_SLEEP_S=str(WINDOW_S),
+    )
+    keys = write_keys(
+        tmp / "keys.json",
+        [
+            {"name": "a", "tenant": "tenant-a", "devices": ["cpu", "gpu"]},
+            {"name": "b", "tenant": "tenant-b", "devices": ["cpu", "gpu"]},
+        ],
+    )
     worker = WorkerProcess.rerankq(env, tmp / "worker.log", "--device", "cpu", cwd=ROOT).start()
-    gateway = GatewayProcess({**env, "RERANKQ_GATEWAY_KEYS_FILE": str(tmp / "keys.json"),
-                              "RERANKQ_GATEWAY_TENANT_MAX_STREAMS": str(MAX_STREAMS),
-                              "RERANKQ_GATEWAY_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-                              "RERANKQ_GATEWAY_KEEP_ALIVE_S": str(KEEP_ALIVE_S),
-                              "RERANKQ_GATEWAY_SSE_HEARTBEAT_S": str(HEARTBEAT_S)},
-                             tmp / "gateway.log", "--access-log").start()
+    gateway = GatewayProcess(
+        {
+            **env,
+            "RERANKQ_GATEWAY_KEYS_FILE": str(tmp / "keys.json"),
+            "RERANKQ_GATEWAY_TENANT_MAX_STREAMS": str(MAX_STREAMS),
+            "RERANKQ_GATEWAY_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+            "RERANKQ_GATEWAY_KEEP_ALIVE_S": str(KEEP_ALIVE_S),
+            "RERANKQ_GATEWAY_SSE_HEARTBEAT_S": str(HEARTBEAT_S),
+        },
+        tmp / "gateway.log",
+        "--access-log",
+    ).start()
     http = httpx.Client(base_url=gateway.url, timeout=60)
     try:
         yield Doors(keys, gateway, http)
@@ -83,8 +98,9 @@ def doors(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Do
 
 def quiet_stream(doors: Doors, tenant: str = "a") -> str:
     """A stream no worker will score (no GPU worker runs): its event stream has nothing to say."""
-    opened = doors.post("/v1/streams", {"query": "q", "candidates": [{"id": "x", "text": "t"}], "device": "gpu"},
-                        tenant)
+    opened = doors.post(
+        "/v1/streams", {"query": "q", "candidates": [{"id": "x", "text": "t"}], "device": "gpu"}, tenant
+    )
     assert opened.status_code == 201, opened.text
     return opened.json()["stream_id"]
 
@@ -165,16 +181,28 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-@pytest.mark.parametrize(("path", "body", "status", "field"), [
-    ("/v1/rerank", '{"query": "q", "documents": ["a", {"text": "t", "extra": %s}]}', 400, "documents[1].extra"),
-    ("/v1/streams", '{"query": "q", "candidates": [{"id": "a", "metadata": {"m": %s}}]}', 422,
-     "candidates[0].metadata"),
-    ("/v1/streams", '{"query": "q", "candidates": [{"id": "a"}], "boosts": {"recency_curve": %s}}', 422,
-     "boosts.recency_curve"),
-    ("/rerank", '{"query": "q", "texts": ["a"], "ignored": %s}', 422, "ignored"),
-])
-def test_deeply_nested_json_is_refused_naming_the_field(doors: Doors, path: str, body: str, status: int,
-                                                        field: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/v1/rerank", '{"query": "q", "documents": ["a", {"text": "t", "extra": %s}]}', 400, "documents[1].extra"),
+        (
+            "/v1/streams",
+            '{"query": "q", "candidates": [{"id": "a", "metadata": {"m": %s}}]}',
+            422,
+            "candidates[0].metadata",
+        ),
+        (
+            "/v1/streams",
+            '{"query": "q", "candidates": [{"id": "a"}], "boosts": {"recency_curve": %s}}',
+            422,
+            "boosts.recency_curve",
+        ),
+        ("/rerank", '{"query": "q", "texts": ["a"], "ignored": %s}', 422, "ignored"),
+    ],
+)
+def test_deeply_nested_json_is_refused_naming_the_field(
+    doors: Doors, path: str, body: str, status: int, field: str
+) -> None:
     answer = doors.http.post(path, content=body % nested(DEEP), headers=doors.auth("a"))
     assert answer.status_code == status, answer.text
     assert field in answer.text
@@ -196,8 +224,9 @@ def test_whitespace_documents_are_refused_like_empty_ones(doors: Doors) -> None:
 def test_a_quiet_event_stream_gets_heartbeats_and_stays_open(doors: Doors) -> None:
     stream_id = quiet_stream(doors)
     received, started = b"", time.monotonic()
-    with doors.http.stream("GET", f"/v1/streams/{stream_id}/events", headers=doors.auth("a"),
-                           timeout=httpx.Timeout(5.0)) as events:
+    with doors.http.stream(
+        "GET", f"/v1/streams/{stream_id}/events", headers=doors.auth("a"), timeout=httpx.Timeout(5.0)
+    ) as events:
         assert events.status_code == 200
         for part in events.iter_raw():
             received += part
@@ -224,8 +253,11 @@ def test_a_tenant_past_its_share_of_streams_gets_429_and_another_tenant_is_serve
 
     async def run() -> None:
         limits = httpx.Limits(max_connections=held + 10, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=doors.gateway.url, timeout=30, limits=limits) as client, \
-                contextlib.AsyncExitStack() as streams:
+        async with (
+            httpx.AsyncClient(base_url=doors.gateway.url, timeout=30, limits=limits) as client,
+            contextlib.AsyncExitStack() as streams,
+        ):
+
             async def open_one() -> httpx.Response:
                 request = client.build_request("GET", f"/v1/streams/{quiet}/events", headers=doors.auth("a"))
                 return await streams.enter_async_context(_streaming(client, request))
@@ -233,8 +265,11 @@ def test_a_tenant_past_its_share_of_streams_gets_429_and_another_tenant_is_serve
             opened = await asyncio.gather(*(open_one() for _ in range(held)))
             await asyncio.sleep(1.5)  # every stream A was let keep is in its blocking read
             # Tenant B: its rerank, its own streams and /ready still answer.
-            rerank = await client.post("/v2/rerank", json={"model": "m", "query": f"q b {uuid.uuid4().hex}",
-                                                           "documents": DOCS}, headers=doors.auth("b"))
+            rerank = await client.post(
+                "/v2/rerank",
+                json={"model": "m", "query": f"q b {uuid.uuid4().hex}", "documents": DOCS},
+                headers=doors.auth("b"),
+            )
             assert rerank.status_code == 200, rerank.text
             assert (await client.get("/ready")).status_code == 200
             own = quiet_stream(doors, "b")
@@ -271,10 +306,16 @@ def test_130_concurrent_fresh_reranks_are_all_answered(doors: Doors) -> None:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=doors.gateway.url, timeout=60, limits=limits) as client:
             tag = uuid.uuid4().hex[:8]
-            answers = await asyncio.gather(*(
-                client.post("/v2/rerank", json={"model": "m", "query": f"payment {tag} {i}", "documents": DOCS},
-                            headers=doors.auth("a"))
-                for i in range(130)))
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        "/v2/rerank",
+                        json={"model": "m", "query": f"payment {tag} {i}", "documents": DOCS},
+                        headers=doors.auth("a"),
+                    )
+                    for i in range(130)
+                )
+            )
             return [a.status_code for a in answers]
 
     codes = asyncio.run(run())
@@ -283,6 +324,11 @@ def test_130_concurrent_fresh_reranks_are_all_answered(doors: Doors) -> None:
 
 def test_the_pool_must_leave_room_past_one_tenants_share() -> None:
     with pytest.raises(ConfigError) as refused:
-        load_gateway_settings({"RERANKQ_GATEWAY_REDIS_MAX_CONNECTIONS": "100",
-                               "RERANKQ_GATEWAY_TENANT_MAX_STREAMS": "50", "RERANKQ_GATEWAY_TENANT_MAX_REQUESTS": "50"})
+        load_gateway_settings(
+            {
+                "RERANKQ_GATEWAY_REDIS_MAX_CONNECTIONS": "100",
+                "RERANKQ_GATEWAY_TENANT_MAX_STREAMS": "50",
+                "RERANKQ_GATEWAY_TENANT_MAX_REQUESTS": "50",
+            }
+        )
     assert refused.value.variable == "RERANKQ_GATEWAY_REDIS_MAX_CONNECTIONS"

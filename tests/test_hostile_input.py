@@ -37,8 +37,15 @@ def client(make_client, raw_redis, namespace):
         raw_redis.delete(key)
 
 
-def refused(client: Any, raw_redis: Any, namespace: str, field: str, query: Any = "payment errors",
-            candidates: Any = None, **kwargs: Any) -> ValidationError:
+def refused(
+    client: Any,
+    raw_redis: Any,
+    namespace: str,
+    field: str,
+    query: Any = "payment errors",
+    candidates: Any = None,
+    **kwargs: Any,
+) -> ValidationError:
     with pytest.raises(ValidationError) as err:
         client.open(query, make_candidates(3) if candidates is None else candidates, **kwargs)
     assert err.value.field == field, err.value
@@ -123,10 +130,18 @@ def test_a_struct_inside_metadata_is_stored_as_its_fields(client):
         ("q", [{"id": "a", "text": "t", "doc_id": SURROGATE}], {}, "candidates[0].doc_id"),
         ("q", [{"id": "a", "text": "t", "metadata": {"k": SURROGATE}}], {}, "candidates[0].metadata.k"),
         ("q", [{"id": "a", "text": "t", "metadata": {SURROGATE: 1}}], {}, f"candidates[0].metadata[{SURROGATE!r}]"),
-        ("q", [{"id": "a", "text": "t", "metadata": {"k": [1, {"deep": ["x", SURROGATE]}]}}], {},
-         "candidates[0].metadata.k[1].deep[1]"),
-        ("q", [{"id": "a", "text": "t", "occurred_start": "2024-01-01" + SURROGATE}], {},
-         "candidates[0].occurred_start"),
+        (
+            "q",
+            [{"id": "a", "text": "t", "metadata": {"k": [1, {"deep": ["x", SURROGATE]}]}}],
+            {},
+            "candidates[0].metadata.k[1].deep[1]",
+        ),
+        (
+            "q",
+            [{"id": "a", "text": "t", "occurred_start": "2024-01-01" + SURROGATE}],
+            {},
+            "candidates[0].occurred_start",
+        ),
         ("q", [{"id": "a", "text": "t", SURROGATE: 1}], {}, f"candidates[0][{SURROGATE!r}]"),
         ("q", None, {"strategy_boosts": {SURROGATE: "high"}}, f"strategy_boosts[{SURROGATE!r}]"),
         ("q", None, {"strategy_boosts": "graph:high," + SURROGATE + ":low"}, "strategy_boosts"),
@@ -143,8 +158,11 @@ def test_lone_surrogates_are_refused_up_front(client, raw_redis, namespace, quer
 
 
 def test_valid_non_ascii_text_is_still_accepted(client):
-    stream = client.open("paiement échoué 🚀", [{"id": "é1", "text": "证书 👨‍👩‍👧", "metadata": {"ключ": ["ü"]}}],
-                         strategy_boosts={"граф": "high"})
+    stream = client.open(
+        "paiement échoué 🚀",
+        [{"id": "é1", "text": "证书 👨‍👩‍👧", "metadata": {"ключ": ["ü"]}}],
+        strategy_boosts={"граф": "high"},
+    )
     check_stream_id(stream)
 
 
@@ -152,17 +170,26 @@ def test_valid_non_ascii_text_is_still_accepted(client):
 
 
 def test_metadata_nested_thousands_deep_is_refused_not_a_recursion_error(client, raw_redis, namespace):
-    error = refused(client, raw_redis, namespace, "candidates[0].metadata",
-                    candidates=[{"id": "a", "text": "t", "metadata": deep(5000)}])
+    error = refused(
+        client,
+        raw_redis,
+        namespace,
+        "candidates[0].metadata",
+        candidates=[{"id": "a", "text": "t", "metadata": deep(5000)}],
+    )
     assert str(MAX_NESTING_DEPTH) in error.message
-    refused(client, raw_redis, namespace, "candidates[0].metadata",
-            candidates=[Candidate(id="a", metadata=deep(5000))])
+    refused(client, raw_redis, namespace, "candidates[0].metadata", candidates=[Candidate(id="a", metadata=deep(5000))])
 
 
 def test_nesting_is_bounded_exactly_at_the_limit(client, raw_redis, namespace):
     # metadata itself is the first level.
-    refused(client, raw_redis, namespace, "candidates[0].metadata",
-            candidates=[{"id": "b", "text": "t", "metadata": deep(MAX_NESTING_DEPTH + 1)}])
+    refused(
+        client,
+        raw_redis,
+        namespace,
+        "candidates[0].metadata",
+        candidates=[{"id": "b", "text": "t", "metadata": deep(MAX_NESTING_DEPTH + 1)}],
+    )
     stream = client.open("q", [{"id": "a", "text": "t", "metadata": deep(MAX_NESTING_DEPTH)}])
     [stored] = client.store.load_candidates(stream, 0, 1)
     assert stored.metadata == deep(MAX_NESTING_DEPTH)
@@ -188,17 +215,22 @@ def test_deep_values_in_any_argument_are_refused(client, raw_redis, namespace, k
 
 
 def test_a_time_range_mixing_naive_and_aware_is_read_as_utc(client, raw_redis, namespace):
-    stream = client.open("q", make_candidates(3), query_range=TimeRange(start=NAIVE, end=AWARE),
-                         reference_time=NAIVE)
+    stream = client.open("q", make_candidates(3), query_range=TimeRange(start=NAIVE, end=AWARE), reference_time=NAIVE)
     spec = client.store.load_spec(stream)
     assert spec.query_range == TimeRange(start=NAIVE.replace(tzinfo=UTC), end=AWARE)
     assert spec.reference_time == NAIVE.replace(tzinfo=UTC)
     for key in everything_under(raw_redis, namespace):
         raw_redis.delete(key)
-    refused(client, raw_redis, namespace, "query_range",
-            query_range=TimeRange(start=AWARE, end=dt.datetime(2024, 3, 1)))
-    refused(client, raw_redis, namespace, "query_range",
-            query_range={"start": "2024-03-02T12:00:00+00:00", "end": dt.datetime(2024, 3, 1)})
+    refused(
+        client, raw_redis, namespace, "query_range", query_range=TimeRange(start=AWARE, end=dt.datetime(2024, 3, 1))
+    )
+    refused(
+        client,
+        raw_redis,
+        namespace,
+        "query_range",
+        query_range={"start": "2024-03-02T12:00:00+00:00", "end": dt.datetime(2024, 3, 1)},
+    )
 
 
 @pytest.fixture
@@ -246,8 +278,15 @@ def test_pull_accepts_real_numbers_for_timeout(client, stream):
 
 @pytest.mark.parametrize(
     "name",
-    ["first_windows", "window_size", "ttl_s", "keep", "document_budget", "max_rerank_candidates",
-     "max_candidates_per_source"],
+    [
+        "first_windows",
+        "window_size",
+        "ttl_s",
+        "keep",
+        "document_budget",
+        "max_rerank_candidates",
+        "max_candidates_per_source",
+    ],
 )
 def test_booleans_are_not_integers(client, raw_redis, namespace, name):
     refused(client, raw_redis, namespace, name, candidates=make_candidates(30), **{name: True})
@@ -284,8 +323,9 @@ def test_a_stream_id_with_a_trailing_newline_is_not_ours(client, stream_id):
         check_idempotency_key("legit\n")
 
 
-@pytest.mark.parametrize("variable", ["RERANKQ_NAMESPACE", "RERANKQ_CPU_QUEUE", "RERANKQ_GPU_QUEUE",
-                                      "RERANKQ_ANY_QUEUE"])
+@pytest.mark.parametrize(
+    "variable", ["RERANKQ_NAMESPACE", "RERANKQ_CPU_QUEUE", "RERANKQ_GPU_QUEUE", "RERANKQ_ANY_QUEUE"]
+)
 def test_names_in_settings_end_at_the_end_of_the_string(variable):
     with pytest.raises(ConfigError) as err:
         load_settings({variable: "rerankq\n"})

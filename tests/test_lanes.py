@@ -22,12 +22,18 @@ def committed_at(client, stream: str) -> list[float]:
 def test_a_free_worker_takes_interactive_windows_before_waiting_batch_windows(start_worker, make_client, broker):
     start_worker(provider_env("SlowProvider", sleep_s=0.4))
     client = make_client()
-    batch = client.open("nightly batch query", [{"id": f"b{i}", "text": f"batch doc {i}"} for i in range(40)],
-                        window_size=5, first_windows=8, lane="batch")
+    batch = client.open(
+        "nightly batch query",
+        [{"id": f"b{i}", "text": f"batch doc {i}"} for i in range(40)],
+        window_size=5,
+        first_windows=8,
+        lane="batch",
+    )
     wait_for(lambda: client.store.attempts(batch), 20, "the worker to start on a batch window")
 
-    interactive = client.open("a person is waiting", [{"id": f"i{i}", "text": f"doc {i}"} for i in range(5)],
-                              window_size=5)
+    interactive = client.open(
+        "a person is waiting", [{"id": f"i{i}", "text": f"doc {i}"} for i in range(5)], window_size=5
+    )
     page = pull_until_complete(client, interactive, 5, timeout_s=30)
     assert page.complete
     done_at = committed_at(client, interactive)[0]
@@ -41,8 +47,9 @@ def test_a_free_worker_takes_interactive_windows_before_waiting_batch_windows(st
 def test_the_sweep_resends_a_window_to_the_lane_its_stream_was_opened_in(make_client, settings, raw_redis):
     client = make_client()
     queue = settings.queues.cpu_queue
-    streams = {lane: client.open(f"{lane} query", [{"id": "a", "text": "x"}], lane=lane)
-               for lane in ("batch", "interactive")}
+    streams = {
+        lane: client.open(f"{lane} query", [{"id": "a", "text": "x"}], lane=lane) for lane in ("batch", "interactive")
+    }
     assert raw_redis.llen(lane_list(queue, "batch")) == 1 and raw_redis.llen(lane_list(queue, "interactive")) == 1
     raw_redis.delete(lane_list(queue, "batch"), lane_list(queue, "interactive"))  # both messages lost
     for stream in streams.values():

@@ -47,7 +47,10 @@ def test_the_shipped_long_collection_is_what_the_generator_makes_from_the_short_
 
 def test_eval_long_documents_picks_the_long_collection_when_no_files_are_named():
     qrels, run, queries, documents = collection_files(None, None, None, None, long_documents="passages")
-    assert (qrels, run, documents) == (shipped("long/qrels.txt"), shipped("long/run.bm25.txt"),
-                                       shipped("long/documents.jsonl"))
+    assert (qrels, run, documents) == (
+        shipped("long/qrels.txt"),
+        shipped("long/run.bm25.txt"),
+        shipped("long/documents.jsonl"),
+    )
     assert all(path.exists() for path in (qrels, run, queries, documents))
     assert collection_files(None, None, None, None, long_documents=None)[3] == shipped("documents.jsonl")

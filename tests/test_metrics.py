@@ -46,20 +46,28 @@ def assert_never_ahead_of_the_store(port: int, client) -> None:
 def settled(port: int, client) -> None:
     """Wait until the worker has counted its last commit: it counts right after the commit
     script returns, so a reader can see the window a moment before the metric moves."""
-    wait_for(lambda: total(scrape(port), COMMITTED) == client.store.counters().get("windows_committed", 0), 10,
-             "the metrics to count the last commit")
+    wait_for(
+        lambda: total(scrape(port), COMMITTED) == client.store.counters().get("windows_committed", 0),
+        10,
+        "the metrics to count the last commit",
+    )
 
 
 def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_path):
     tei, cohere = server("tei"), server("cohere")
     port, env = metrics_env(
         tmp_path,
-        RERANKQ_RERANKER_PROVIDER="tei", RERANKQ_RERANKER_URL=tei.url, RERANKQ_RERANKER_MAX_RETRIES="1",
+        RERANKQ_RERANKER_PROVIDER="tei",
+        RERANKQ_RERANKER_URL=tei.url,
+        RERANKQ_RERANKER_MAX_RETRIES="1",
         RERANKQ_RERANKER_TIMEOUT_S="5",
-        RERANKQ_RERANKER_1_PROVIDER="cohere", RERANKQ_RERANKER_1_URL=cohere.url,
-        RERANKQ_RERANKER_1_MODEL="rerank-v3.5", RERANKQ_RERANKER_1_API_KEY="sk-test",
+        RERANKQ_RERANKER_1_PROVIDER="cohere",
+        RERANKQ_RERANKER_1_URL=cohere.url,
+        RERANKQ_RERANKER_1_MODEL="rerank-v3.5",
+        RERANKQ_RERANKER_1_API_KEY="sk-test",
         RERANKQ_RERANKER_2_PROVIDER="rrf",
-        RERANKQ_BREAKER_FAILURES="2", RERANKQ_BREAKER_COOLDOWN_S="300",
+        RERANKQ_BREAKER_FAILURES="2",
+        RERANKQ_BREAKER_COOLDOWN_S="300",
     )
     worker = start_worker(env=env, args=["--device", "cpu", "--processes", "2"], drop=("RERANKQ_RERANKER_MODEL",))
     client = make_client()
@@ -96,8 +104,11 @@ def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_
     assert total(samples, "rerankq_failovers_total", member="1:cohere") == 0
     # Provider calls, errors, pairs and retries; every HTTP request beyond a call is a retry.
     for member in ("0:tei", "1:cohere"):
-        assert total(samples, "rerankq_provider_requests_total",
-                     member=member) == counters[f"provider_calls:{member}"] == 3
+        assert (
+            total(samples, "rerankq_provider_requests_total", member=member)
+            == counters[f"provider_calls:{member}"]
+            == 3
+        )
         assert total(samples, "rerankq_provider_request_seconds_count", member=member) == 3
         assert total(samples, "rerankq_pairs_scored_total", member=member) == 30
     assert total(samples, "rerankq_provider_errors_total", member="0:tei", reason="http_500") == 2
@@ -113,10 +124,15 @@ def test_prefork_metrics_match_the_store(server, start_worker, make_client, tmp_
     assert total(samples, "rerankq_breaker_state", member="0:tei", state="open") == 1
     assert total(samples, "rerankq_breaker_state", member="1:cohere", state="closed") == 1
     assert not series(samples, "rerankq_breaker_state") or all(
-        s["member"] in ("0:tei", "1:cohere") for s in series(samples, "rerankq_breaker_state"))  # not rrf
+        s["member"] in ("0:tei", "1:cohere") for s in series(samples, "rerankq_breaker_state")
+    )  # not rrf
     # Every window's first attempt was timed from its admission.
-    for name in ("rerankq_window_queue_wait_seconds_count", "rerankq_window_latency_seconds_count",
-                 "rerankq_window_scoring_seconds_count", "rerankq_window_commit_seconds_count"):
+    for name in (
+        "rerankq_window_queue_wait_seconds_count",
+        "rerankq_window_latency_seconds_count",
+        "rerankq_window_scoring_seconds_count",
+        "rerankq_window_commit_seconds_count",
+    ):
         assert total(samples, name, device="cpu") == 5, name
     assert total(samples, "rerankq_window_attempts_again_total") == 0
     assert total(samples, "rerankq_worker_ready") == 1
@@ -162,8 +178,10 @@ def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_
     scraper = threading.Thread(target=scrape_while_running)
     scraper.start()
     try:
-        streams = [client.open(f"query {i}", make_candidates(30, prefix=f"s{i}"), window_size=10, first_windows=3)
-                   for i in range(3)]
+        streams = [
+            client.open(f"query {i}", make_candidates(30, prefix=f"s{i}"), window_size=10, first_windows=3)
+            for i in range(3)
+        ]
         for stream in streams:
             pull_until_complete(client, stream, 30)
     finally:
@@ -182,8 +200,16 @@ def test_threads_pool_metrics_while_streams_run(start_worker, make_client, tiny_
     assert total(samples, "rerankq_batch_padding_ratio_count", device="cpu") >= 1
     assert 0 <= total(samples, "rerankq_batch_padding_ratio_sum") <= total(samples, "rerankq_batch_padding_ratio_count")
     info = series(samples, "rerankq_worker_info")
-    assert info == [{"version": "0.1.0", "device": "cpu", "model": str(tiny_model_dir), "precision": "fp32",
-                     "torch_threads": "1", "pool": "threads"}]
+    assert info == [
+        {
+            "version": "0.1.0",
+            "device": "cpu",
+            "model": str(tiny_model_dir),
+            "precision": "fp32",
+            "torch_threads": "1",
+            "pool": "threads",
+        }
+    ]
     assert total(samples, "rerankq_chain_member_started", member="0:local") == 1
     assert "rerankq_breaker_state" not in {s.name for s in samples}  # no remote member
 
@@ -201,24 +227,36 @@ def test_not_ready_without_a_scoring_member_and_the_health_probe(start_worker, m
     """A worker whose model cannot load serves fusion order: alive, healthy, not ready."""
     stale = tmp_path / "metrics" / "worker-999999999"
     stale.mkdir(parents=True)
-    port, env = metrics_env(tmp_path, RERANKQ_RERANKER_MODEL=str(tmp_path / "no-such-model"),
-                            RERANKQ_RERANKER_1_PROVIDER="rrf")
+    port, env = metrics_env(
+        tmp_path, RERANKQ_RERANKER_MODEL=str(tmp_path / "no-such-model"), RERANKQ_RERANKER_1_PROVIDER="rrf"
+    )
     worker = start_worker(env=env)
     assert not stale.exists()  # a directory of a worker that is gone is removed
     assert (tmp_path / "metrics" / f"worker-{worker.proc.pid}").is_dir()
 
-    status, body = wait_for(lambda: (r := get_json(port, "/readyz")) and r[1]["processes_ready"] and r, 60,
-                            "the pool process to report")
+    status, body = wait_for(
+        lambda: (r := get_json(port, "/readyz")) and r[1]["processes_ready"] and r, 60, "the pool process to report"
+    )
     assert status == 503
     assert body["members_started"] == {"0:local": False, "1:rrf": True}
     assert get_json(port, "/healthz")[0] == 200
     assert total(scrape(port), "rerankq_worker_ready") == 0
 
     probe_env = {**os.environ, "RERANKQ_METRICS_PORT": str(port), "PYTHONPATH": str(ROOT)}
-    ready = subprocess.run([sys.executable, "-m", "worker.metrics.probe", "/readyz"], env=probe_env,
-                           capture_output=True, text=True, timeout=30)
-    healthy = subprocess.run([sys.executable, "-m", "worker.metrics.probe", "/healthz"], env=probe_env,
-                             capture_output=True, text=True, timeout=30)
+    ready = subprocess.run(
+        [sys.executable, "-m", "worker.metrics.probe", "/readyz"],
+        env=probe_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    healthy = subprocess.run(
+        [sys.executable, "-m", "worker.metrics.probe", "/healthz"],
+        env=probe_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert (ready.returncode, healthy.returncode) == (1, 0)
     assert "answered 503" in ready.stderr and '"0:local": false' in ready.stderr
 

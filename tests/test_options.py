@@ -41,8 +41,11 @@ BAD: dict[str, tuple[Any, list[str] | None, str]] = {
     "tenant": ("acme\n", ["--tenant", "acme\n"], "tenant"),
     "boosts": ({"recency_curve": "zigzag"}, ["--boosts", "recency_curve=zigzag"], "boosts.recency_curve"),
     "reference_time": ("yesterday", ["--reference-time", "yesterday"], "reference_time"),
-    "query_range": ({"start": "x", "end": "y"}, ["--query-range", "start=x", "--query-range", "end=y"],
-                    "query_range.start"),
+    "query_range": (
+        {"start": "x", "end": "y"},
+        ["--query-range", "start=x", "--query-range", "end=y"],
+        "query_range.start",
+    ),
     "ttl_s": (0, ["--ttl-s", "0"], "ttl_s"),
     "idempotency_key": ("a b", ["--idempotency-key", "a b"], "idempotency_key"),
     "budget": ("huge", ["--budget", "huge"], "budget"),
@@ -85,8 +88,19 @@ def test_every_surface_takes_exactly_the_stream_options() -> None:
 
     flags = {p.name for p in submit.params if isinstance(p, click.Option)}
     assert FIELDS <= flags
-    assert flags - FIELDS == {"out_path", "fmt", "queries", "docs", "depth", "max_in_flight", "on_error", "tag",
-                              "progress_every", "quiet", "as_json"}
+    assert flags - FIELDS == {
+        "out_path",
+        "fmt",
+        "queries",
+        "docs",
+        "depth",
+        "max_in_flight",
+        "on_error",
+        "tag",
+        "progress_every",
+        "quiet",
+        "as_json",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -114,13 +128,26 @@ def test_a_job_line_refuses_a_bad_value_naming_the_field(tmp_path, name) -> None
 
 def test_a_job_line_takes_every_option(tmp_path) -> None:
     source = tmp_path / "jobs.jsonl"
-    line = {"id": "j", "query": "q", "candidates": [], "lane": "interactive", "first_windows": 2,
-            "idempotency_key": "own-key", "instruction": "find the runbook", "depth": 30}
+    line = {
+        "id": "j",
+        "query": "q",
+        "candidates": [],
+        "lane": "interactive",
+        "first_windows": 2,
+        "idempotency_key": "own-key",
+        "instruction": "find the runbook",
+        "depth": 30,
+    }
     source.write_text(json.dumps(line) + "\n")
     [job] = list(jsonl_jobs(source))
     assert isinstance(job, Job)
-    assert job.options == {"lane": "interactive", "first_windows": 2, "idempotency_key": "own-key",
-                           "instruction": "find the runbook", "depth": 30}
+    assert job.options == {
+        "lane": "interactive",
+        "first_windows": 2,
+        "idempotency_key": "own-key",
+        "instruction": "find the runbook",
+        "depth": 30,
+    }
 
 
 @pytest.mark.parametrize("name", sorted(name for name, (_, flags, _) in BAD.items() if flags is not None))
@@ -134,11 +161,11 @@ def test_a_submit_flag_refuses_a_bad_value_naming_the_flag(tmp_path, name) -> No
     assert f"'{flags[0]}'" in result.output  # "Invalid value for '--window-size'", before anything connects
 
 
-ADDED_FIELD = '''    colour: Annotated[Annotated[str, Meta(max_length=8)] | None, Meta(
+ADDED_FIELD = """    colour: Annotated[Annotated[str, Meta(max_length=8)] | None, Meta(
         description="the colour of a stream, an option this test adds")] = None
-'''
+"""
 
-PROBE = '''
+PROBE = """
 import inspect, json, sys
 from pathlib import Path
 import producer.options
@@ -163,7 +190,7 @@ print(json.dumps({
     "openapi": openapi_document()["components"]["schemas"]["OpenStreamRequest"]["properties"].get("colour"),
     "job_line": next(jsonl_jobs(source)).options,
 }))
-'''
+"""
 
 
 def test_a_field_added_to_stream_options_reaches_every_surface(base_env, tmp_path) -> None:
@@ -175,11 +202,17 @@ def test_a_field_added_to_stream_options_reaches_every_surface(base_env, tmp_pat
     # The class body ends at the first top-level statement after it.
     end = re.search(r"\nclass StreamOptions\(.*?\n(?=\S)", text, flags=re.S)
     assert end is not None
-    options.write_text(text[:end.end() - 1].rstrip("\n") + "\n" + ADDED_FIELD + "\n\n" + text[end.end() - 1:])
+    options.write_text(text[: end.end() - 1].rstrip("\n") + "\n" + ADDED_FIELD + "\n\n" + text[end.end() - 1 :])
     env = {**base_env, "PYTHONPATH": str(copy)}
 
-    probe = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "jobs.jsonl")], env=env, cwd=copy,
-                           capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path / "jobs.jsonl")],
+        env=env,
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout)
     assert Path(seen["module"]).is_relative_to(copy)  # the edited tree, not the installed one
@@ -188,8 +221,14 @@ def test_a_field_added_to_stream_options_reaches_every_surface(base_env, tmp_pat
     assert seen["openapi"]["anyOf"][0] == {"type": "string", "maxLength": 8}
     assert seen["job_line"] == {"colour": "teal"}
 
-    shown = subprocess.run([sys.executable, "-m", "worker.cli", "submit", "--help"], env=env, cwd=copy,
-                           capture_output=True, text=True, timeout=120)
+    shown = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "submit", "--help"],
+        env=env,
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
     assert "--colour TEXT" in shown.stdout
     assert "the colour of a stream, an option this test adds" in " ".join(shown.stdout.split())

@@ -21,8 +21,10 @@ from worker.scoring.documents import header, is_boundary
 from worker.scoring.passages import Cutter, aggregate, cut, fallback_cutter, split, word_offsets
 
 QUERY = "how do I recover from a payment gateway 502 outage"
-ANSWER = ("To recover from a payment gateway 502 outage, restart the gateway pods, then fail over "
-          "checkout traffic to the secondary region until the errors stop.")
+ANSWER = (
+    "To recover from a payment gateway 502 outage, restart the gateway pods, then fail over "
+    "checkout traffic to the secondary region until the errors stop."
+)
 FILLER = [
     "The office coffee machine on the third floor is descaled every Friday morning by facilities.",
     "Annual leave requests go through the people portal at least two weeks ahead of the first day.",
@@ -46,8 +48,10 @@ def minilm() -> Cutter:
     return cutter
 
 
-UNICODE = ("Café naïve e\u0301té 👩\u200d👩\u200d👧\u200d👦 family 🇯🇵🇫🇷 flags 東京都は日本の首都です。 "
-           "thumbs 👍🏽 and 中文文本没有空格 then more words to cut here ") * 6
+UNICODE = (
+    "Café naïve e\u0301té 👩\u200d👩\u200d👧\u200d👦 family 🇯🇵🇫🇷 flags 東京都は日本の首都です。 "
+    "thumbs 👍🏽 and 中文文本没有空格 then more words to cut here "
+) * 6
 
 
 def spec(**options: Any) -> StreamSpec:
@@ -66,7 +70,7 @@ def test_passages_cut_on_token_boundaries_keep_whole_characters_and_index_the_te
     covered: set[int] = set()
     for p in passages:
         # The header in every passage; the rest is the original text, exactly.
-        assert p.text == head + UNICODE[p.start:p.end]
+        assert p.text == head + UNICODE[p.start : p.end]
         assert is_boundary(UNICODE, p.start) and is_boundary(UNICODE, p.end)
         inside = [t for t in tokens if p.start <= t[0] and t[1] <= p.end]
         assert 16 <= len(inside) <= 17 or p is passages[-1]
@@ -74,8 +78,10 @@ def test_passages_cut_on_token_boundaries_keep_whole_characters_and_index_the_te
         covered |= {i for i, t in enumerate(tokens) if p.start <= t[0] and t[1] <= p.end}
     assert covered == set(range(len(tokens)))  # every token is read by some passage
     # CJK without spaces is still cut between characters, never inside one.
-    assert any("東京" in p.text[len(head):] and not p.text.endswith("東京都は日本の首都です。") for p in passages) \
+    assert (
+        any("東京" in p.text[len(head) :] and not p.text.endswith("東京都は日本の首都です。") for p in passages)
         or offsets == "words"
+    )
 
 
 def test_a_cut_inside_a_grapheme_is_widened_to_the_whole_character():
@@ -83,15 +89,22 @@ def test_a_cut_inside_a_grapheme_is_widened_to_the_whole_character():
     # boundary falling between them moves out to the character's edges.
     text = "ab 👩\u200d👩\u200d👧 🇯🇵🇫🇷 cd"
     family = text.index("👩")
-    offsets = [(0, 2), (family, family + 1), (family + 1, family + 3), (family + 3, family + 5),
-               (text.index("🇯"), text.index("🇯") + 1), (text.index("🇯") + 1, text.index("🇯") + 3),
-               (text.index("🇫"), text.index("🇫") + 2), (len(text) - 2, len(text))]
+    offsets = [
+        (0, 2),
+        (family, family + 1),
+        (family + 1, family + 3),
+        (family + 3, family + 5),
+        (text.index("🇯"), text.index("🇯") + 1),
+        (text.index("🇯") + 1, text.index("🇯") + 3),
+        (text.index("🇫"), text.index("🇫") + 2),
+        (len(text) - 2, len(text)),
+    ]
     spans = cut(text, offsets, tokens=2, stride=2, max_passages=10)
     for start, end in spans:
         assert is_boundary(text, start) and is_boundary(text, end)
     assert spans[0] == (0, family + 5)  # the whole family, though the second token ends mid-way
-    assert text[spans[1][0]:spans[1][1]] == "👩\u200d👩\u200d👧"
-    assert "🇯🇵" in text[spans[2][0]:spans[2][1]]
+    assert text[spans[1][0] : spans[1][1]] == "👩\u200d👩\u200d👧"
+    assert "🇯🇵" in text[spans[2][0] : spans[2][1]]
 
 
 def test_a_short_document_is_one_passage_and_max_passages_keeps_the_first():
@@ -99,8 +112,9 @@ def test_a_short_document_is_one_passage_and_max_passages_keeps_the_first():
     short = Candidate(id="s", text="payment gateway outage")
     assert [(p.start, p.end) for p in split(short, QUERY, cutter, spec())] == [(0, len(short.text))]
     words = " ".join(f"w{i}" for i in range(100))
-    passages = split(Candidate(id="l", text=words), QUERY, cutter, spec(passage_tokens=20, passage_stride=10,
-                                                                       max_passages=3))
+    passages = split(
+        Candidate(id="l", text=words), QUERY, cutter, spec(passage_tokens=20, passage_stride=10, max_passages=3)
+    )
     assert [p.text.split()[0] for p in passages] == ["w0", "w10", "w20"]
     assert passages[0].text.split()[-1] == "w19"
     # Default length: what the member reads less the query and the special tokens; stride half.
@@ -121,9 +135,9 @@ def test_maxp_firstp_and_sum_of_the_top_k_against_hand_computed_values():
     assert aggregate(scores, "sum_top_k", top_k=5, normalise=same).score == pytest.approx(0.32)
     # On a logit scale the sum adds probabilities: sigmoid(0) + sigmoid(2) over 2.
     import math
+
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
-    assert aggregate([0.0, 2.0, -9.0], "sum_top_k", top_k=2, normalise=sig).score == pytest.approx(
-        (0.5 + sig(2.0)) / 2)
+    assert aggregate([0.0, 2.0, -9.0], "sum_top_k", top_k=2, normalise=sig).score == pytest.approx((0.5 + sig(2.0)) / 2)
     # A subset member (top_n) that left every passage out, or the first out for FirstP: omitted.
     assert aggregate([None, None], "max", top_k=2, normalise=same) is None
     assert aggregate([None, 0.4], "first", top_k=2, normalise=same) is None
@@ -165,8 +179,10 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     opener = "Payment questions for finance go to the finance channel, not to the on-call engineers."
     late = opener + "\n\n" + long_text(24, answer_at=22)
     without = opener + "\n\n" + long_text(24, offset=1)
-    items = [{"id": "without", "text": without, "heading_path": ["Handbook"]},
-             {"id": "late", "text": late, "heading_path": ["Handbook"]}]
+    items = [
+        {"id": "without", "text": without, "heading_path": ["Handbook"]},
+        {"id": "late", "text": late, "heading_path": ["Handbook"]},
+    ]
     excerpt = client.pull(client.open(QUERY, items, window_size=2), 0, 2, timeout=120)
     passages = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     assert excerpt.complete and passages.complete
@@ -175,21 +191,27 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     assert [r.id for r in excerpt.rows] == ["without", "late"]
     assert [r.id for r in passages.rows] == ["late", "without"]
     best = passages.rows[0]
-    assert best.passage is not None and ANSWER in late[best.passage.start:best.passage.end]
+    assert best.passage is not None and ANSWER in late[best.passage.start : best.passage.end]
     assert best.score == pytest.approx(best.passage.score) and best.score > passages.rows[1].score
     # What was scored (the header and the best passage) is what the reader gets back.
-    assert best.decision.document == "Handbook\n\n" + late[best.passage.start:best.passage.end]
+    assert best.decision.document == "Handbook\n\n" + late[best.passage.start : best.passage.end]
     assert all(r.passage is None for r in excerpt.rows)
     # The span rides in rerankq submit's JSONL rows and in the stream API's pages.
-    assert row_json(best)["passage"] == {"start": best.passage.start, "end": best.passage.end,
-                                         "score": best.passage.score}
+    assert row_json(best)["passage"] == {
+        "start": best.passage.start,
+        "end": best.passage.end,
+        "score": best.passage.score,
+    }
     wire = json.loads(msgspec.json.encode(passages))
     assert wire["rows"][0]["decision"]["passage"]["start"] == best.passage.start
 
     def counts() -> tuple[int, int, int]:
         counters = client.store.counters()
-        return (counters.get("pair_cache_hits", 0), counters.get("embedding_cache_hits", 0),
-                counters.get("embedding_cache_misses", 0))
+        return (
+            counters.get("pair_cache_hits", 0),
+            counters.get("embedding_cache_hits", 0),
+            counters.get("embedding_cache_misses", 0),
+        )
 
     # The embedding member embedded each distinct passage once (the excerpts too).
     pair_hits, hits, embedded = counts()
@@ -206,8 +228,9 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     assert kept.complete and embedded_now == embedded and hits == embedded - len(items)  # less the excerpts
     # Scored from kept vectors as from fresh ones: another tenant's cache is its own, so its
     # stream embeds everything again, and gets the same scores and spans.
-    fresh = client.pull(client.open(other, items, window_size=2, long_documents="passages", tenant="acme"), 0, 2,
-                        timeout=120)
+    fresh = client.pull(
+        client.open(other, items, window_size=2, long_documents="passages", tenant="acme"), 0, 2, timeout=120
+    )
     assert counts()[1:] == (hits, embedded + hits)
     assert [(r.id, r.passage.start) for r in kept.rows] == [(r.id, r.passage.start) for r in fresh.rows]
     assert [r.score for r in kept.rows] == pytest.approx([r.score for r in fresh.rows], abs=1e-5)
@@ -218,14 +241,28 @@ def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kep
 ) -> None:
     cohere = server("cohere")
     cohere.mode = "subset"
-    start_worker(env={"RERANKQ_RERANKER_PROVIDER": "cohere", "RERANKQ_RERANKER_URL": cohere.url,
-                      "RERANKQ_RERANKER_MODEL": "rerank-test", "RERANKQ_RERANKER_TOP_N": "3"},
-                 drop=("RERANKQ_RERANKER_BACKEND",))
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_URL": cohere.url,
+            "RERANKQ_RERANKER_MODEL": "rerank-test",
+            "RERANKQ_RERANKER_TOP_N": "3",
+        },
+        drop=("RERANKQ_RERANKER_BACKEND",),
+    )
     client = make_client()
     # Words of each document's own, so every passage is of one document only.
     items = [{"id": f"d{i}", "text": " ".join(f"d{i}w{j}" for j in range(40))} for i in range(4)]
-    stream = client.open(QUERY, items, window_size=4, long_documents="passages", passage_tokens=24,
-                         passage_stride=24, keep=1, allow_shallow=True)
+    stream = client.open(
+        QUERY,
+        items,
+        window_size=4,
+        long_documents="passages",
+        passage_tokens=24,
+        passage_stride=24,
+        keep=1,
+        allow_shallow=True,
+    )
     page = client.pull(stream, 0, 4, timeout=60)
     assert page.complete, page
 
@@ -239,7 +276,7 @@ def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kep
     assert {r.id for r in ranked} == holding and len(page.rows) == len(ranked)
     for row in ranked:
         text = items[int(row.id[1:])]["text"]
-        passage_text = text[row.passage.start:row.passage.end]
+        passage_text = text[row.passage.start : row.passage.end]
         mine = [d for d in kept if d in text]
         # MaxP over the passages the member kept; the span is the best of them.
         assert passage_text == max(mine, key=expected_score)
@@ -247,4 +284,3 @@ def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kep
     # A document none of whose passages the member kept is omitted (kept, not paged).
     window = client.status(stream).windows[0]
     assert (window.ranked, window.omitted) == (len(holding), 4 - len(holding))
-

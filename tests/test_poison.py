@@ -13,8 +13,9 @@ pytestmark = pytest.mark.chaos
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
-def test_window_that_kills_every_process_commits_failed_after_max_attempts(start_worker, make_client, tmp_path,
-                                                                           raw_redis, broker):
+def test_window_that_kills_every_process_commits_failed_after_max_attempts(
+    start_worker, make_client, tmp_path, raw_redis, broker
+):
     marks = tmp_path / "marks"
     marks.mkdir()
     worker = start_worker(env=provider_env("SuicideProvider", mark_dir=marks, max_attempts=2))
@@ -48,8 +49,9 @@ def test_a_window_that_cannot_be_decoded_commits_failed_once(start_worker, make_
     bad_candidate = _open_without_dispatch(client, 20, 10, 2, grace_s=0, stream="s_" + "b" * 32)
     healthy = _open_without_dispatch(client, 10, 10, 1, grace_s=0, stream="s_" + "c" * 32)
     raw_redis.set(client.store.keys.stream(bad_spec).spec, b"\xc1 not msgpack")
-    raw_redis.lset(client.store.keys.stream(bad_candidate).candidates, 13,
-                   msgspec.msgpack.encode({"id": "c13", "text": 5}))  # decodes, but not as a Candidate
+    raw_redis.lset(
+        client.store.keys.stream(bad_candidate).candidates, 13, msgspec.msgpack.encode({"id": "c13", "text": 5})
+    )  # decodes, but not as a Candidate
     start_worker(env=provider_env("FastProvider", redeliver_after_s=2, sweep_interval_s=1))
 
     for stream in (bad_spec, bad_candidate, healthy):

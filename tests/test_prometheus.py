@@ -97,10 +97,19 @@ def prometheus(tmp_path) -> Iterator[Callable[[Path], int]]:
         assert PROMETHEUS is not None
         port = free_port()
         log = open(tmp_path / "prometheus.log", "wb")
-        started.append(subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-            stdout=log, stderr=subprocess.STDOUT))
+        started.append(
+            subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--web.enable-lifecycle",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         wait_for(lambda: status_of(port, "/-/ready") == 200 or started[-1].poll() is not None, 60, "prometheus")
         assert started[-1].poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
         return port
@@ -125,34 +134,51 @@ def query(port: int, expr: str) -> list[tuple[dict[str, str], float]]:
 @needs_prometheus
 def test_prometheus_scrapes_a_worker_and_the_exporter(prometheus, start_worker, make_client, base_env, tmp_path):
     worker_port, exporter_port = free_port(), free_port()
-    start_worker(env={**provider_env("FastProvider"), "RERANKQ_METRICS_PORT": str(worker_port),
-                      "RERANKQ_METRICS_DIR": str(tmp_path / "metrics")})
-    exporter = subprocess.Popen([sys.executable, "-m", "producer.exporter", "--host", "127.0.0.1",
-                                 "--port", str(exporter_port)], env=base_env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start_worker(
+        env={
+            **provider_env("FastProvider"),
+            "RERANKQ_METRICS_PORT": str(worker_port),
+            "RERANKQ_METRICS_DIR": str(tmp_path / "metrics"),
+        }
+    )
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "producer.exporter", "--host", "127.0.0.1", "--port", str(exporter_port)],
+        env=base_env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: status_of(exporter_port, "/healthz") == 200, 30, "the exporter")
         client = make_client()
         served = client.open("gateway error", make_candidates(30), window_size=10, first_windows=3)
         pull_until_complete(client, served, 30)
         # A GPU backlog no worker serves: what the GPU autoscaler sees.
-        client.open("waiting for a gpu", make_candidates(50, prefix="g"), window_size=10, first_windows=5,
-                    device="gpu")
+        client.open("waiting for a gpu", make_candidates(50, prefix="g"), window_size=10, first_windows=5, device="gpu")
 
-        port = prometheus(local_config(tmp_path, {
-            "rerankq-exporter": [f"127.0.0.1:{exporter_port}"],
-            "rerankq-worker": [f"127.0.0.1:{worker_port}"],
-        }))
+        port = prometheus(
+            local_config(
+                tmp_path,
+                {
+                    "rerankq-exporter": [f"127.0.0.1:{exporter_port}"],
+                    "rerankq-worker": [f"127.0.0.1:{worker_port}"],
+                },
+            )
+        )
 
         def scraped() -> bool:
             targets = api(port, "/api/v1/targets")["activeTargets"]
-            return len(targets) == 2 and all(t["health"] == "up" for t in targets) and bool(
-                query(port, "rerankq_queue_messages") and query(port, "rerankq_windows_committed_total"))
+            return (
+                len(targets) == 2
+                and all(t["health"] == "up" for t in targets)
+                and bool(query(port, "rerankq_queue_messages") and query(port, "rerankq_windows_committed_total"))
+            )
 
         wait_for(scraped, 60, "both targets scraped", interval_s=0.5)
         gpu = query(port, 'rerankq_queue_messages{device="gpu"}')
-        assert [(m["job"], m["queue"], v) for m, v in gpu] == [("rerankq-exporter",
-                                                                f"{client.settings.queues.gpu_queue}", 5)]
+        assert [(m["job"], m["queue"], v) for m, v in gpu] == [
+            ("rerankq-exporter", f"{client.settings.queues.gpu_queue}", 5)
+        ]
         assert query(port, 'rerankq_windows_uncommitted{device="gpu"}')[0][1] == 5
         committed = query(port, "sum(rerankq_windows_committed_total)")
         assert committed[0][1] == client.store.counters()["windows_committed"] == 3

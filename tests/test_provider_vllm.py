@@ -71,10 +71,17 @@ def test_score_api_sends_text_1_against_text_2(server):
     assert seen.body == {"text_1": QUERY, "text_2": documents(7), "model": "BAAI/bge-reranker-v2-m3"}
 
 
-@pytest.mark.parametrize(("suffix", "endpoint_kind", "path"), [
-    ("/rerank", "rerank", "/rerank"), ("/v2/rerank", "rerank", "/v2/rerank"), ("/score", "score", "/score"),
-    ("", "score", "/score"), ("/v1", "rerank", "/v1/rerank"), ("/v1", "score", "/v1/score"),
-])
+@pytest.mark.parametrize(
+    ("suffix", "endpoint_kind", "path"),
+    [
+        ("/rerank", "rerank", "/rerank"),
+        ("/v2/rerank", "rerank", "/v2/rerank"),
+        ("/score", "score", "/score"),
+        ("", "score", "/score"),
+        ("/v1", "rerank", "/v1/rerank"),
+        ("/v1", "score", "/v1/score"),
+    ],
+)
 def test_a_url_naming_the_endpoint_is_used_as_given(server, suffix, endpoint_kind, path):
     endpoint = server("vllm")
     assert run(vllm(endpoint.url + suffix, endpoint=endpoint_kind), n=3).served_by == "0:vllm"
@@ -143,10 +150,12 @@ def test_500_is_retried_then_fails_over_and_429_honours_retry_after(server):
 def test_a_failing_member_opens_the_shared_breaker(server, redis_server, namespace):
     endpoint = server("vllm")
     endpoint.mode = "500"
-    settings = override(Settings(), redis_url=redis_server.url, namespace=namespace, breaker_failures=2,
-                        breaker_cooldown_s=30)
-    chain = Chain.from_settings(override(settings, members=[vllm(endpoint.url, max_retries=0),
-                                                            MemberSettings(provider="rrf")]))
+    settings = override(
+        Settings(), redis_url=redis_server.url, namespace=namespace, breaker_failures=2, breaker_cooldown_s=30
+    )
+    chain = Chain.from_settings(
+        override(settings, members=[vllm(endpoint.url, max_retries=0), MemberSettings(provider="rrf")])
+    )
     try:
         failovers = [chain.run(request(4)).failovers for _ in range(4)]
     finally:
@@ -158,17 +167,28 @@ def test_a_failing_member_opens_the_shared_breaker(server, redis_server, namespa
 # -- configuration ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("member", "field"), [
-    (MemberSettings(provider="vllm"), "url"),
-    (MemberSettings(provider="vllm", url="http://127.0.0.1:1/v1/score"), "url"),  # endpoint is rerank
-    (MemberSettings(provider="vllm", url="http://127.0.0.1:1", endpoint="score", top_n=5), "top_n"),
-    (MemberSettings(provider="vllm", url="http://127.0.0.1:1", truncate_prompt_tokens=-2), "truncate_prompt_tokens"),
-    (MemberSettings(provider="vllm", url="http://127.0.0.1:1", instruction_field="instruct"), "instruction_field"),
-    (MemberSettings(provider="tei", url="http://127.0.0.1:1", instruction_field="instruction"), "instruction_field"),
-    (MemberSettings(provider="cohere", url="http://127.0.0.1:1", instruction_field="instruction"),
-     "instruction_field"),
-    (MemberSettings(provider="http", url="http://127.0.0.1:1", instruction_field="query"), "instruction_field"),
-])
+@pytest.mark.parametrize(
+    ("member", "field"),
+    [
+        (MemberSettings(provider="vllm"), "url"),
+        (MemberSettings(provider="vllm", url="http://127.0.0.1:1/v1/score"), "url"),  # endpoint is rerank
+        (MemberSettings(provider="vllm", url="http://127.0.0.1:1", endpoint="score", top_n=5), "top_n"),
+        (
+            MemberSettings(provider="vllm", url="http://127.0.0.1:1", truncate_prompt_tokens=-2),
+            "truncate_prompt_tokens",
+        ),
+        (MemberSettings(provider="vllm", url="http://127.0.0.1:1", instruction_field="instruct"), "instruction_field"),
+        (
+            MemberSettings(provider="tei", url="http://127.0.0.1:1", instruction_field="instruction"),
+            "instruction_field",
+        ),
+        (
+            MemberSettings(provider="cohere", url="http://127.0.0.1:1", instruction_field="instruction"),
+            "instruction_field",
+        ),
+        (MemberSettings(provider="http", url="http://127.0.0.1:1", instruction_field="query"), "instruction_field"),
+    ],
+)
 def test_bad_member_config_names_the_field(member, field):
     with pytest.raises(ProviderStartError) as raised:
         build_provider(member, Settings())
@@ -176,16 +196,25 @@ def test_bad_member_config_names_the_field(member, field):
 
 
 def test_member_settings_from_the_environment():
-    settings = load_settings({
-        "RERANKQ_RERANKER_PROVIDER": "vllm", "RERANKQ_RERANKER_URL": "http://vllm:8000",
-        "RERANKQ_RERANKER_MODEL": "Qwen/Qwen3-Reranker-0.6B", "RERANKQ_RERANKER_API_KEY": KEY,
-        "RERANKQ_RERANKER_ENDPOINT": "score", "RERANKQ_RERANKER_TRUNCATE_PROMPT_TOKENS": "-1",
-        "RERANKQ_RERANKER_INSTRUCTION_FIELD": "",
-        "RERANKQ_RERANKER_1_PROVIDER": "rrf",
-    })
+    settings = load_settings(
+        {
+            "RERANKQ_RERANKER_PROVIDER": "vllm",
+            "RERANKQ_RERANKER_URL": "http://vllm:8000",
+            "RERANKQ_RERANKER_MODEL": "Qwen/Qwen3-Reranker-0.6B",
+            "RERANKQ_RERANKER_API_KEY": KEY,
+            "RERANKQ_RERANKER_ENDPOINT": "score",
+            "RERANKQ_RERANKER_TRUNCATE_PROMPT_TOKENS": "-1",
+            "RERANKQ_RERANKER_INSTRUCTION_FIELD": "",
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+        }
+    )
     member = settings.chain.members[0]
     assert (member.provider, member.endpoint, member.truncate_prompt_tokens, member.instruction_field) == (
-        "vllm", "score", -1, "")
+        "vllm",
+        "score",
+        -1,
+        "",
+    )
     assert member.api_key == Secret(KEY) and KEY not in repr(member)
     with pytest.raises(ConfigError) as raised:
         load_settings({"RERANKQ_RERANKER_PROVIDER": "vllm", "RERANKQ_RERANKER_ENDPOINT": "classify"})
@@ -214,12 +243,15 @@ def test_the_generic_member_sends_it_in_the_configured_field(server):
     assert endpoint.requests[0].body["instruct"] == INSTRUCTION
 
 
-@pytest.mark.parametrize(("shape", "member"), [
-    ("tei", lambda url: MemberSettings(provider="tei", url=url, timeout_s=2)),
-    ("cohere", lambda url: MemberSettings(provider="cohere", url=url, timeout_s=2)),
-    ("rankings", lambda url: MemberSettings(provider="http", url=url + "/rerank", timeout_s=2)),
-    ("vllm", lambda url: MemberSettings(provider="vllm", url=url, instruction_field="", timeout_s=2)),
-])
+@pytest.mark.parametrize(
+    ("shape", "member"),
+    [
+        ("tei", lambda url: MemberSettings(provider="tei", url=url, timeout_s=2)),
+        ("cohere", lambda url: MemberSettings(provider="cohere", url=url, timeout_s=2)),
+        ("rankings", lambda url: MemberSettings(provider="http", url=url + "/rerank", timeout_s=2)),
+        ("vllm", lambda url: MemberSettings(provider="vllm", url=url, instruction_field="", timeout_s=2)),
+    ],
+)
 def test_a_member_that_cannot_use_it_says_so_once_and_each_window_records_it(server, shape, member):
     endpoint = server(shape)
     settings = member(endpoint.url)
@@ -239,7 +271,8 @@ def test_a_member_that_cannot_use_it_says_so_once_and_each_window_records_it(ser
 
 def test_a_passthrough_window_records_no_ignored_instruction():
     outcome = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="rrf")])).run(
-        request(4, instruction=INSTRUCTION))
+        request(4, instruction=INSTRUCTION)
+    )
     assert outcome.passthrough and outcome.instruction_ignored_by is None
 
 
@@ -248,9 +281,12 @@ def test_a_passthrough_window_records_no_ignored_instruction():
 
 def worker_env(vllm_url: str, tei_url: str) -> dict[str, str]:
     return {
-        "RERANKQ_RERANKER_PROVIDER": "vllm", "RERANKQ_RERANKER_URL": vllm_url,
-        "RERANKQ_RERANKER_MODEL": "Qwen/Qwen3-Reranker-0.6B", "RERANKQ_RERANKER_TIMEOUT_S": "5",
-        "RERANKQ_RERANKER_1_PROVIDER": "tei", "RERANKQ_RERANKER_1_URL": tei_url,
+        "RERANKQ_RERANKER_PROVIDER": "vllm",
+        "RERANKQ_RERANKER_URL": vllm_url,
+        "RERANKQ_RERANKER_MODEL": "Qwen/Qwen3-Reranker-0.6B",
+        "RERANKQ_RERANKER_TIMEOUT_S": "5",
+        "RERANKQ_RERANKER_1_PROVIDER": "tei",
+        "RERANKQ_RERANKER_1_URL": tei_url,
         "RERANKQ_RERANKER_2_PROVIDER": "rrf",
         "RERANKQ_CHAIN_TEI": "1,2",
     }
@@ -272,8 +308,9 @@ def test_instructions_through_a_worker_reach_vllm_key_the_cache_and_are_recorded
     rows = committed(client, first, 8)
     assert endpoint.count == 1 and endpoint.requests[0].body["instruction"] == INSTRUCTION
     assert {r.served_by for r in rows} == {"0:vllm"}
-    assert sorted(r.score for r in rows) == pytest.approx(sorted(expected_score(r.decision.document, INSTRUCTION)
-                                                                 for r in rows))
+    assert sorted(r.score for r in rows) == pytest.approx(
+        sorted(expected_score(r.decision.document, INSTRUCTION) for r in rows)
+    )
     assert client.status(first).windows[0].instruction_ignored_by is None
 
     # The same pairs under another instruction are other cache entries: vLLM is asked again ...
@@ -281,8 +318,9 @@ def test_instructions_through_a_worker_reach_vllm_key_the_cache_and_are_recorded
     committed(client, client.open(QUERY, candidates, window_size=8, allow_shallow=True, instruction=other), 8)
     assert endpoint.count == 2 and endpoint.requests[1].body["instruction"] == other
     # ... and the first instruction again, or no instruction after it, is what the cache holds or not.
-    again = committed(client, client.open(QUERY, candidates, window_size=8, allow_shallow=True,
-                                          instruction=INSTRUCTION), 8)
+    again = committed(
+        client, client.open(QUERY, candidates, window_size=8, allow_shallow=True, instruction=INSTRUCTION), 8
+    )
     assert endpoint.count == 2 and [r.score for r in again] == [r.score for r in rows]
     committed(client, client.open(QUERY, candidates, window_size=8, allow_shallow=True), 8)
     assert endpoint.count == 3 and "instruction" not in endpoint.requests[2].body

@@ -69,8 +69,15 @@ def test_tei_declared_logit_asks_for_raw_scores(server):
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_cohere_request_shape_per_api_version(server, version):
     cohere = server("cohere")
-    member = MemberSettings(provider="cohere", url=cohere.url, model="rerank-v3.5", api_key=Secret(KEY),
-                            api_version=version, max_tokens_per_doc=512, timeout_s=1)
+    member = MemberSettings(
+        provider="cohere",
+        url=cohere.url,
+        model="rerank-v3.5",
+        api_key=Secret(KEY),
+        api_version=version,
+        max_tokens_per_doc=512,
+        timeout_s=1,
+    )
     outcome = run(member, n=5)
     assert outcome.served_by == "0:cohere" and outcome.scale == "probability"
     assert outcome.scores == pytest.approx([expected_score(d) for d in documents(5)])
@@ -271,8 +278,9 @@ def test_an_error_body_that_echoes_the_input_stays_out_of_warnings(server):
     tei.mode = "echo_422"  # FastAPI-style: the refused request is quoted back
     secret_query = "confidential merger with acme corp"
     docs = ["board minutes about the acme merger", "salary review for jane doe"]
-    chain = Chain.from_settings(override(Settings(), members=[MemberSettings(provider="tei", url=tei.url,
-                                                                             timeout_s=1)]))
+    chain = Chain.from_settings(
+        override(Settings(), members=[MemberSettings(provider="tei", url=tei.url, timeout_s=1)])
+    )
     with structlog.testing.capture_logs() as logs:
         outcome = chain.run(ScoreRequest(query=secret_query, documents=docs, stream_id="s_test", window=0))
     chain.close()
@@ -345,8 +353,9 @@ def test_bad_member_config_names_the_variable(member, field):
 
 
 def test_failed_start_is_retried_no_sooner_than_member_restart_s():
-    settings = override(Settings(), members=[MemberSettings(provider="tei"), MemberSettings(provider="rrf")],
-                        member_restart_s=0.3)
+    settings = override(
+        Settings(), members=[MemberSettings(provider="tei"), MemberSettings(provider="rrf")], member_restart_s=0.3
+    )
     chain = Chain.from_settings(settings)
     for _ in range(3):
         assert chain.run(request(2)).served_by == "1:rrf"
@@ -378,10 +387,17 @@ def test_bad_chain_settings_name_the_variable(environ, variable):
 
 
 def test_chain_profile_settings():
-    settings = load_settings({"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": "http://tei:8080",
-                              "RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_2_PROVIDER": "rrf",
-                              "RERANKQ_CHAIN_PRIVATE": "0,2", "RERANKQ_BREAKER_FAILURES": "5",
-                              "RERANKQ_BREAKER_COOLDOWN_S": "7.5"})
+    settings = load_settings(
+        {
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": "http://tei:8080",
+            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+            "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+            "RERANKQ_CHAIN_PRIVATE": "0,2",
+            "RERANKQ_BREAKER_FAILURES": "5",
+            "RERANKQ_BREAKER_COOLDOWN_S": "7.5",
+        }
+    )
     assert settings.chain.profiles == {"private": [0, 2]}
     assert (settings.breaker.failures, settings.breaker.cooldown_s) == (5, 7.5)
     chain = Chain.from_settings(settings)
@@ -404,11 +420,14 @@ def test_a_404_from_a_derived_endpoint_names_the_url_to_set(server):
     assert outcome.failovers == ["1:cohere: http_404"] and infinity.requests[0].path == "/v2/rerank"
     failover = next(e for e in logs if e["event"] == "reranker_failover")
     assert failover["variable"] == "RERANKQ_RERANKER_1_URL"
-    assert failover["detail"] == (f"POST {infinity.url}/v2/rerank answered 404 (application/json, 22 bytes);"
-                                  f" if this server serves /rerank, set RERANKQ_RERANKER_1_URL={infinity.url}/rerank")
+    assert failover["detail"] == (
+        f"POST {infinity.url}/v2/rerank answered 404 (application/json, 22 bytes);"
+        f" if this server serves /rerank, set RERANKQ_RERANKER_1_URL={infinity.url}/rerank"
+    )
     # The advice is right: that URL serves.
-    assert run(MemberSettings(provider="cohere", url=f"{infinity.url}/rerank", timeout_s=1),
-               n=3).served_by == "0:cohere"
+    assert (
+        run(MemberSettings(provider="cohere", url=f"{infinity.url}/rerank", timeout_s=1), n=3).served_by == "0:cohere"
+    )
 
 
 def test_warm_up_says_once_at_error_when_no_scoring_member_starts():

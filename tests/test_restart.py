@@ -24,8 +24,10 @@ def test_streams_complete_across_a_redis_restart(private_redis, start_worker, ma
     env["RERANKQ_REDIS_URL"] = private_redis.url
     start_worker(env=env)
     client = make_client(redis_url=private_redis.url, redeliver_after_s=3)
-    streams = [client.open(f"payment gateway error {i}", make_candidates(30), window_size=10, first_windows=3)
-               for i in range(5)]
+    streams = [
+        client.open(f"payment gateway error {i}", make_candidates(30), window_size=10, first_windows=3)
+        for i in range(5)
+    ]
     raw = redis.Redis.from_url(private_redis.url)
 
     def committed() -> int:

@@ -55,11 +55,17 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
 ) -> None:
     start_worker(env=FP32)
     client = make_client()
-    long_text = ("unrelated filler text. " * 40 + "the payment gateway error came from a certificate. "
-                 + "more filler. " * 40)
+    long_text = (
+        "unrelated filler text. " * 40 + "the payment gateway error came from a certificate. " + "more filler. " * 40
+    )
     items = [
-        {"id": "dated", "text": "restart the pods after the payment gateway error", "context": "incident 42",
-         "heading_path": ["Runbooks", "Payments"], "occurred_start": "2022-06-05T10:00:00Z"},
+        {
+            "id": "dated",
+            "text": "restart the pods after the payment gateway error",
+            "context": "incident 42",
+            "heading_path": ["Runbooks", "Payments"],
+            "occurred_start": "2022-06-05T10:00:00Z",
+        },
         {"id": "empty", "text": ""},
         {"id": "long", "text": long_text},
         {"id": "plain", "text": "checkout recovery after an outage"},
@@ -99,11 +105,26 @@ def test_min_filters_reach_redis_with_their_scores(
 ) -> None:
     start_worker(env=FP32)
     client = make_client()
-    words = ["payment", "gateway", "error", "checkout", "outage", "retry", "certificate", "dns",
-             "cache", "invoice", "vendor", "laptop"]
+    words = [
+        "payment",
+        "gateway",
+        "error",
+        "checkout",
+        "outage",
+        "retry",
+        "certificate",
+        "dns",
+        "cache",
+        "invoice",
+        "vendor",
+        "laptop",
+    ]
     items = [
-        {"id": f"c{i}", "text": f"{w} {words[(i * 5) % 12]} report",
-         "occurred_start": (REF - dt.timedelta(days=40 * i)).isoformat()}
+        {
+            "id": f"c{i}",
+            "text": f"{w} {words[(i * 5) % 12]} report",
+            "occurred_start": (REF - dt.timedelta(days=40 * i)).isoformat(),
+        }
         for i, w in enumerate(words)
     ] + [{"id": "empty", "text": ""}]
     open_ = dict(window_size=13, reference_time=REF)
@@ -141,14 +162,24 @@ def test_an_rrf_window_keeps_fusion_order_gently_boosted(
     n = 10
     # Fusion's best hit is the oldest: a date sort would put it last.
     ages = [20 * (n - i) for i in range(n)]
-    items = [{"id": f"c{i}", "text": f"memory {i}", "occurred_start": (REF - dt.timedelta(days=ages[i])).isoformat()}
-             for i in range(n)]
+    items = [
+        {"id": f"c{i}", "text": f"memory {i}", "occurred_start": (REF - dt.timedelta(days=ages[i])).isoformat()}
+        for i in range(n)
+    ]
     items[3]["proof_count"] = 40
     items[5]["source"] = "graph"
     # The query asks about 100 to 50 days before the reference time.
     query_range = TimeRange(start=REF - dt.timedelta(days=100), end=REF - dt.timedelta(days=50))
-    stream = client.open(QUERY, items, window_size=n, reference_time=REF, min_score=0.99, min_final_score=0.99,
-                         strategy_boosts="graph:high", query_range=query_range)
+    stream = client.open(
+        QUERY,
+        items,
+        window_size=n,
+        reference_time=REF,
+        min_score=0.99,
+        min_final_score=0.99,
+        strategy_boosts="graph:high",
+        query_range=query_range,
+    )
     page = client.pull(stream, 0, n, timeout=60)
     [result] = committed(client, stream)
     assert result.passthrough and result.served_by and result.served_by.endswith("rrf")
@@ -205,8 +236,7 @@ def test_select_postprocesses_at_read_time_and_changes_nothing_stored(
     start_worker(env=RRF)
     client = make_client()
     vectors = [[1.0, 0.0], [0.99, 0.05], [0.98, 0.1], [0.0, 1.0], [0.1, 0.99], [0.7, 0.7]]
-    items = [{"id": f"c{i}", "text": f"memory {i}", "doc_id": f"d{i // 2}", "embedding": vectors[i]}
-             for i in range(6)]
+    items = [{"id": f"c{i}", "text": f"memory {i}", "doc_id": f"d{i // 2}", "embedding": vectors[i]} for i in range(6)]
     stream = client.open(QUERY, items, window_size=6)
     client.pull(stream, 0, 6, timeout=60)
     keys = client.store.keys.stream(stream).all()

@@ -72,8 +72,9 @@ def candidate_lists(draw: st.DrawFn, min_size: int = 2, max_size: int = 25) -> l
 query_ranges = st.one_of(
     st.none(),
     st.tuples(days, st.floats(min_value=0, max_value=400)).map(
-        lambda t: TimeRange(start=REF - dt.timedelta(days=t[0]),
-                            end=REF - dt.timedelta(days=t[0]) + dt.timedelta(days=t[1]))
+        lambda t: TimeRange(
+            start=REF - dt.timedelta(days=t[0]), end=REF - dt.timedelta(days=t[0]) + dt.timedelta(days=t[1])
+        )
     ),
 )
 curves = st.sampled_from(["linear", "exponential", "none"])
@@ -212,11 +213,15 @@ def test_default_bounds_match_the_documented_ones() -> None:
 
 
 @FAST
-@given(dated_candidate(), query_ranges, curves,
-       st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), st.floats(0.0, 1.0))
+@given(dated_candidate(), query_ranges, curves, st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), st.floats(0.0, 1.0))
 def test_combined_multiplier_stays_within_its_bounds(
-    candidate: Candidate, query_range: TimeRange | None, curve: str,
-    a_r: float, a_t: float, a_p: float, floor: float,
+    candidate: Candidate,
+    query_range: TimeRange | None,
+    curve: str,
+    a_r: float,
+    a_t: float,
+    a_p: float,
+    floor: float,
 ) -> None:
     b = Boosts(recency_alpha=a_r, temporal_alpha=a_t, proof_alpha=a_p, recency_curve=curve, recency_floor=floor)  # type: ignore[arg-type]
     s = spec(boosts=b, query_range=query_range)
@@ -231,15 +236,18 @@ def test_combined_multiplier_stays_within_its_bounds(
 
 
 @FAST
-@given(candidate_lists(max_size=15), query_ranges,
-       st.lists(st.floats(min_value=1e-6, max_value=1.0), min_size=15, max_size=15))
+@given(
+    candidate_lists(max_size=15),
+    query_ranges,
+    st.lists(st.floats(min_value=1e-6, max_value=1.0), min_size=15, max_size=15),
+)
 def test_boosts_never_reorder_candidates_whose_base_scores_are_far_apart(
     candidates: list[Candidate], query_range: TimeRange | None, base: list[float]
 ) -> None:
     base = base[: len(candidates)]
     decisions = run(spec(query_range=query_range), candidates, served(list(base)))
     for upper, d in enumerate(decisions):
-        for lower in decisions[upper + 1:]:
+        for lower in decisions[upper + 1 :]:
             # If a candidate finished above another, the boosts may have bridged at most SPREAD.
             assert lower.score <= d.score * SPREAD * (1 + 1e-12)
 
@@ -329,8 +337,12 @@ def test_min_score_and_min_final_score_filter_with_scores_kept() -> None:
 
 
 def test_a_candidate_without_text_sinks_and_is_never_dropped() -> None:
-    cands = [Candidate(id="a", text="t"), Candidate(id="empty", text=""), Candidate(id="b", text="t"),
-             Candidate(id="blank", text=" \t\n")]
+    cands = [
+        Candidate(id="a", text="t"),
+        Candidate(id="empty", text=""),
+        Candidate(id="b", text="t"),
+        Candidate(id="blank", text=" \t\n"),
+    ]
     decisions = run(spec(min_score=0.5), cands, served([0.01, None, 0.02, None]))
     assert [d.id for d in decisions] == ["b", "a", "empty", "blank"]
     for empty in decisions[-2:]:

@@ -33,16 +33,18 @@ class RunsWhenUnpickled:
         return (open, (str(self.path), "w"))
 
 
-def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client, base_env, tmp_path, raw_redis,
-                                                      namespace):
+def test_worker_refuses_pickle_and_hostile_stream_ids(
+    start_worker, make_client, base_env, tmp_path, raw_redis, namespace
+):
     worker = start_worker(env=provider_env("FastProvider"))
     settings = load_settings(base_env)
     sender = Celery("attacker", set_as_current=False)
     sender.conf.update(celery_config(settings))
     proof = tmp_path / "pwned"
 
-    sender.send_task(TASK_NAME, args=[RunsWhenUnpickled(proof), 0], queue=settings.queues.cpu_queue,
-                     serializer="pickle")
+    sender.send_task(
+        TASK_NAME, args=[RunsWhenUnpickled(proof), 0], queue=settings.queues.cpu_queue, serializer="pickle"
+    )
     # A JSON message whose stream id tries to reach outside its own keys.
     for hostile in ("s_x}:results", "k_*", "k_a}{b", "../" * 3):
         sender.send_task(TASK_NAME, args=[hostile, 0], queue=settings.queues.cpu_queue)
@@ -61,8 +63,7 @@ def test_worker_refuses_pickle_and_hostile_stream_ids(start_worker, make_client,
     sender.close()
 
 
-def test_window_numbers_a_stream_does_not_have_are_refused_before_redis(start_worker, make_client, base_env,
-                                                                         raw_redis):
+def test_window_numbers_a_stream_does_not_have_are_refused_before_redis(start_worker, make_client, base_env, raw_redis):
     """score_window(legit, -1) once scored candidates, wrote results[-1] and bumped the counts."""
     worker = start_worker(env=provider_env("FastProvider"))
     client = make_client()
@@ -126,9 +127,28 @@ def tls_files(tmp_path: Path) -> tuple[str, str]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is needed to make a test certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(cert), str(key)
 
 

@@ -62,8 +62,13 @@ def _open(client, key: str):
     deadline = time.monotonic() + 30
     while True:
         try:
-            return client.open("payment gateway error", make_candidates(20, text="doc {i} " + key), window_size=10,
-                               first_windows=2, idempotency_key=key)
+            return client.open(
+                "payment gateway error",
+                make_candidates(20, text="doc {i} " + key),
+                window_size=10,
+                first_windows=2,
+                idempotency_key=key,
+            )
         except StoreError:
             if time.monotonic() > deadline:
                 raise
@@ -153,8 +158,14 @@ def _open_steadily(env: dict[str, str], stop: threading.Event, seen: Steady) -> 
         while not stop.is_set():
             i += 1
             try:
-                seen.ack(client.open("payment gateway error", make_candidates(10, text="doc {i}"),
-                                     window_size=10, idempotency_key=f"steady-{i}"))
+                seen.ack(
+                    client.open(
+                        "payment gateway error",
+                        make_candidates(10, text="doc {i}"),
+                        window_size=10,
+                        idempotency_key=f"steady-{i}",
+                    )
+                )
             except StoreError:
                 seen.refused("opener")
                 time.sleep(0.05)
@@ -162,10 +173,22 @@ def _open_steadily(env: dict[str, str], stop: threading.Event, seen: Steady) -> 
         client.close()
 
 
-@pytest.mark.parametrize("guard", [pytest.param("on", marks=pytest.mark.xfail(strict=False, reason=(
-    "flaky on a loaded 2-core host: a client sees the refusal only after redis-py's retries, "
-    "so its time bounds the failover loosely"))),
-    "off"])
+@pytest.mark.parametrize(
+    "guard",
+    [
+        pytest.param(
+            "on",
+            marks=pytest.mark.xfail(
+                strict=False,
+                reason=(
+                    "flaky on a loaded 2-core host: a client sees the refusal only after redis-py's retries, "
+                    "so its time bounds the failover loosely"
+                ),
+            ),
+        ),
+        "off",
+    ],
+)
 def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(guard, base_env):
     """Writers keep their connections to the master through a ``SENTINEL FAILOVER``. With
     ``min-replicas-to-write 1`` the old master refuses writes the moment its replica is promoted
@@ -182,8 +205,9 @@ def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(gua
         key = "canary:acknowledged-writes"
         stop = threading.Event()
         seen = Steady()
-        threads = [threading.Thread(target=_write_steadily, args=(sentinels.url, key, stop, seen, f"w{n}"))
-                   for n in range(3)]
+        threads = [
+            threading.Thread(target=_write_steadily, args=(sentinels.url, key, stop, seen, f"w{n}")) for n in range(3)
+        ]
         threads.append(threading.Thread(target=_open_steadily, args=(env, stop, seen)))
         for thread in threads:
             thread.start()
@@ -227,18 +251,30 @@ def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(gua
         sentinels.stop()
 
 
-@pytest.mark.parametrize("env,variable,words", [
-    ({"RERANKQ_REDIS_URL": "redis+cluster://:pw-secret@h1:7000,h2:7001"}, "RERANKQ_BROKER_URL", "no Redis Cluster"),
-    ({"RERANKQ_REDIS_URL": "redis://h:6379/0", "RERANKQ_BROKER_URL": "redis+cluster://h1:7000"}, "RERANKQ_BROKER_URL",
-     "no Redis Cluster transport"),
-    ({"RERANKQ_REDIS_URL": "redis+sentinel://:pw-secret@h1:26379,h2:26379"}, "RERANKQ_REDIS_URL", "service name"),
-    ({"RERANKQ_REDIS_URL": "redis+sentinel://h1:26379/svc/x"}, "RERANKQ_REDIS_URL", "database number"),
-    ({"RERANKQ_REDIS_URL": "redis+cluster://h1:7000/3", "RERANKQ_BROKER_URL": "redis://h:1/0"}, "RERANKQ_REDIS_URL",
-     "database 0 only"),
-    ({"RERANKQ_REDIS_URL": "redis+cluster://h1", "RERANKQ_BROKER_URL": "redis://h:1/0"}, "RERANKQ_REDIS_URL",
-     "host:port"),
-    ({"RERANKQ_REDIS_URL": "sentinel://h1:26379"}, "RERANKQ_REDIS_URL", "redis+sentinel://"),
-])
+@pytest.mark.parametrize(
+    "env,variable,words",
+    [
+        ({"RERANKQ_REDIS_URL": "redis+cluster://:pw-secret@h1:7000,h2:7001"}, "RERANKQ_BROKER_URL", "no Redis Cluster"),
+        (
+            {"RERANKQ_REDIS_URL": "redis://h:6379/0", "RERANKQ_BROKER_URL": "redis+cluster://h1:7000"},
+            "RERANKQ_BROKER_URL",
+            "no Redis Cluster transport",
+        ),
+        ({"RERANKQ_REDIS_URL": "redis+sentinel://:pw-secret@h1:26379,h2:26379"}, "RERANKQ_REDIS_URL", "service name"),
+        ({"RERANKQ_REDIS_URL": "redis+sentinel://h1:26379/svc/x"}, "RERANKQ_REDIS_URL", "database number"),
+        (
+            {"RERANKQ_REDIS_URL": "redis+cluster://h1:7000/3", "RERANKQ_BROKER_URL": "redis://h:1/0"},
+            "RERANKQ_REDIS_URL",
+            "database 0 only",
+        ),
+        (
+            {"RERANKQ_REDIS_URL": "redis+cluster://h1", "RERANKQ_BROKER_URL": "redis://h:1/0"},
+            "RERANKQ_REDIS_URL",
+            "host:port",
+        ),
+        ({"RERANKQ_REDIS_URL": "sentinel://h1:26379"}, "RERANKQ_REDIS_URL", "redis+sentinel://"),
+    ],
+)
 def test_a_bad_deployment_url_names_the_variable_and_never_the_password(env, variable, words):
     from producer.errors import ConfigError
 

@@ -27,13 +27,16 @@ def refused(environ: dict[str, str]) -> ConfigError:
 # -- names -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("typo", "meant"), [
-    ("RERANKQ_RERANKER_PROVIDR", "RERANKQ_RERANKER_PROVIDER"),
-    ("RERANKQ_RERANKER_1_URLL", "RERANKQ_RERANKER_1_URL"),
-    ("RERANKQ_BREAKER_FAILURE", "RERANKQ_BREAKER_FAILURES"),
-    ("RERANKQ_METRIC_PORT", "RERANKQ_METRICS_PORT"),
-    ("RERANKQ_GATEWAY_MAX_BACKLOGG", "RERANKQ_GATEWAY_MAX_BACKLOG"),
-])
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("RERANKQ_RERANKER_PROVIDR", "RERANKQ_RERANKER_PROVIDER"),
+        ("RERANKQ_RERANKER_1_URLL", "RERANKQ_RERANKER_1_URL"),
+        ("RERANKQ_BREAKER_FAILURE", "RERANKQ_BREAKER_FAILURES"),
+        ("RERANKQ_METRIC_PORT", "RERANKQ_METRICS_PORT"),
+        ("RERANKQ_GATEWAY_MAX_BACKLOGG", "RERANKQ_GATEWAY_MAX_BACKLOG"),
+    ],
+)
 def test_an_unknown_name_is_refused_with_the_nearest_real_one(typo, meant):
     error = refused({typo: "1"})
     assert error.variable == typo
@@ -53,15 +56,24 @@ def test_member_0_may_be_numbered():
 
 
 def test_member_0_set_both_ways_is_an_error_naming_both():
-    error = refused({"RERANKQ_RERANKER_URL": "http://a:1", "RERANKQ_RERANKER_0_URL": "http://b:1",
-                     "RERANKQ_RERANKER_PROVIDER": "tei"})
-    assert {error.variable, *re.findall(r"RERANKQ_\w+", error.message)} >= {"RERANKQ_RERANKER_URL",
-                                                                            "RERANKQ_RERANKER_0_URL"}
+    error = refused(
+        {
+            "RERANKQ_RERANKER_URL": "http://a:1",
+            "RERANKQ_RERANKER_0_URL": "http://b:1",
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+        }
+    )
+    assert {error.variable, *re.findall(r"RERANKQ_\w+", error.message)} >= {
+        "RERANKQ_RERANKER_URL",
+        "RERANKQ_RERANKER_0_URL",
+    }
 
 
 def test_a_bad_value_names_the_variable_it_was_given_as():
-    assert refused({"RERANKQ_RERANKER_0_PROVIDER": "tei", "RERANKQ_RERANKER_0_TIMEOUT_S": "0"}).variable \
+    assert (
+        refused({"RERANKQ_RERANKER_0_PROVIDER": "tei", "RERANKQ_RERANKER_0_TIMEOUT_S": "0"}).variable
         == "RERANKQ_RERANKER_0_TIMEOUT_S"
+    )
     assert refused({"RERANKQ_BREAKER_FAILURES": "0"}).variable == "RERANKQ_BREAKER_FAILURES"
 
 
@@ -71,8 +83,10 @@ def test_field_paths_map_to_todays_variable_names():
     assert variable("metrics.port") == "RERANKQ_METRICS_PORT"
     assert variable("worker.log_level") == "RERANKQ_LOG_LEVEL"
     assert variable("gateway.max_backlog") == "RERANKQ_GATEWAY_MAX_BACKLOG"
-    settings = load_settings({"RERANKQ_BREAKER_FAILURES": "5", "RERANKQ_METRICS_PORT": "9100",
-                              "RERANKQ_LOG_LEVEL": "debug"}, redeliver_after_s=7)
+    settings = load_settings(
+        {"RERANKQ_BREAKER_FAILURES": "5", "RERANKQ_METRICS_PORT": "9100", "RERANKQ_LOG_LEVEL": "debug"},
+        redeliver_after_s=7,
+    )
     assert (settings.breaker.failures, settings.metrics.port, settings.worker.log_level) == (5, 9100, "debug")
     assert settings.queues.redeliver_after_s == 7
 
@@ -94,15 +108,20 @@ def test_the_file_and_the_environment_are_both_sources(tmp_path):
 
 
 def test_the_configuration_reference_is_generated_from_the_structs():
-    assert REFERENCE.read_text() == render(), \
+    assert REFERENCE.read_text() == render(), (
         "docs/configuration.md is stale: python -m producer.settings.reference > docs/configuration.md"
+    )
 
 
 def test_every_name_in_the_reference_is_a_setting_the_loader_knows():
     # Each row of the reference's tables is one variable.
     names = set(re.findall(r"^\| `(RERANKQ_[A-Z0-9_]+)`", REFERENCE.read_text(), re.MULTILINE))
-    members = {name.replace("RERANKQ_RERANKER_", f"RERANKQ_RERANKER_{index}_") for index in (0, 1, 7)
-               for name in names if name.startswith("RERANKQ_RERANKER_")}
+    members = {
+        name.replace("RERANKQ_RERANKER_", f"RERANKQ_RERANKER_{index}_")
+        for index in (0, 1, 7)
+        for name in names
+        if name.startswith("RERANKQ_RERANKER_")
+    }
     assert len(names) > 90 and len(members) > 50
     for name in sorted(names | members):
         try:
@@ -120,19 +139,31 @@ def test_every_field_is_described():
 
 def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     # A worker that starts runs until stopped: the timeout is the test failing.
-    return subprocess.run([sys.executable, "-m", "worker", "--device", "cpu"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=90, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "--device", "cpu"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize(("extra", "variable_named", "said"), [
-    ({"RERANKQ_RERANKER_PROVIDR": "tei"}, "RERANKQ_RERANKER_PROVIDR", "did you mean RERANKQ_RERANKER_PROVIDER?"),
-    ({"RERANKQ_RERANKER_PROVIDER": "tei"}, "RERANKQ_RERANKER_URL", "is required"),
-    ({"RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_MODEL": "rerank-v3.5"},
-     "RERANKQ_RERANKER_1_API_KEY", "is required for the hosted Cohere API"),
-    ({"RERANKQ_RERANKER_1_PROVIDER": "no.such.module:Provider"}, "RERANKQ_RERANKER_1_PROVIDER", "cannot import"),
-])
-def test_a_member_that_cannot_be_configured_fails_the_start_naming_the_variable(base_env, extra, variable_named,
-                                                                               said):
+@pytest.mark.parametrize(
+    ("extra", "variable_named", "said"),
+    [
+        ({"RERANKQ_RERANKER_PROVIDR": "tei"}, "RERANKQ_RERANKER_PROVIDR", "did you mean RERANKQ_RERANKER_PROVIDER?"),
+        ({"RERANKQ_RERANKER_PROVIDER": "tei"}, "RERANKQ_RERANKER_URL", "is required"),
+        (
+            {"RERANKQ_RERANKER_1_PROVIDER": "cohere", "RERANKQ_RERANKER_1_MODEL": "rerank-v3.5"},
+            "RERANKQ_RERANKER_1_API_KEY",
+            "is required for the hosted Cohere API",
+        ),
+        ({"RERANKQ_RERANKER_1_PROVIDER": "no.such.module:Provider"}, "RERANKQ_RERANKER_1_PROVIDER", "cannot import"),
+    ],
+)
+def test_a_member_that_cannot_be_configured_fails_the_start_naming_the_variable(base_env, extra, variable_named, said):
     env = {**base_env, **extra}
     if "RERANKQ_RERANKER_PROVIDER" in extra or "RERANKQ_RERANKER_PROVIDR" in extra:
         env.pop("RERANKQ_RERANKER_MODEL")
@@ -149,22 +180,50 @@ def test_a_member_that_cannot_be_configured_fails_the_start_naming_the_variable(
 def test_rerankq_config_prints_the_effective_settings_and_their_sources_with_secrets_masked(tmp_path):
     path = tmp_path / "rerankq.toml"
     path.write_text("window_size = 10\n")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_CONFIG_FILE": str(path),
-           "RERANKQ_REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0", "RERANKQ_RERANKER_PROVIDER": "cohere",
-           "RERANKQ_RERANKER_API_KEY": "sk-live-abc123", "RERANKQ_RERANKER_MODEL": "rerank-v3.5"}
-    shown = subprocess.run([sys.executable, "-m", "worker.cli", "config", "--json"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=60, check=True).stdout
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "RERANKQ_CONFIG_FILE": str(path),
+        "RERANKQ_REDIS_URL": "redis://:hunter2@127.0.0.1:6379/0",
+        "RERANKQ_RERANKER_PROVIDER": "cohere",
+        "RERANKQ_RERANKER_API_KEY": "sk-live-abc123",
+        "RERANKQ_RERANKER_MODEL": "rerank-v3.5",
+    }
+    shown = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "config", "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "hunter2" not in shown and "sk-live-abc123" not in shown
     rows = {row["variable"]: row for row in json.loads(shown)["settings"]}
-    assert rows["RERANKQ_WINDOW_SIZE"] == {"path": "streams.window_size", "variable": "RERANKQ_WINDOW_SIZE",
-                                           "value": 10, "source": "file"}
+    assert rows["RERANKQ_WINDOW_SIZE"] == {
+        "path": "streams.window_size",
+        "variable": "RERANKQ_WINDOW_SIZE",
+        "value": 10,
+        "source": "file",
+    }
     assert rows["RERANKQ_RERANKER_API_KEY"]["value"] == "***"
     assert rows["RERANKQ_RERANKER_API_KEY"]["source"] == "environment"
     assert rows["RERANKQ_REDIS_URL"]["value"] == "redis://:***@127.0.0.1:6379/0"
-    assert rows["RERANKQ_BREAKER_FAILURES"] == {"path": "breaker.failures", "variable": "RERANKQ_BREAKER_FAILURES",
-                                                "value": 3, "source": "default"}
-    table = subprocess.run([sys.executable, "-m", "worker.cli", "config", "--changed"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert rows["RERANKQ_BREAKER_FAILURES"] == {
+        "path": "breaker.failures",
+        "variable": "RERANKQ_BREAKER_FAILURES",
+        "value": 3,
+        "source": "default",
+    }
+    table = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "config", "--changed"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "RERANKQ_WINDOW_SIZE" in table and "RERANKQ_BREAKER_FAILURES" not in table and "hunter2" not in table
 
 

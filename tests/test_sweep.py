@@ -13,13 +13,13 @@ from producer.store import Store
 from producer.wire import candidate_decoder
 
 
-def _open_without_dispatch(client, n: int, window_size: int, first_windows: int, grace_s: float,
-                           stream: str = "s_" + "ab" * 16) -> str:
+def _open_without_dispatch(
+    client, n: int, window_size: int, first_windows: int, grace_s: float, stream: str = "s_" + "ab" * 16
+) -> str:
     """Admit windows the way the producer does, then "die" before sending their messages."""
     spec = StreamSpec(query="payment gateway error", window_size=window_size, n_candidates=n)
     candidates = [Candidate(id=f"c{i}", text=f"payment gateway error number {i}") for i in range(n)]
-    client.store.open(stream, spec, candidates, first_windows=first_windows, enqueue_grace_s=grace_s,
-                      fingerprint="x")
+    client.store.open(stream, spec, candidates, first_windows=first_windows, enqueue_grace_s=grace_s, fingerprint="x")
     return stream
 
 
@@ -84,8 +84,9 @@ def test_lease_turns_away_duplicates_and_lets_the_same_delivery_take_over(make_c
     stream = _open_without_dispatch(client, 10, 10, 1, grace_s=60)
 
     first = store.begin(stream, 0, work_deadline_s=0.3, delivery="first")
-    assert first.attempt == 1 and [c.id for c in map(candidate_decoder.decode, first.candidates)] == \
-        [f"c{i}" for i in range(10)]
+    assert first.attempt == 1 and [c.id for c in map(candidate_decoder.decode, first.candidates)] == [
+        f"c{i}" for i in range(10)
+    ]
     assert store.begin(stream, 0, work_deadline_s=0.3, delivery="duplicate") == -4  # not counted
     assert store.begin(stream, 0, work_deadline_s=0.3, delivery="first").attempt == 2  # requeued after a crash
     time.sleep(0.4)
@@ -99,8 +100,9 @@ def test_begin_and_commit_refuse_windows_the_stream_does_not_have(make_client):
     client = make_client()
     store: Store = client.store
     stream = _open_without_dispatch(client, 30, 10, 1, grace_s=60)
-    result = WindowResult(window=0, start=0, end=0, served_by=None, passthrough=False, attempts=1,
-                          committed_at=0.0, decisions=[])
+    result = WindowResult(
+        window=0, start=0, end=0, served_by=None, passthrough=False, attempts=1, committed_at=0.0, decisions=[]
+    )
     for window in (-1, -1000000, 3, 10**12, "01", "1.0", " 1", "1\n"):
         assert store.begin(stream, window, work_deadline_s=1, delivery="x") == -5, window
         assert store.commit(stream, msgspec.structs.replace(result, window=window), outcome="ranked") == -5, window

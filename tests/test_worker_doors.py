@@ -27,13 +27,22 @@ from ops.probe.queue_messages import (
 )
 from worker.message_door import REASONS
 
-_TEMPLATE = TaskMessage(headers={"task": "rerankq.score_window", "id": "x"},
-                        body=json.dumps([["s_" + "0" * 32, 0], {}, None]).encode())
+_TEMPLATE = TaskMessage(
+    headers={"task": "rerankq.score_window", "id": "x"}, body=json.dumps([["s_" + "0" * 32, 0], {}, None]).encode()
+)
 MESSAGES = [name for name, _ in hostile_messages(_TEMPLATE)]
 ENVELOPES = [name for name, _ in hostile_envelopes({"properties": {}})]
 #: What the RabbitMQ worker is shown: one of each kind (the Redis worker sees them all).
-AMQP_MESSAGES = ["body-object", "body-args-kwargs", "body-null", "body-invalid-json", "headers-timelimit",
-                 "task-celery.accumulate", "task-celery.map", "eta-far-future"]
+AMQP_MESSAGES = [
+    "body-object",
+    "body-args-kwargs",
+    "body-null",
+    "body-invalid-json",
+    "headers-timelimit",
+    "task-celery.accumulate",
+    "task-celery.map",
+    "eta-far-future",
+]
 
 
 def _start(probe: QueueProbe) -> dict[str, object]:
@@ -56,8 +65,9 @@ def amqp_probe(redis_server, tmp_path_factory, request) -> Iterator[tuple[QueueP
         pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server; .ci/run does)")
     rabbitmq = request.getfixturevalue("rabbitmq_server")
     directory: Path = tmp_path_factory.mktemp("poison-amqp")
-    with QueueProbe(directory, timeout_s=30, broker="amqp", redis_url=redis_server.url,
-                    broker_url=rabbitmq.url) as probe:
+    with QueueProbe(
+        directory, timeout_s=30, broker="amqp", redis_url=redis_server.url, broker_url=rabbitmq.url
+    ) as probe:
         yield probe, _start(probe)
 
 
@@ -115,8 +125,11 @@ def test_the_metrics_port_listens_on_loopback_unless_told_otherwise(redis_probe)
 
     probe, _ = redis_probe
     assert probe.worker is not None and probe.worker.proc is not None
-    listening = [c.laddr for c in psutil.Process(probe.worker.proc.pid).net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == probe.metrics_port]
+    listening = [
+        c.laddr
+        for c in psutil.Process(probe.worker.proc.pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == probe.metrics_port
+    ]
     assert [address.ip for address in listening] == ["127.0.0.1"]
 
 
@@ -133,8 +146,9 @@ def test_idle_connections_to_the_metrics_port_cost_no_threads_and_are_closed(red
     assert probe.worker is not None and probe.worker.proc is not None
     worker = psutil.Process(probe.worker.proc.pid)
     threads_before = worker.num_threads()
-    idle = [socket.create_connection(("127.0.0.1", probe.metrics_port), timeout=REQUEST_TIMEOUT_S + 5)
-            for _ in range(300)]
+    idle = [
+        socket.create_connection(("127.0.0.1", probe.metrics_port), timeout=REQUEST_TIMEOUT_S + 5) for _ in range(300)
+    ]
     try:
         time.sleep(0.5)
         assert worker.num_threads() <= threads_before + 4

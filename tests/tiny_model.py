@@ -20,16 +20,30 @@ def build_tiny_cross_encoder(directory: Path, *, seed: int = 0, layers: int = 2,
 
     directory.mkdir(parents=True, exist_ok=True)
     letters = list("abcdefghijklmnopqrstuvwxyz0123456789")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *".,:;>()[]-'\"?!/", *letters,
-             *[f"##{c}" for c in letters], *dict.fromkeys(WORDS)]
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *".,:;>()[]-'\"?!/",
+        *letters,
+        *[f"##{c}" for c in letters],
+        *dict.fromkeys(WORDS),
+    ]
     vocab = list(dict.fromkeys(vocab))
     vocab_file = directory / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n")
     tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True, model_max_length=128)
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-        intermediate_size=hidden * 2, max_position_embeddings=128, num_labels=1,
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=128,
+        num_labels=1,
     )
     model = BertForSequenceClassification(config)
     # At the default init a random BERT's [CLS] barely depends on the other tokens
@@ -66,17 +80,43 @@ CAUSAL_DEFAULT_PROMPT = "given a search query retrieve documents that answer it"
 
 def _causal_vocab(directory: Path) -> Path:
     letters = list("abcdefghijklmnopqrstuvwxyz0123456789")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<|im_start|>", "<|im_end|>", *".,:;>()[]-'\"?!/",
-             *letters, *[f"##{c}" for c in letters], "yes", "no", "judge", "whether", "document", "meets", "query",
-             "answer", "system", "user", "assistant", "instruct", "given", "retrieve", "documents", "runbook",
-             *dict.fromkeys(WORDS)]
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        "<|im_start|>",
+        "<|im_end|>",
+        *".,:;>()[]-'\"?!/",
+        *letters,
+        *[f"##{c}" for c in letters],
+        "yes",
+        "no",
+        "judge",
+        "whether",
+        "document",
+        "meets",
+        "query",
+        "answer",
+        "system",
+        "user",
+        "assistant",
+        "instruct",
+        "given",
+        "retrieve",
+        "documents",
+        "runbook",
+        *dict.fromkeys(WORDS),
+    ]
     vocab_file = directory / "vocab.txt"
     vocab_file.write_text("\n".join(dict.fromkeys(vocab)) + "\n")
     return vocab_file
 
 
-def build_tiny_causal_reranker(directory: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32,
-                               absolute_positions: bool = False) -> Path:
+def build_tiny_causal_reranker(
+    directory: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32, absolute_positions: bool = False
+) -> Path:
     """A random causal-LM reranker saved as sentence-transformers 6 saves the Qwen3-Reranker
     family: ``Transformer(transformer_task="text-generation")`` + ``LogitScore(yes, no)``, a
     chat template with query/document roles and a default prompt.
@@ -94,22 +134,44 @@ def build_tiny_causal_reranker(directory: Path, *, seed: int = 0, layers: int = 
 
     source = directory.parent / f"{directory.name}-transformers"
     source.mkdir(parents=True, exist_ok=True)
-    tokenizer = BertTokenizerFast(vocab=str(_causal_vocab(source)), do_lower_case=True, model_max_length=256,
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tokenizer = BertTokenizerFast(
+        vocab=str(_causal_vocab(source)),
+        do_lower_case=True,
+        model_max_length=256,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
     tokenizer.chat_template = CAUSAL_CHAT_TEMPLATE
     torch.manual_seed(seed)
     if absolute_positions:
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=2,
-                                           n_positions=512, pad_token_id=tokenizer.pad_token_id,
-                                           bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id))
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(tokenizer),
+                n_embd=hidden,
+                n_layer=layers,
+                n_head=2,
+                n_positions=512,
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.cls_token_id,
+                eos_token_id=tokenizer.sep_token_id,
+            )
+        )
         with torch.no_grad():
             model.transformer.wpe.weight.mul_(50.0)  # positions that matter, as in a trained model
     else:
-        model = Qwen3ForCausalLM(Qwen3Config(
-            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
-            tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-        ))
+        model = Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=len(tokenizer),
+                hidden_size=hidden,
+                intermediate_size=hidden * 2,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=hidden // 4,
+                max_position_embeddings=512,
+                tie_word_embeddings=True,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
         # Louder weights, so the yes/no log-odds spread over the documents like a trained model's.
         with torch.no_grad():
             for parameter in model.parameters():
@@ -119,10 +181,15 @@ def build_tiny_causal_reranker(directory: Path, *, seed: int = 0, layers: int = 
     model.save_pretrained(source)
     tokenizer.save_pretrained(source)
     transformer = Transformer(str(source), transformer_task="text-generation")
-    score = LogitScore(true_token_id=tokenizer.convert_tokens_to_ids("yes"),
-                       false_token_id=tokenizer.convert_tokens_to_ids("no"))
-    reranker = CrossEncoder(modules=[transformer, score], prompts={"search": CAUSAL_DEFAULT_PROMPT},
-                            default_prompt_name="search", device="cpu")
+    score = LogitScore(
+        true_token_id=tokenizer.convert_tokens_to_ids("yes"), false_token_id=tokenizer.convert_tokens_to_ids("no")
+    )
+    reranker = CrossEncoder(
+        modules=[transformer, score],
+        prompts={"search": CAUSAL_DEFAULT_PROMPT},
+        default_prompt_name="search",
+        device="cpu",
+    )
     reranker.save_pretrained(str(directory))
     return directory
 

@@ -23,14 +23,19 @@ def prepare_amqp_broker(settings: Settings, timeout_s: float = 60.0) -> str | No
     """
     with Connection(settings.store.broker, connect_timeout=5) as connection:
         try:
-            connection.ensure_connection(max_retries=max(1, int(timeout_s // 2)), interval_start=1,
-                                         interval_step=1, interval_max=2)
+            connection.ensure_connection(
+                max_retries=max(1, int(timeout_s // 2)), interval_start=1, interval_step=1, interval_max=2
+            )
         except (OperationalError, *connection.connection_errors) as exc:
             return f"cannot reach the RabbitMQ broker: {type(exc).__name__}: {exc}"
         check = check_broker(settings, connection)
-        log.info("amqp_broker_checked", server_version=check.server_version,
-                 consumer_timeout_source=check.consumer_timeout_source, consumer_timeout_s=check.consumer_timeout_s,
-                 task_time_limit_s=check.task_time_limit_s)
+        log.info(
+            "amqp_broker_checked",
+            server_version=check.server_version,
+            consumer_timeout_source=check.consumer_timeout_source,
+            consumer_timeout_s=check.consumer_timeout_s,
+            task_time_limit_s=check.task_time_limit_s,
+        )
         if check.problem:
             return check.problem
         channel = connection.default_channel
@@ -49,5 +54,6 @@ class AmqpConsumer(CheckingConsumer):
     """
 
     class Blueprint(CheckingConsumer.Blueprint):
-        default_steps = [step for step in CheckingConsumer.Blueprint.default_steps
-                         if not step.endswith(":DelayedDelivery")]
+        default_steps = [
+            step for step in CheckingConsumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")
+        ]

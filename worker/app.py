@@ -28,8 +28,9 @@ def valid_task_args(stream_id: object, window: object, settings: Settings) -> bo
     return type(window) is int and 0 <= window < settings.streams.max_candidates
 
 
-def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = True,
-               monitoring: Monitoring = MONITORING_OFF) -> Celery:
+def create_app(
+    settings: Settings, *, eager_runtime: bool = True, sweep: bool = True, monitoring: Monitoring = MONITORING_OFF
+) -> Celery:
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
     # Every message is checked before Celery acts on it (worker.message_door).
@@ -67,6 +68,7 @@ def create_app(settings: Settings, *, eager_runtime: bool = True, sweep: bool = 
             card.publish(runtime.store, name, card.describe(runtime))
 
     if eager_runtime:
+
         @signals.worker_process_init.connect(weak=False)
         def _load_in_child(**_: object) -> None:
             reset_runtime()

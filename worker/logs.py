@@ -20,8 +20,9 @@ from producer.logs import LevelCheckedLogger
 
 # Keys whose values never reach a log line, and URL passwords wherever they appear.
 _SECRET_KEYS = re.compile(r"(api_?key|password|secret|token|authorization)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]+)@",
-                           re.IGNORECASE)
+_URL_PASSWORD = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]+)@", re.IGNORECASE
+)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-~+/=]+", re.IGNORECASE)
 
 
@@ -72,28 +73,40 @@ def lift_library_fields(logger: Any, method: str, event: dict[str, Any]) -> dict
 
 
 def _shared_processors() -> list[Any]:
-    return [structlog.contextvars.merge_contextvars, structlog.stdlib.add_log_level,
-            structlog.stdlib.add_logger_name, structlog.processors.TimeStamper(fmt="iso", utc=True)]
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
 
 
 def log_formatter(*, json: bool = False) -> logging.Formatter:
     """The one formatter every record goes through: structlog's, the library's and stdlib's."""
     render: list[Any] = (
-        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()] if json
+        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        if json
         # Plain tracebacks: a rich one prints every frame's locals, API keys included.
         else [structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)]
     )
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[lift_library_fields, *_shared_processors()[1:]],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, redact_secrets, *render,
-                    redact_rendered],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            redact_secrets,
+            *render,
+            redact_rendered,
+        ],
     )
 
 
 def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
     structlog.configure(
-        processors=[structlog.stdlib.filter_by_level, *_shared_processors(),
-                    structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_shared_processors(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=LevelCheckedLogger,
         cache_logger_on_first_use=False,

@@ -142,8 +142,13 @@ class Consumer(CeleryConsumer):
         return on_task_received
 
     def refuse_message(self, message: Any, refusal: Refused) -> None:
-        log.warning("task_message_refused", reason=refusal.reason, detail=refusal.detail[:300],
-                    queue=str((message.delivery_info or {}).get("routing_key"))[:200], **_describe(message))
+        log.warning(
+            "task_message_refused",
+            reason=refusal.reason,
+            detail=refusal.detail[:300],
+            queue=str((message.delivery_info or {}).get("routing_key"))[:200],
+            **_describe(message),
+        )
         if not message.acknowledged:
             message.reject_log_error(log, self.connection_errors, requeue=False)
         self.count_refusal(refusal.reason)
@@ -251,8 +256,9 @@ class SentinelTransport(_GuardedTransport, redis_transport.SentinelTransport):
 
 def guarded_transport(transport: str | None) -> str | None:
     """The guarded flavour of one of ``producer.redis_transport``'s transports (others as they are)."""
-    return {redis_transport.TRANSPORT: REDIS_TRANSPORT,
-            redis_transport.SENTINEL_TRANSPORT: SENTINEL_TRANSPORT}.get(transport or "", transport)
+    return {redis_transport.TRANSPORT: REDIS_TRANSPORT, redis_transport.SENTINEL_TRANSPORT: SENTINEL_TRANSPORT}.get(
+        transport or "", transport
+    )
 
 
 def guard_sentinel_failover() -> None:

@@ -33,12 +33,15 @@ class Runtime:
         self.recorder = recorder
         self._warmed_up = False
         store_url = settings.store.broker if settings.store.redis_url is None else settings.store.redis_url
-        self.store = Store(connect(store_url),
-                           settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen)
-        self.chain = Chain.from_settings(settings, wrap=self._wrap_member, on_failover=self._count_failover,
-                                         redis_client=self.store.client)
-        self.scorer = WindowScorer(settings, self.store, self.chain, recorder,
-                                   calibrations=Calibrations.from_settings(settings))
+        self.store = Store(
+            connect(store_url), settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen
+        )
+        self.chain = Chain.from_settings(
+            settings, wrap=self._wrap_member, on_failover=self._count_failover, redis_client=self.store.client
+        )
+        self.scorer = WindowScorer(
+            settings, self.store, self.chain, recorder, calibrations=Calibrations.from_settings(settings)
+        )
 
     def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
         """Meter real provider calls; in front of that, the pair-score cache (never for rrf,
@@ -61,22 +64,36 @@ class Runtime:
             from worker.chain.embedding_cache import EmbeddingCache
 
             raw.vector_cache = EmbeddingCache(
-                self.store.client, self.store.keys, identity=raw.cache_identity, ttl_s=self.settings.chain.cache_ttl_s,
+                self.store.client,
+                self.store.keys,
+                identity=raw.cache_identity,
+                ttl_s=self.settings.chain.cache_ttl_s,
                 per_tenant=member.send_tenant or not self.settings.chain.pair_cache_shared_across_tenants,
-                dims=getattr(getattr(raw, "engine", None), "dimensions", None))
-        return CachedProvider(metered, member=member, client=self.store.client, keys=self.store.keys,
-                              ttl_s=self.settings.chain.cache_ttl_s, count=self.count,
-                              shared_across_tenants=self.settings.chain.pair_cache_shared_across_tenants,
-                              on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses))
+                dims=getattr(getattr(raw, "engine", None), "dimensions", None),
+            )
+        return CachedProvider(
+            metered,
+            member=member,
+            client=self.store.client,
+            keys=self.store.keys,
+            ttl_s=self.settings.chain.cache_ttl_s,
+            count=self.count,
+            shared_across_tenants=self.settings.chain.pair_cache_shared_across_tenants,
+            on_counted=lambda hits, misses: self.recorder.cache_counted(label, hits, misses),
+        )
 
     def count(self, name: str, amount: int = 1, *, then: Callable[[], None] | None = None) -> None:
         """Add to a store counter, with the commit of the window being scored (or now, outside
         one); ``then()`` runs once it is counted."""
         key = self.store.keys.counters_for(None)
         client = self.store.client
-        write(SideWrite(queue=lambda pipe: pipe.hincrby(key, name, amount),
-                        run=lambda: client.hincrby(key, name, amount),
-                        done=(lambda _reply: then()) if then is not None else None))
+        write(
+            SideWrite(
+                queue=lambda pipe: pipe.hincrby(key, name, amount),
+                run=lambda: client.hincrby(key, name, amount),
+                done=(lambda _reply: then()) if then is not None else None,
+            )
+        )
 
     def _count_failover(self, member: str, reason: str) -> None:
         self.count("failovers")

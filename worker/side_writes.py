@@ -31,8 +31,9 @@ _held: ContextVar[list[SideWrite] | None] = ContextVar("rerankq_side_writes", de
 class SideWrite:
     """One command: queued on the commit's pipeline, or run at once; ``done`` hears it landed."""
 
-    def __init__(self, queue: Callable[[Any], Any], run: Callable[[], Any],
-                 done: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self, queue: Callable[[Any], Any], run: Callable[[], Any], done: Callable[[Any], None] | None = None
+    ) -> None:
         self._queue = queue
         self._run = run
         self._done = done

@@ -49,8 +49,13 @@ SWEEP_BATCH = 500
 SEND_ERRORS = (redis.RedisError, OperationalError, OSError)
 
 
-def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQueueProbe | None, settings: Settings,
-               recorder: Recorder = NO_METRICS) -> int:
+def sweep_once(
+    store: Store,
+    dispatcher: Dispatcher,
+    probe: QueueProbe | AmqpQueueProbe | None,
+    settings: Settings,
+    recorder: Recorder = NO_METRICS,
+) -> int:
     """Re-send every overdue window of every live stream that has no message queued.
 
     Returns how many were sent. One stream that cannot be sent to is logged and skipped;
@@ -61,8 +66,11 @@ def sweep_once(store: Store, dispatcher: Dispatcher, probe: QueueProbe | AmqpQue
     # Where the queues cannot be read (RabbitMQ), the store's queued marks stand in for them.
     trust_s = settings.queues.queued_max_age_s if settings.store.broker_kind == "amqp" else 0
     for i in range(0, len(streams), SWEEP_BATCH):
-        due.update(store.due_windows_many(streams[i:i + SWEEP_BATCH], retry_in_s=settings.queues.redeliver_after_s,
-                                          trust_queued_s=trust_s))
+        due.update(
+            store.due_windows_many(
+                streams[i : i + SWEEP_BATCH], retry_in_s=settings.queues.redeliver_after_s, trust_queued_s=trust_s
+            )
+        )
     if not due:
         return 0
     listed = probe.queued_windows(settings.queues.all_queues()) if probe is not None else None
@@ -130,8 +138,9 @@ class SweepTimer:
 
     def _run(self) -> None:
         # Own connections: nothing here is shared with the Celery consumer or the pool.
-        store = Store(connect(self.settings.store.redis_url or self.settings.store.broker),
-                      self.settings.store.namespace)
+        store = Store(
+            connect(self.settings.store.redis_url or self.settings.store.broker), self.settings.store.namespace
+        )
         dispatcher = Dispatcher(self.settings)
         probe = broker_probe(self.settings)
         interval = self.settings.queues.sweep_interval_s

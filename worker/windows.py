@@ -72,8 +72,9 @@ def _stored_id(blob: bytes, fallback: str) -> str:
     return candidate_id if isinstance(candidate_id, str) else fallback
 
 
-def kept_embeddings(outcome: ChainOutcome, window: int, indexes: list[int], documents: Sequence[str],
-                    bound: Any) -> WindowEmbeddings | None:
+def kept_embeddings(
+    outcome: ChainOutcome, window: int, indexes: list[int], documents: Sequence[str], bound: Any
+) -> WindowEmbeddings | None:
     """The serving member's embeddings of the scored documents, to keep beside the decisions.
 
     Only a member that embeds (``embedding``) has them. They are a convenience for readers
@@ -93,8 +94,14 @@ def kept_embeddings(outcome: ChainOutcome, window: int, indexes: list[int], docu
 
 
 class WindowScorer:
-    def __init__(self, settings: Settings, store: Store, chain: Chain, recorder: Recorder = NO_METRICS,
-                 calibrations: Calibrations | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        chain: Chain,
+        recorder: Recorder = NO_METRICS,
+        calibrations: Calibrations | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.chain = chain
@@ -116,13 +123,17 @@ class WindowScorer:
                 # A full Redis; or a master refusing writes for want of replicas in sync
                 # (NOREPLICAS, raw where no rerankq connection class converted it: a cluster node).
                 if isinstance(exc, redis.exceptions.ResponseError) and not (
-                        isinstance(exc, redis.exceptions.OutOfMemoryError) or is_no_replicas(exc)):
+                    isinstance(exc, redis.exceptions.OutOfMemoryError) or is_no_replicas(exc)
+                ):
                     raise
                 if time.monotonic() + pause > until:
                     raise
                 if not warned:
-                    event = "redis_full_waiting" if isinstance(exc, redis.exceptions.OutOfMemoryError) else \
-                        "store_unavailable_waiting"
+                    event = (
+                        "redis_full_waiting"
+                        if isinstance(exc, redis.exceptions.OutOfMemoryError)
+                        else "store_unavailable_waiting"
+                    )
                     bound.warning(event, max_wait_s=round(until - time.monotonic(), 1), error=type(exc).__name__)
                     warned = True
                 time.sleep(pause)
@@ -140,9 +151,12 @@ class WindowScorer:
         # The lease is this attempt's whole budget, waits for a full Redis included.
         until = time.monotonic() + self.settings.queues.redeliver_after_s * 0.9
         begun = self._through_full_redis(
-            lambda: self.store.begin(stream_id, window, work_deadline_s=self.settings.queues.redeliver_after_s,
-                                     delivery=delivery),
-            until=until, bound=bound)
+            lambda: self.store.begin(
+                stream_id, window, work_deadline_s=self.settings.queues.redeliver_after_s, delivery=delivery
+            ),
+            until=until,
+            bound=bound,
+        )
         if isinstance(begun, int):
             return self._not_begun(begun, bound)
         scoring_started = time.perf_counter()
@@ -154,33 +168,71 @@ class WindowScorer:
             # A window that keeps killing its process is committed as failed, not looped on.
             reason = f"poison: gave up after {begun.attempt - 1} attempts"
             bound.error("window_poisoned", attempts=begun.attempt - 1, reason=reason)
-            return self._commit_failed(stream_id, window, begun, reason, outcome="poisoned",
-                                       attempts=begun.attempt - 1, until=until, bound=bound)
+            return self._commit_failed(
+                stream_id,
+                window,
+                begun,
+                reason,
+                outcome="poisoned",
+                attempts=begun.attempt - 1,
+                until=until,
+                bound=bound,
+            )
         try:
             spec, candidates = decode_window(begun)
         except Undecodable as exc:
             bound.error("window_undecodable", reason=str(exc))
-            return self._commit_failed(stream_id, window, begun, str(exc), outcome="failed",
-                                       attempts=begun.attempt, until=until, bound=bound)
+            return self._commit_failed(
+                stream_id, window, begun, str(exc), outcome="failed", attempts=begun.attempt, until=until, bound=bound
+            )
 
         # The cache's writes and the counters go with the commit, in its round trip.
         with held_for_commit() as side_writes:
-            return self._score_and_commit(stream_id, window, spec, candidates, begun, began_at, scoring_started,
-                                          until=until, bound=bound, side_writes=side_writes)
+            return self._score_and_commit(
+                stream_id,
+                window,
+                spec,
+                candidates,
+                begun,
+                began_at,
+                scoring_started,
+                until=until,
+                bound=bound,
+                side_writes=side_writes,
+            )
 
-    def _score_and_commit(self, stream_id: str, window: int, spec: StreamSpec, candidates: list[Candidate],
-                          begun: Begun, began_at: float, scoring_started: float, *, until: float, bound: Any,
-                          side_writes: list[SideWrite]) -> str:
+    def _score_and_commit(
+        self,
+        stream_id: str,
+        window: int,
+        spec: StreamSpec,
+        candidates: list[Candidate],
+        begun: Begun,
+        began_at: float,
+        scoring_started: float,
+        *,
+        until: float,
+        bound: Any,
+        side_writes: list[SideWrite],
+    ) -> str:
         start = window * spec.window_size
         end = start + len(candidates)
         documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
         scorable = [i for i, c in enumerate(candidates) if has_text(c)]
-        passages = (window_passages(candidates, spec, chain_cutter(self.chain.members_for(spec.chain)))
-                    if spec.long_documents == "passages" else None)
-        request = ScoreRequest(query=spec.query,
-                               documents=passages.texts if passages else [documents[i] for i in scorable],
-                               stream_id=stream_id, window=window, tenant=spec.tenant, chain=spec.chain,
-                               instruction=spec.instruction)
+        passages = (
+            window_passages(candidates, spec, chain_cutter(self.chain.members_for(spec.chain)))
+            if spec.long_documents == "passages"
+            else None
+        )
+        request = ScoreRequest(
+            query=spec.query,
+            documents=passages.texts if passages else [documents[i] for i in scorable],
+            stream_id=stream_id,
+            window=window,
+            tenant=spec.tenant,
+            chain=spec.chain,
+            instruction=spec.instruction,
+        )
         outcome = self.chain.run(request)
         spans = None
         if passages is not None:
@@ -193,23 +245,51 @@ class WindowScorer:
             outcome.scores = full
         calibration = None
         if self.calibrations is not None and outcome.served_by is not None and not outcome.passthrough:
-            calibration = self.calibrations.map_for(profile=spec.chain, label=outcome.served_by,
-                                                    cache_identity=outcome.identity)
-        decisions = decide(spec, candidates, documents, outcome, first_index=start, calibration=calibration,
-                           passages=spans)
-        embeddings = kept_embeddings(outcome, window, [start + i for i in scorable],
-                                     [documents[i] for i in scorable] if passages else request.documents, bound)
+            calibration = self.calibrations.map_for(
+                profile=spec.chain, label=outcome.served_by, cache_identity=outcome.identity
+            )
+        decisions = decide(
+            spec, candidates, documents, outcome, first_index=start, calibration=calibration, passages=spans
+        )
+        embeddings = kept_embeddings(
+            outcome,
+            window,
+            [start + i for i in scorable],
+            [documents[i] for i in scorable] if passages else request.documents,
+            bound,
+        )
         result = WindowResult(
-            window=window, start=start, end=end, served_by=outcome.served_by, passthrough=outcome.passthrough,
-            attempts=begun.attempt, committed_at=time.time(), decisions=decisions, failovers=outcome.failovers,
-            reason=outcome.reason, began_at=began_at, instruction_ignored_by=outcome.instruction_ignored_by,
+            window=window,
+            start=start,
+            end=end,
+            served_by=outcome.served_by,
+            passthrough=outcome.passthrough,
+            attempts=begun.attempt,
+            committed_at=time.time(),
+            decisions=decisions,
+            failovers=outcome.failovers,
+            reason=outcome.reason,
+            began_at=began_at,
+            instruction_ignored_by=outcome.instruction_ignored_by,
         )
         self.recorder.window_scored(time.perf_counter() - scoring_started)
-        written = self._commit(stream_id, result, outcome="failed" if outcome.failed else "ranked", begun=begun,
-                               until=until, bound=bound, embeddings=embeddings, side_writes=side_writes)
+        written = self._commit(
+            stream_id,
+            result,
+            outcome="failed" if outcome.failed else "ranked",
+            begun=begun,
+            until=until,
+            bound=bound,
+            embeddings=embeddings,
+            side_writes=side_writes,
+        )
         if written == 1:
-            bound.info("window_committed", served_by=outcome.served_by, candidates=len(candidates),
-                       failovers=len(outcome.failovers))
+            bound.info(
+                "window_committed",
+                served_by=outcome.served_by,
+                candidates=len(candidates),
+                failovers=len(outcome.failovers),
+            )
             return "failed" if outcome.failed else "committed"
         bound.info("window_commit_lost_race", code=written)
         return "already_committed"
@@ -230,8 +310,18 @@ class WindowScorer:
         bound.info("stream_gone")
         return "gone"
 
-    def _commit_failed(self, stream_id: str, window: int, begun: Begun, reason: str, *, outcome: str,
-                       attempts: int, until: float, bound: Any) -> str:
+    def _commit_failed(
+        self,
+        stream_id: str,
+        window: int,
+        begun: Begun,
+        reason: str,
+        *,
+        outcome: str,
+        attempts: int,
+        until: float,
+        bound: Any,
+    ) -> str:
         """Commit every candidate of the window as ``failed`` with ``reason``, once.
 
         The window's bounds come from the store's reply, not the spec, which may be the
@@ -252,15 +342,32 @@ class WindowScorer:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 candidate_id, document = _stored_id(blob, f"#{start + i}"), ""
             decisions.append(Failed(id=candidate_id, index=start + i, document=document, reason=reason))
-        result = WindowResult(window=window, start=start, end=start + len(decisions), served_by=None,
-                              passthrough=False, attempts=attempts, committed_at=time.time(),
-                              decisions=decisions, reason=reason)
+        result = WindowResult(
+            window=window,
+            start=start,
+            end=start + len(decisions),
+            served_by=None,
+            passthrough=False,
+            attempts=attempts,
+            committed_at=time.time(),
+            decisions=decisions,
+            reason=reason,
+        )
         self._commit(stream_id, result, outcome=outcome, begun=begun, until=until, bound=bound)
         return "failed"
 
-    def _commit(self, stream_id: str, result: WindowResult, *, outcome: str, begun: Begun, until: float,
-                bound: Any, embeddings: WindowEmbeddings | None = None,
-                side_writes: list[SideWrite] | None = None) -> int:
+    def _commit(
+        self,
+        stream_id: str,
+        result: WindowResult,
+        *,
+        outcome: str,
+        begun: Begun,
+        until: float,
+        bound: Any,
+        embeddings: WindowEmbeddings | None = None,
+        side_writes: list[SideWrite] | None = None,
+    ) -> int:
         """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts.
 
         The held ``side_writes`` ride on the first try only: a retry (Redis full) is the commit alone.

@@ -32,15 +32,22 @@ CHAT_TEMPLATE = (
     "{%- set ns = namespace(instruction='') -%}"
     "{%- for m in messages if m.role == 'system' %}{% set ns.instruction = m.content %}{% endfor -%}"
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
-    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
     "<Instruct>: {{ ns.instruction }}\n"
     "<Query>: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
     "<Document>: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}"
     "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 )
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-QWEN3_0_6B = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16, "num_key_value_heads": 8,
-              "head_dim": 128, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0}
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1_000_000.0,
+}
 
 
 def causal_bench_model(layers: int) -> Path:
@@ -61,21 +68,34 @@ def causal_bench_model(layers: int) -> Path:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.model_max_length = 8192
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), num_hidden_layers=layers,
-                                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, **QWEN3_0_6B))
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            num_hidden_layers=layers,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            **QWEN3_0_6B,
+        )
+    )
     model.eval()
     model.save_pretrained(source)
     tokenizer.save_pretrained(source)
-    score = LogitScore(true_token_id=tokenizer.convert_tokens_to_ids("yes"),
-                       false_token_id=tokenizer.convert_tokens_to_ids("no"))
-    reranker = CrossEncoder(modules=[Transformer(str(source), transformer_task="text-generation"), score],
-                            prompts={"web": DEFAULT_INSTRUCTION}, default_prompt_name="web", device="cpu")
+    score = LogitScore(
+        true_token_id=tokenizer.convert_tokens_to_ids("yes"), false_token_id=tokenizer.convert_tokens_to_ids("no")
+    )
+    reranker = CrossEncoder(
+        modules=[Transformer(str(source), transformer_task="text-generation"), score],
+        prompts={"web": DEFAULT_INSTRUCTION},
+        default_prompt_name="web",
+        device="cpu",
+    )
     reranker.save_pretrained(str(directory))
     return directory
 
 
-def run_causal(*, settings: Any, device: str, layers: int, windows_n: int, window_size: int,
-               rounds: int) -> dict[str, Any]:
+def run_causal(
+    *, settings: Any, device: str, layers: int, windows_n: int, window_size: int, rounds: int
+) -> dict[str, Any]:
     """pairs/s of predict, the engine without prefix reuse and with it, alternated round by round
     (wall time, and this process's CPU time, which a busy shared machine disturbs less)."""
     import torch
@@ -85,8 +105,10 @@ def run_causal(*, settings: Any, device: str, layers: int, windows_n: int, windo
     path = causal_bench_model(layers)
     model = load_cross_encoder(str(path), device=device)
     tokenizer = model[0].tokenizer
-    windows = windows_of(realistic_pairs(n_windows=windows_n, window_size=window_size, tokenizer=tokenizer,
-                                         max_tokens=1024, seed=3), window_size)
+    windows = windows_of(
+        realistic_pairs(n_windows=windows_n, window_size=window_size, tokenizer=tokenizer, max_tokens=1024, seed=3),
+        window_size,
+    )
     plain = ScoringEngine(model, settings=settings, prefix_reuse=False, model_name=str(path))
     reused = ScoringEngine(model, settings=settings, model_name=str(path))
 
@@ -119,7 +141,7 @@ def run_causal(*, settings: Any, device: str, layers: int, windows_n: int, windo
     names = list(subjects)
     for round_ in range(rounds):
         # Each round starts with another subject, so a slot's luck on a shared machine is shared too.
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             score = subjects[name]
             engine = engines.get(name)
             if engine is not None:
@@ -133,8 +155,10 @@ def run_causal(*, settings: Any, device: str, layers: int, windows_n: int, windo
             if round_ == 0:
                 scores[name] = out
                 executed[name] = engine.padded_tokens if engine is not None else sum(map(predict_executed, windows))
-        print(f"causal round {round_ + 1}/{rounds}: " + ", ".join(f"{n} {r[-1]:.2f}/s" for n, r in rates.items()),
-              flush=True)
+        print(
+            f"causal round {round_ + 1}/{rounds}: " + ", ".join(f"{n} {r[-1]:.2f}/s" for n, r in rates.items()),
+            flush=True,
+        )
 
     useful = sum(n for w in windows for n in lengths(w))
     reference = scores["CrossEncoder.predict"]
@@ -153,24 +177,56 @@ def run_causal(*, settings: Any, device: str, layers: int, windows_n: int, windo
             "spearman_min": min(spearman(r, s) for r, s in zip(reference, scores[name])),
             "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, scores[name])),
         }
-    prefix_gain = statistics.median(r / p for r, p in zip(rates["engine, prefix reuse"],
-                                                         rates["engine, plain batches"]))
-    prefix_cpu_gain = statistics.median(r / p for r, p in zip(cpu_rates["engine, prefix reuse"],
-                                                             cpu_rates["engine, plain batches"]))
+    prefix_gain = statistics.median(
+        r / p for r, p in zip(rates["engine, prefix reuse"], rates["engine, plain batches"])
+    )
+    prefix_cpu_gain = statistics.median(
+        r / p for r, p in zip(cpu_rates["engine, prefix reuse"], cpu_rates["engine, plain batches"])
+    )
     print_table(
         f"causal reranker: Qwen3-0.6B shape, {layers} layers, random weights; {sum(map(len, windows))} pairs in "
         f"{len(windows)} windows of {window_size}, {rounds} alternated rounds, device {device}, precision "
         f"{plain.precision}",
-        ["subject", "pairs/s", "ratio", "pairs/cpu-s", "cpu ratio", "tokens/pair run", "run / pair tokens",
-         "spearman min", "max |diff|"],
-        [[name, f["pairs_per_s"], f["ratio"], f["pairs_per_cpu_s"], f["cpu_ratio"], f["executed_tokens_per_pair"],
-          f"{f['executed_share_of_pair_tokens']:.0%}", f"{f['spearman_min']:.4f}", f"{f['max_abs_diff']:.2g}"]
-         for name, f in results.items()],
+        [
+            "subject",
+            "pairs/s",
+            "ratio",
+            "pairs/cpu-s",
+            "cpu ratio",
+            "tokens/pair run",
+            "run / pair tokens",
+            "spearman min",
+            "max |diff|",
+        ],
+        [
+            [
+                name,
+                f["pairs_per_s"],
+                f["ratio"],
+                f["pairs_per_cpu_s"],
+                f["cpu_ratio"],
+                f["executed_tokens_per_pair"],
+                f"{f['executed_share_of_pair_tokens']:.0%}",
+                f"{f['spearman_min']:.4f}",
+                f"{f['max_abs_diff']:.2g}",
+            ]
+            for name, f in results.items()
+        ],
     )
     at_parity = results["engine, prefix reuse"]["spearman_min"] >= MIN_SPEARMAN
-    print(f"prefix reuse: {prefix_gain:.2f}x the plain engine in wall time, {prefix_cpu_gain:.2f}x in CPU time; "
-          f"at parity: {at_parity}")
-    return {"layers": layers, "model": str(path), "pairs": sum(map(len, windows)), "window_size": window_size,
-            "rounds": rounds, "precision": plain.precision, "prefix_reuse_vs_plain": prefix_gain,
-            "prefix_reuse_vs_plain_cpu": prefix_cpu_gain,
-            "mean_pair_tokens": useful / sum(map(len, windows)), "subjects": results}
+    print(
+        f"prefix reuse: {prefix_gain:.2f}x the plain engine in wall time, {prefix_cpu_gain:.2f}x in CPU time; "
+        f"at parity: {at_parity}"
+    )
+    return {
+        "layers": layers,
+        "model": str(path),
+        "pairs": sum(map(len, windows)),
+        "window_size": window_size,
+        "rounds": rounds,
+        "precision": plain.precision,
+        "prefix_reuse_vs_plain": prefix_gain,
+        "prefix_reuse_vs_plain_cpu": prefix_cpu_gain,
+        "mean_pair_tokens": useful / sum(map(len, windows)),
+        "subjects": results,
+    }

@@ -80,19 +80,27 @@ def main() -> None:
         f"coalescing: {n_windows} windows of 25, {args.threads} concurrent, device {args.device}, "
         f"precision {engine.precision}, model {model_path}",
         ["arm", "pairs/s", "windows per forward call"],
-        [["one window at a time", p50(rates["one window at a time"]), 1.0],
-         ["coalesced", p50(rates["coalesced"]), windows_per_flush]],
+        [
+            ["one window at a time", p50(rates["one window at a time"]), 1.0],
+            ["coalesced", p50(rates["coalesced"]), windows_per_flush],
+        ],
     )
     print(f"\ncoalescing gain: {gain:.2f}x, max |score difference|: {diff:.2g}")
-    write_json(args.json_path, {
-        "single_pairs_per_s": p50(rates["one window at a time"]),
-        "coalesced_pairs_per_s": p50(rates["coalesced"]),
-        "coalescing_gain": gain,
-        "windows_per_flush": windows_per_flush,
-        "max_abs_diff": diff,
-        "device": args.device, "precision": engine.precision, "threads": args.threads, "windows": n_windows,
-        "model": model_path,
-    })
+    write_json(
+        args.json_path,
+        {
+            "single_pairs_per_s": p50(rates["one window at a time"]),
+            "coalesced_pairs_per_s": p50(rates["coalesced"]),
+            "coalescing_gain": gain,
+            "windows_per_flush": windows_per_flush,
+            "max_abs_diff": diff,
+            "device": args.device,
+            "precision": engine.precision,
+            "threads": args.threads,
+            "windows": n_windows,
+            "model": model_path,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -72,8 +72,9 @@ def _fit_head(model: Any, tokenizer: Any) -> None:
     import torch
 
     pairs = realistic_pairs(n_windows=4, window_size=24, tokenizer=tokenizer, seed=99, max_tokens=128)
-    encoded = tokenizer([q for q, _ in pairs], [d for _, d in pairs], padding=True, truncation=True,
-                        max_length=128, return_tensors="pt")
+    encoded = tokenizer(
+        [q for q, _ in pairs], [d for _, d in pairs], padding=True, truncation=True, max_length=128, return_tensors="pt"
+    )
     with torch.inference_mode():
         pooled = model.bert(**encoded).pooler_output
     centred = pooled - pooled.mean(dim=0)
@@ -91,8 +92,9 @@ def _words(tokenizer: Any) -> list[str]:
     return sorted(w for w in vocab if w.isalpha() and w.isascii() and len(w) > 2)
 
 
-def realistic_pairs(*, n_windows: int, window_size: int, tokenizer: Any, seed: int = 0,
-                    median_tokens: int = 150, max_tokens: int = 512) -> list[tuple[str, str]]:
+def realistic_pairs(
+    *, n_windows: int, window_size: int, tokenizer: Any, seed: int = 0, median_tokens: int = 150, max_tokens: int = 512
+) -> list[tuple[str, str]]:
     """Windows of (query, document): queries of 5-15 words, documents log-normally sized
     around ``median_tokens`` tokens, up to the model's maximum."""
     rng = random.Random(seed)
@@ -107,13 +109,15 @@ def realistic_pairs(*, n_windows: int, window_size: int, tokenizer: Any, seed: i
 
 
 def windows_of(pairs: Sequence[Any], size: int) -> list[list[Any]]:
-    return [list(pairs[i:i + size]) for i in range(0, len(pairs), size)]
+    return [list(pairs[i : i + size]) for i in range(0, len(pairs), size)]
 
 
 def candidates(n: int, tag: str) -> list[dict[str, str]]:
     """``n`` short candidates of one shape, told apart by ``tag`` (the queue benches' input)."""
-    return [{"id": f"c{i}", "text": f"{tag} incident note {i}: the gateway returned 502 after a certificate expired"}
-            for i in range(n)]
+    return [
+        {"id": f"c{i}", "text": f"{tag} incident note {i}: the gateway returned 502 after a certificate expired"}
+        for i in range(n)
+    ]
 
 
 def p50(values: Sequence[float]) -> float:
@@ -154,18 +158,20 @@ def write_json(path: str | None, figures: dict[str, Any]) -> None:
 
 def worker_env(redis_url: str, namespace: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": redis_url,
-        "RERANKQ_NAMESPACE": namespace,
-        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        # The bench's custom providers load by import path from the repository root
-        # ("ops.bench.noop_provider:NoopProvider").
-        "PYTHONPATH": str(ROOT),
-    })
+    env.update(
+        {
+            "RERANKQ_REDIS_URL": redis_url,
+            "RERANKQ_NAMESPACE": namespace,
+            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+            "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            # The bench's custom providers load by import path from the repository root
+            # ("ops.bench.noop_provider:NoopProvider").
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     env.update(extra)
     return env
 

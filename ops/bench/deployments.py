@@ -71,17 +71,31 @@ def candidates(n: int, tag: str) -> list[dict[str, str]]:
 
 
 class Shape:
-    def __init__(self, name: str, store_url: str, broker_url: str, store_nodes: list[redis.Redis],
-                 broker_node: redis.Redis | None, logs: Path, args: argparse.Namespace) -> None:
+    def __init__(
+        self,
+        name: str,
+        store_url: str,
+        broker_url: str,
+        store_nodes: list[redis.Redis],
+        broker_node: redis.Redis | None,
+        logs: Path,
+        args: argparse.Namespace,
+    ) -> None:
         self.name = name
         namespace = f"bd-{name.replace('+', '-')}-{uuid.uuid4().hex[:6]}"
-        self.env = {**worker_env(store_url, namespace), "RERANKQ_BROKER_URL": broker_url,
-                    "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider", "RERANKQ_RERANKER_MODEL": "",
-                    "RERANKQ_PAIR_CACHE": "false"}
+        self.env = {
+            **worker_env(store_url, namespace),
+            "RERANKQ_BROKER_URL": broker_url,
+            "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider",
+            "RERANKQ_RERANKER_MODEL": "",
+            "RERANKQ_PAIR_CACHE": "false",
+        }
         self.store_nodes = store_nodes
         self.broker_node = broker_node
-        self.workers = [rerankq_worker(self.env, logs / f"{name}-{i}.log", "--processes", str(args.processes))
-                        for i in range(args.workers)]
+        self.workers = [
+            rerankq_worker(self.env, logs / f"{name}-{i}.log", "--processes", str(args.processes))
+            for i in range(args.workers)
+        ]
         self.clients: list[RerankClient] = []
         self.args = args
 
@@ -97,8 +111,13 @@ class Shape:
 
         def one(i: int) -> None:
             client = self.clients[i % len(self.clients)]
-            stream = client.open(f"{tag} query {i}", candidates(n, f"{tag}-{i}"), window_size=WINDOW,
-                                 first_windows=windows, allow_shallow=True)
+            stream = client.open(
+                f"{tag} query {i}",
+                candidates(n, f"{tag}-{i}"),
+                window_size=WINDOW,
+                first_windows=windows,
+                allow_shallow=True,
+            )
             page = client.pull(stream, 0, n, timeout=120)
             while not page.complete:
                 page = client.pull(stream, 0, n, timeout=120)
@@ -108,8 +127,9 @@ class Shape:
             list(pool.map(one, range(streams)))
         return time.perf_counter() - start
 
-    def open_ms(self, tag: str, windows: int, opens: int, n_candidates: int, client: RerankClient | None = None
-                ) -> list[float]:
+    def open_ms(
+        self, tag: str, windows: int, opens: int, n_candidates: int, client: RerankClient | None = None
+    ) -> list[float]:
         """Milliseconds per ``open`` of a stream of ``n_candidates`` with ``windows`` first windows,
         one at a time."""
         client = client or self.clients[0]
@@ -128,19 +148,27 @@ class Shape:
     def server_usec(self) -> dict[str, Any]:
         """Server time spent, from each server's commandstats: the store's Lua calls and all its
         commands (summed over masters), and the broker's."""
+
         def stats(node: redis.Redis) -> dict[str, dict[str, float]]:
             return node.info("commandstats")
 
         store = [stats(n) for n in self.store_nodes]
-        lua_calls = sum(s.get("cmdstat_evalsha", {}).get("calls", 0) + s.get("cmdstat_eval", {}).get("calls", 0)
-                        for s in store)
-        lua_usec = sum(s.get("cmdstat_evalsha", {}).get("usec", 0) + s.get("cmdstat_eval", {}).get("usec", 0)
-                       for s in store)
+        lua_calls = sum(
+            s.get("cmdstat_evalsha", {}).get("calls", 0) + s.get("cmdstat_eval", {}).get("calls", 0) for s in store
+        )
+        lua_usec = sum(
+            s.get("cmdstat_evalsha", {}).get("usec", 0) + s.get("cmdstat_eval", {}).get("usec", 0) for s in store
+        )
         store_usec = sum(v.get("usec", 0) for s in store for v in s.values())
         per_master = [sum(v.get("usec", 0) for v in s.values()) for s in store]
         broker_usec = sum(v.get("usec", 0) for v in stats(self.broker_node).values()) if self.broker_node else None
-        return {"lua_calls": lua_calls, "lua_usec": lua_usec, "store_usec": store_usec,
-                "store_usec_per_master": per_master, "broker_usec": broker_usec}
+        return {
+            "lua_calls": lua_calls,
+            "lua_usec": lua_usec,
+            "store_usec": store_usec,
+            "store_usec_per_master": per_master,
+            "broker_usec": broker_usec,
+        }
 
     def committed(self) -> int:
         return self.clients[0].store.counters().get("windows_committed", 0)
@@ -171,16 +199,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16, help="producer threads opening and pulling")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--amqp-url", default=None,
-                        help="a RabbitMQ broker for the amqp shapes (default: a private node started here)")
+    parser.add_argument(
+        "--amqp-url", default=None, help="a RabbitMQ broker for the amqp shapes (default: a private node started here)"
+    )
     parser.add_argument("--opens", type=int, default=None, help="opens timed per shape and window count")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
     streams = args.streams or (48 if args.quick else 128)
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-deployments-"))
-    print(f"deployments: rounds={rounds} streams={streams} windows/stream={args.windows} clients={args.clients} "
-          f"workers={args.workers}x{args.processes} logs={logs}", flush=True)
+    print(
+        f"deployments: rounds={rounds} streams={streams} windows/stream={args.windows} clients={args.clients} "
+        f"workers={args.workers}x{args.processes} logs={logs}",
+        flush=True,
+    )
 
     servers: list[Any] = []
     shapes: dict[str, Shape] = {}
@@ -191,8 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         cluster_broker = EmbeddedRedis().start()
         cluster = EmbeddedRedisCluster().start()
         servers += [cluster_broker, cluster]
-        shapes["cluster"] = Shape("cluster", cluster.url, cluster_broker.url, masters_of(cluster),
-                                  redis.Redis.from_url(cluster_broker.url), logs, args)
+        shapes["cluster"] = Shape(
+            "cluster",
+            cluster.url,
+            cluster_broker.url,
+            masters_of(cluster),
+            redis.Redis.from_url(cluster_broker.url),
+            logs,
+            args,
+        )
         amqp_url = args.amqp_url
         if amqp_url is None and rabbitmq_server_binary() is not None:
             node = EmbeddedRabbitMQ()
@@ -204,10 +243,12 @@ def main(argv: list[str] | None = None) -> int:
             amqp_store = EmbeddedRedis().start()
             amqp_cluster = EmbeddedRedisCluster().start()
             servers += [amqp_store, amqp_cluster]
-            shapes["amqp"] = Shape("amqp", amqp_store.url, amqp_url, [redis.Redis.from_url(amqp_store.url)],
-                                   None, logs, args)
-            shapes["amqp+cluster"] = Shape("amqp+cluster", amqp_cluster.url, amqp_url, masters_of(amqp_cluster),
-                                           None, logs, args)
+            shapes["amqp"] = Shape(
+                "amqp", amqp_store.url, amqp_url, [redis.Redis.from_url(amqp_store.url)], None, logs, args
+            )
+            shapes["amqp+cluster"] = Shape(
+                "amqp+cluster", amqp_cluster.url, amqp_url, masters_of(amqp_cluster), None, logs, args
+            )
         for shape in shapes.values():
             shape.start()
             shape.round("warm", 4, args.windows)
@@ -216,16 +257,24 @@ def main(argv: list[str] | None = None) -> int:
         ratios: dict[str, list[float]] = {name: [] for name in shapes}
         names = list(shapes)
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             took = {name: shapes[name].round(f"r{r}", streams, args.windows) for name in order}
             for name in names:
                 seconds[name].append(took[name])
                 ratios[name].append(took["redis"] / took[name])
-            print(f"round {r + 1}/{rounds}: " + ", ".join(
-                f"{name} {streams * args.windows / took[name]:.0f} windows/s" for name in names), flush=True)
+            print(
+                f"round {r + 1}/{rounds}: "
+                + ", ".join(f"{name} {streams * args.windows / took[name]:.0f} windows/s" for name in names),
+                flush=True,
+            )
         measured_windows = rounds * streams * args.windows
-        figures: dict[str, Any] = {"rounds": rounds, "streams": streams, "windows_per_stream": args.windows,
-                                   "window_size": WINDOW, "shapes": {}}
+        figures: dict[str, Any] = {
+            "rounds": rounds,
+            "streams": streams,
+            "windows_per_stream": args.windows,
+            "window_size": WINDOW,
+            "shapes": {},
+        }
         rows = []
         for name, shape in shapes.items():
             expected = (4 + rounds * streams) * args.windows
@@ -244,17 +293,38 @@ def main(argv: list[str] | None = None) -> int:
                 "windows_per_s_min": streams * args.windows / max(seconds[name]),
                 "windows_per_s_max": streams * args.windows / min(seconds[name]),
                 "ratio_to_redis_p50": statistics.median(ratios[name]),
-                "ratio_min": min(ratios[name]), "ratio_max": max(ratios[name]),
-                "per_window": per_window, "store_usec_per_master": usec["store_usec_per_master"],
+                "ratio_min": min(ratios[name]),
+                "ratio_max": max(ratios[name]),
+                "per_window": per_window,
+                "store_usec_per_master": usec["store_usec_per_master"],
             }
-            rows.append([name, figures["shapes"][name]["windows_per_s_p50"], f"{wps:.0f}",
-                         f"{statistics.median(ratios[name]):.2f} ({min(ratios[name]):.2f}-{max(ratios[name]):.2f})",
-                         per_window["lua_calls"], per_window["lua_usec_per_call"], per_window["store_usec"],
-                         broker_cell(name, per_window["broker_usec"])])
-        print_table("Windows committed per second, no-op provider (ratio: redis's round time / this shape's; server "
-                "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
-                    ["shape", "windows/s p50", "windows/s all", "ratio to redis", "Lua calls/window",
-                     "µs/Lua call", "store µs/window", "broker µs/window"], rows)
+            rows.append(
+                [
+                    name,
+                    figures["shapes"][name]["windows_per_s_p50"],
+                    f"{wps:.0f}",
+                    f"{statistics.median(ratios[name]):.2f} ({min(ratios[name]):.2f}-{max(ratios[name]):.2f})",
+                    per_window["lua_calls"],
+                    per_window["lua_usec_per_call"],
+                    per_window["store_usec"],
+                    broker_cell(name, per_window["broker_usec"]),
+                ]
+            )
+        print_table(
+            "Windows committed per second, no-op provider (ratio: redis's round time / this shape's; server "
+            "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
+            [
+                "shape",
+                "windows/s p50",
+                "windows/s all",
+                "ratio to redis",
+                "Lua calls/window",
+                "µs/Lua call",
+                "store µs/window",
+                "broker µs/window",
+            ],
+            rows,
+        )
         figures["open_ms"] = open_costs(shapes, args.windows, args.opens or (60 if args.quick else 200))
         figures["estimate"] = estimate(figures["shapes"])
         write_json(args.json, figures)
@@ -295,12 +365,18 @@ def open_costs(shapes: dict[str, Shape], windows: int, opens: int) -> dict[str, 
     for name in variants:
         one, many = p50(samples[name][1]), p50(samples[name][windows])
         per_window = (many - one) / (windows - 1) if windows > 1 else float("nan")
-        out[name] = {"open_ms_p50_1_window": one, f"open_ms_p50_{windows}_windows": many,
-                     "ms_per_extra_window": per_window}
+        out[name] = {
+            "open_ms_p50_1_window": one,
+            f"open_ms_p50_{windows}_windows": many,
+            "ms_per_extra_window": per_window,
+        }
         rows.append([name, one, many, per_window, many / p50(samples["redis"][windows])])
-    print_table(f"open() of {windows * WINDOW} candidates: ms per call, p50 of {opens}, one at a time, workers stopped "
-                f"(ratio: to redis at {windows} windows)",
-                ["shape", "1 window", f"{windows} windows", "ms per extra window", f"ratio at {windows}"], rows)
+    print_table(
+        f"open() of {windows * WINDOW} candidates: ms per call, p50 of {opens}, one at a time, workers stopped "
+        f"(ratio: to redis at {windows} windows)",
+        ["shape", "1 window", f"{windows} windows", "ms per extra window", f"ratio at {windows}"],
+        rows,
+    )
     return out
 
 
@@ -316,32 +392,50 @@ def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
     per_broker = 1e6 / broker_usec if broker_usec else float("inf")
     brokers = math.ceil(windows_per_s / (per_broker * HEADROOM)) if broker_usec else 0
     one_redis = 1e6 / (single["store_usec"] or 1)
-    out = {"target_pairs_per_s": TARGET_PAIRS_PER_S, "windows_per_s": windows_per_s, "headroom": HEADROOM,
-           "store_usec_per_window": store_usec, "lua_calls_per_window": cluster["lua_calls"],
-           "lua_usec_per_call": cluster["lua_usec_per_call"], "windows_per_s_per_shard": per_shard,
-           "store_shards": shards, "broker_usec_per_window": broker_usec,
-           "windows_per_s_per_redis_broker": per_broker, "redis_brokers": brokers,
-           "one_redis_store_and_broker_windows_per_s": one_redis}
-    print(f"\nOn paper, for {TARGET_PAIRS_PER_S:,} pairs/s = {windows_per_s:,.0f} windows of {WINDOW}/s "
-          f"(every shard and broker kept at {HEADROOM:.0%} of its ceiling):")
-    print(f"  store: {cluster['lua_calls']:.2f} Lua calls per window at {cluster['lua_usec_per_call']:.0f} µs "
-          f"of server time each; {store_usec:.0f} µs of store server time per window with the reads, "
-          f"so one shard commits about {per_shard:,.0f} windows/s: {shards} cluster masters (plus a replica each)")
+    out = {
+        "target_pairs_per_s": TARGET_PAIRS_PER_S,
+        "windows_per_s": windows_per_s,
+        "headroom": HEADROOM,
+        "store_usec_per_window": store_usec,
+        "lua_calls_per_window": cluster["lua_calls"],
+        "lua_usec_per_call": cluster["lua_usec_per_call"],
+        "windows_per_s_per_shard": per_shard,
+        "store_shards": shards,
+        "broker_usec_per_window": broker_usec,
+        "windows_per_s_per_redis_broker": per_broker,
+        "redis_brokers": brokers,
+        "one_redis_store_and_broker_windows_per_s": one_redis,
+    }
+    print(
+        f"\nOn paper, for {TARGET_PAIRS_PER_S:,} pairs/s = {windows_per_s:,.0f} windows of {WINDOW}/s "
+        f"(every shard and broker kept at {HEADROOM:.0%} of its ceiling):"
+    )
+    print(
+        f"  store: {cluster['lua_calls']:.2f} Lua calls per window at {cluster['lua_usec_per_call']:.0f} µs "
+        f"of server time each; {store_usec:.0f} µs of store server time per window with the reads, "
+        f"so one shard commits about {per_shard:,.0f} windows/s: {shards} cluster masters (plus a replica each)"
+    )
     if broker_usec:
-        print(f"  broker (Redis): {broker_usec:.0f} µs of server time per window (send, fetch, unacked bookkeeping, "
-              f"ack): about {per_broker:,.0f} windows/s per instance: {brokers} Redis broker instances, each "
-              f"holding its share of the device queues (rerankq.gpu split {brokers} ways)")
+        print(
+            f"  broker (Redis): {broker_usec:.0f} µs of server time per window (send, fetch, unacked bookkeeping, "
+            f"ack): about {per_broker:,.0f} windows/s per instance: {brokers} Redis broker instances, each "
+            f"holding its share of the device queues (rerankq.gpu split {brokers} ways)"
+        )
     if "amqp+cluster" in shapes:
         # With RabbitMQ as the broker the store does the same work; its figure is a second measurement.
         amqp_store = shapes["amqp+cluster"]["per_window"]["store_usec"]
         amqp_shards = math.ceil(windows_per_s / (1e6 / amqp_store * HEADROOM))
         out["amqp_cluster_store_usec_per_window"] = amqp_store
         out["amqp_cluster_store_shards"] = amqp_shards
-        print(f"  store with RabbitMQ as the broker (amqp+cluster): {amqp_store:.0f} µs per window: {amqp_shards} "
-              "cluster masters; RabbitMQ's own server time is not measured here (no access to its accounting), "
-              "so the queues it needs are not estimated")
-    print(f"  one Redis as store and broker: about {one_redis:,.0f} windows/s of store time alone; "
-          f"the ceiling this run measured end to end is the workers' CPU, not Redis")
+        print(
+            f"  store with RabbitMQ as the broker (amqp+cluster): {amqp_store:.0f} µs per window: {amqp_shards} "
+            "cluster masters; RabbitMQ's own server time is not measured here (no access to its accounting), "
+            "so the queues it needs are not estimated"
+        )
+    print(
+        f"  one Redis as store and broker: about {one_redis:,.0f} windows/s of store time alone; "
+        f"the ceiling this run measured end to end is the workers' CPU, not Redis"
+    )
     return out
 
 

@@ -39,9 +39,24 @@ def documents(tag: str) -> list[str]:
 
 def start_gateway(env: dict[str, str], port: int, log_path: Path, workers: int) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "producer.gateway", "--insecure-no-auth", "--port", str(port),
-                                 "--workers", str(workers), "--log-level", "warning"],
-                                env=env, cwd=ROOT, stdout=log, stderr=log)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "producer.gateway",
+                "--insecure-no-auth",
+                "--port",
+                str(port),
+                "--workers",
+                str(workers),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=log,
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -82,8 +97,12 @@ def cpu_s(proc: subprocess.Popen[bytes]) -> float:
 
 def timed_client(client: RerankClient, query: str) -> float:
     start = time.perf_counter()
-    stream = client.open(query, [{"id": str(i), "text": t} for i, t in enumerate(documents(query))],
-                         window_size=WINDOW, max_rerank_candidates=WINDOW)
+    stream = client.open(
+        query,
+        [{"id": str(i), "text": t} for i, t in enumerate(documents(query))],
+        window_size=WINDOW,
+        max_rerank_candidates=WINDOW,
+    )
     page = client.pull(stream, 0, WINDOW, timeout=60)
     elapsed = (time.perf_counter() - start) * 1000
     if len(page.rows) != WINDOW:
@@ -111,12 +130,17 @@ async def load(port: int, concurrency: int, requests: int, *, repeat: bool, tag:
             for n in counter:
                 query = f"{tag} repeated {client_id % 5}" if repeat else f"{tag} query {n}"
                 body = json.dumps({"model": "rrf", "query": query, "documents": documents(query)}).encode()
-                writer.write(b"POST /v2/rerank HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                writer.write(
+                    b"POST /v2/rerank HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+                )
                 start = time.perf_counter()
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
                 await reader.readexactly(length)
                 latencies.append((time.perf_counter() - start) * 1000)
                 if not head.startswith(b"HTTP/1.1 200"):
@@ -179,31 +203,52 @@ def main() -> None:
         redis_server.stop()
 
     figures = {
-        "client_ms_p50": p50(client_ms), "client_ms_p95": percentile(client_ms, .95),
-        "gateway_ms_p50": p50(gateway_ms), "gateway_ms_p95": percentile(gateway_ms, .95),
+        "client_ms_p50": p50(client_ms),
+        "client_ms_p95": percentile(client_ms, 0.95),
+        "gateway_ms_p50": p50(gateway_ms),
+        "gateway_ms_p95": percentile(gateway_ms, 0.95),
         "overhead_ms_p50": p50(gateway_ms) - p50(client_ms),
-        "overhead_ms_p95": percentile(gateway_ms, .95) - percentile(client_ms, .95),
-        "concurrency": args.concurrency, "requests_per_s": rps, "load_ms_p50": p50(load_ms),
-        "load_ms_p95": percentile(load_ms, .95), "windows_committed_under_load": calls_after - calls_before,
-        "repeat_requests_per_s": repeat_rps, "repeat_ms_p50": p50(repeat_ms),
-        "windows_committed_by_repeats": calls_repeat, "round_trips": n_round_trips, "load_requests": n_load,
-        "gateway_workers": args.gateway_workers, "gateway_cpu_ms_per_request": cpu_round_trip_ms,
+        "overhead_ms_p95": percentile(gateway_ms, 0.95) - percentile(client_ms, 0.95),
+        "concurrency": args.concurrency,
+        "requests_per_s": rps,
+        "load_ms_p50": p50(load_ms),
+        "load_ms_p95": percentile(load_ms, 0.95),
+        "windows_committed_under_load": calls_after - calls_before,
+        "repeat_requests_per_s": repeat_rps,
+        "repeat_ms_p50": p50(repeat_ms),
+        "windows_committed_by_repeats": calls_repeat,
+        "round_trips": n_round_trips,
+        "load_requests": n_load,
+        "gateway_workers": args.gateway_workers,
+        "gateway_cpu_ms_per_request": cpu_round_trip_ms,
         "gateway_cpu_ms_per_request_under_load": cpu_load_ms,
     }
     print_table(
         "gateway: one 25-document window per request, rrf chain, private redis, same run",
         ["arm", "n", "p50 ms", "p95 ms"],
-        [["RerankClient.open + pull", len(client_ms), figures["client_ms_p50"], figures["client_ms_p95"]],
-         ["POST /v2/rerank (gateway)", len(gateway_ms), figures["gateway_ms_p50"], figures["gateway_ms_p95"]],
-         ["overhead (difference)", "", figures["overhead_ms_p50"], figures["overhead_ms_p95"]],
-         [f"{args.concurrency} concurrent clients, new queries", len(load_ms), figures["load_ms_p50"],
-          figures["load_ms_p95"]],
-         [f"{args.concurrency} concurrent clients, repeated queries", len(repeat_ms), figures["repeat_ms_p50"],
-          percentile(repeat_ms, .95)]],
+        [
+            ["RerankClient.open + pull", len(client_ms), figures["client_ms_p50"], figures["client_ms_p95"]],
+            ["POST /v2/rerank (gateway)", len(gateway_ms), figures["gateway_ms_p50"], figures["gateway_ms_p95"]],
+            ["overhead (difference)", "", figures["overhead_ms_p50"], figures["overhead_ms_p95"]],
+            [
+                f"{args.concurrency} concurrent clients, new queries",
+                len(load_ms),
+                figures["load_ms_p50"],
+                figures["load_ms_p95"],
+            ],
+            [
+                f"{args.concurrency} concurrent clients, repeated queries",
+                len(repeat_ms),
+                figures["repeat_ms_p50"],
+                percentile(repeat_ms, 0.95),
+            ],
+        ],
     )
-    print(f"\nrequests per second, {args.concurrency} concurrent clients: {rps:.0f} new queries "
-          f"({calls_after - calls_before} windows committed), {repeat_rps:.0f} repeated "
-          f"({calls_repeat} windows committed)")
+    print(
+        f"\nrequests per second, {args.concurrency} concurrent clients: {rps:.0f} new queries "
+        f"({calls_after - calls_before} windows committed), {repeat_rps:.0f} repeated "
+        f"({calls_repeat} windows committed)"
+    )
     print(f"gateway CPU per request: {cpu_round_trip_ms:.2f} ms one at a time, {cpu_load_ms:.2f} ms under load")
     write_json(args.json_path, figures)
 

@@ -62,6 +62,7 @@ class StepClock:
     def step(self, label: str, fn: Callable[..., Any], *, apart: bool = False) -> Callable[..., Any]:
         """``fn`` timed as a step. A step ``apart`` is shown on its own (not under the step it
         runs in) and its time is taken out of every step it runs in."""
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             stack = self._stack
@@ -82,6 +83,7 @@ class StepClock:
                 if apart:
                     for outer in stack:
                         outer[1] += elapsed
+
         return timed
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
@@ -181,8 +183,10 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     clock.wrap(client.store, "snapshot", "snapshot (pipeline)")
     clock.wrap(client_module, "build_page", "build page (decode results)")
     waits = [name for name in ("wait_for_commit", "wait_and_snapshot") if hasattr(client.store, name)]
-    for name, label in (("wait_for_commit", "wait for commit (XREAD)"),
-                        ("wait_and_snapshot", "wait for commit + snapshot (pipeline)")):
+    for name, label in (
+        ("wait_for_commit", "wait for commit (XREAD)"),
+        ("wait_and_snapshot", "wait for commit + snapshot (pipeline)"),
+    ):
         if name in waits:  # the older reader waited, then read
             clock.wrap(client.store, name, label)
     # Worker: the task body. It runs where a real one would: while the reader waits for it.
@@ -194,6 +198,7 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
             if delivery is not None:
                 scorer.process(stream_id, 0, delivery=delivery)
             return wait(stream_id, *args, **kwargs)
+
         return call
 
     for name in waits:
@@ -324,10 +329,16 @@ def main(argv: list[str] | None = None) -> None:
         monitor_rows, commands = monitor_profile(server.url, args.streams, logs)
     finally:
         server.stop()
-    print_table(f"one window, step by step in one process ({args.windows} windows; p50 ms, inclusive)",
-                ["step", "p50 ms", "redis round trips"], step_rows)
-    print_table(f"commands Redis ran per one-window stream through a real worker ({args.streams} streams)",
-                ["side", "commands", "by command"], monitor_rows)
+    print_table(
+        f"one window, step by step in one process ({args.windows} windows; p50 ms, inclusive)",
+        ["step", "p50 ms", "redis round trips"],
+        step_rows,
+    )
+    print_table(
+        f"commands Redis ran per one-window stream through a real worker ({args.streams} streams)",
+        ["side", "commands", "by command"],
+        monitor_rows,
+    )
     write_json(args.json_path, {"steps": steps, "commands_per_stream": commands})
 
 

@@ -57,8 +57,16 @@ def drain(client: RerankClient, tag: str, *, streams: int, windows: int, window_
     """Seconds from the first open to every window of every stream committed."""
     n = windows * window_size
     start = time.perf_counter()
-    opened = [client.open(f"{tag} query {s}", candidates(n, f"{tag}-{s}"), window_size=window_size,
-                          first_windows=windows, allow_shallow=True) for s in range(streams)]
+    opened = [
+        client.open(
+            f"{tag} query {s}",
+            candidates(n, f"{tag}-{s}"),
+            window_size=window_size,
+            first_windows=windows,
+            allow_shallow=True,
+        )
+        for s in range(streams)
+    ]
     for stream in opened:
         page = client.pull(stream, 0, n, timeout=300)
         while not page.complete:
@@ -90,8 +98,9 @@ class Scraper:
         self._thread.join()
 
 
-def window_path(redis_url: str, provider_env: dict[str, str], *, rounds: int, windows: int,
-                window_size: int) -> dict[str, float]:
+def window_path(
+    redis_url: str, provider_env: dict[str, str], *, rounds: int, windows: int, window_size: int
+) -> dict[str, float]:
     """CPU time (this process) per window through ``WindowScorer.process``, metrics off vs on."""
     from worker.logs import configure_logging
     from worker.metrics.multiprocess import prepare
@@ -104,10 +113,13 @@ def window_path(redis_url: str, provider_env: dict[str, str], *, rounds: int, wi
     from worker.metrics.recorder import NO_METRICS
     from worker.runtime import Runtime
 
-    settings = load_settings(worker_env(redis_url, f"bm-path-{os.urandom(3).hex()}", **provider_env),
-                             pair_cache=False, torch_threads=1)
-    runtimes = {"off": Runtime(settings, NO_METRICS), "on": Runtime(settings, WorkerMetrics(device="cpu",
-                                                                                           pool="prefork"))}
+    settings = load_settings(
+        worker_env(redis_url, f"bm-path-{os.urandom(3).hex()}", **provider_env), pair_cache=False, torch_threads=1
+    )
+    runtimes = {
+        "off": Runtime(settings, NO_METRICS),
+        "on": Runtime(settings, WorkerMetrics(device="cpu", pool="prefork")),
+    }
     for runtime in runtimes.values():
         runtime.warm_up()
     per_stream = 5
@@ -121,8 +133,9 @@ def window_path(redis_url: str, provider_env: dict[str, str], *, rounds: int, wi
             stream = f"s_{made:032x}"
             spec = StreamSpec(query=f"query {made}", window_size=window_size, n_candidates=window_size * per_stream)
             cands = [Candidate(id=f"c{i}", text=f"incident note {i}") for i in range(window_size * per_stream)]
-            runtimes["off"].store.open(stream, spec, cands, first_windows=per_stream, enqueue_grace_s=3600,
-                                       fingerprint="bench")
+            runtimes["off"].store.open(
+                stream, spec, cands, first_windows=per_stream, enqueue_grace_s=3600, fingerprint="bench"
+            )
             out.append(stream)
         return out
 
@@ -141,7 +154,7 @@ def window_path(redis_url: str, provider_env: dict[str, str], *, rounds: int, wi
     run("off"), run("on")  # warm
     per_window: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(rounds):
-        for arm in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        for arm in ("off", "on") if r % 2 == 0 else ("on", "off"):
             per_window[arm].append(run(arm))
     for runtime in runtimes.values():
         runtime.close()
@@ -150,13 +163,28 @@ def window_path(redis_url: str, provider_env: dict[str, str], *, rounds: int, wi
     return {"off_us_per_window": off, "on_us_per_window": on, "added_us_per_window": added}
 
 
-def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str], *, rounds: int, streams: int,
-            windows: int, window_size: int, scrape_interval_s: float = 1.0) -> dict[str, object]:
+def compare(
+    redis_url: str,
+    logs: Path,
+    label: str,
+    provider_env: dict[str, str],
+    *,
+    rounds: int,
+    streams: int,
+    windows: int,
+    window_size: int,
+    scrape_interval_s: float = 1.0,
+) -> dict[str, object]:
     port = free_port()
     envs = {
         "off": worker_env(redis_url, f"bm-{label}-off", **provider_env),
-        "on": worker_env(redis_url, f"bm-{label}-on", **provider_env, RERANKQ_METRICS_PORT=str(port),
-                         RERANKQ_METRICS_DIR=str(logs / f"metrics-{label}")),
+        "on": worker_env(
+            redis_url,
+            f"bm-{label}-on",
+            **provider_env,
+            RERANKQ_METRICS_PORT=str(port),
+            RERANKQ_METRICS_DIR=str(logs / f"metrics-{label}"),
+        ),
     }
     workers: dict[str, WorkerProcess] = {}
     clients: dict[str, RerankClient] = {}
@@ -177,15 +205,19 @@ def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str]
                 took = {}
                 for arm in order:
                     pool_before, main_before = cpu_seconds(workers[arm])
-                    took[arm] = drain(clients[arm], f"r{r}-{arm}", streams=streams, windows=windows,
-                                      window_size=window_size)
+                    took[arm] = drain(
+                        clients[arm], f"r{r}-{arm}", streams=streams, windows=windows, window_size=window_size
+                    )
                     pool_after, main_after = cpu_seconds(workers[arm])
                     cpu[arm].append((pool_after - pool_before) / total_windows)
                     main_cpu[arm].append((main_after - main_before) / total_windows)
                     seconds[arm].append(took[arm])
                 ratios.append(took["off"] / took["on"])  # throughput on / throughput off
-                print(f"{label} round {r + 1}/{rounds}: off {took['off']:.2f} s, on {took['on']:.2f} s; pool CPU "
-                      f"per window off {cpu['off'][-1] * 1000:.3f} ms, on {cpu['on'][-1] * 1000:.3f} ms", flush=True)
+                print(
+                    f"{label} round {r + 1}/{rounds}: off {took['off']:.2f} s, on {took['on']:.2f} s; pool CPU "
+                    f"per window off {cpu['off'][-1] * 1000:.3f} ms, on {cpu['on'][-1] * 1000:.3f} ms",
+                    flush=True,
+                )
         for arm, client in clients.items():
             committed = client.store.counters().get("windows_committed", 0)
             expected = total_windows * rounds + 4
@@ -200,7 +232,8 @@ def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str]
             "off_windows_per_s": total_windows / p50(seconds["off"]),
             "on_windows_per_s": total_windows / p50(seconds["on"]),
             "ratio_p50": statistics.median(ratios),
-            "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
             "off_cpu_ms_per_window": p50(cpu["off"]) * 1000,
             "on_cpu_ms_per_window": p50(cpu["on"]) * 1000,
             "off_main_cpu_ms_per_window": p50(main_cpu["off"]) * 1000,
@@ -217,8 +250,13 @@ def compare(redis_url: str, logs: Path, label: str, provider_env: dict[str, str]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--model", nargs="?", const="bench", default=None,
-                        help="also compare with a cross-encoder (a directory; default the bench model)")
+    parser.add_argument(
+        "--model",
+        nargs="?",
+        const="bench",
+        default=None,
+        help="also compare with a cross-encoder (a directory; default the bench model)",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
@@ -231,24 +269,51 @@ def main() -> None:
         noop = {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"}
         paths = {"noop": window_path(redis_server.url, noop, rounds=rounds * 2, windows=200, window_size=5)}
         if args.model:
-            model_env = {"RERANKQ_RERANKER_PROVIDER": "local",
-                         "RERANKQ_RERANKER_MODEL": str(bench_model()) if args.model == "bench" else args.model}
-            paths["model"] = window_path(redis_server.url, model_env, rounds=max(4, rounds // 2), windows=5,
-                                         window_size=25)
-        print_table("the window path in one process (begin, chain, decide, commit; torch on 1 thread): CPU "
-                    "microseconds per window, median of alternated rounds",
-                    ["provider", "metrics off", "metrics on", "added by metrics", "added"],
-                    [[label, p["off_us_per_window"], p["on_us_per_window"], p["added_us_per_window"],
-                      f"{p['added_us_per_window'] / p['off_us_per_window'] * 100:.2f}%"] for label, p in paths.items()])
+            model_env = {
+                "RERANKQ_RERANKER_PROVIDER": "local",
+                "RERANKQ_RERANKER_MODEL": str(bench_model()) if args.model == "bench" else args.model,
+            }
+            paths["model"] = window_path(
+                redis_server.url, model_env, rounds=max(4, rounds // 2), windows=5, window_size=25
+            )
+        print_table(
+            "the window path in one process (begin, chain, decide, commit; torch on 1 thread): CPU "
+            "microseconds per window, median of alternated rounds",
+            ["provider", "metrics off", "metrics on", "added by metrics", "added"],
+            [
+                [
+                    label,
+                    p["off_us_per_window"],
+                    p["on_us_per_window"],
+                    p["added_us_per_window"],
+                    f"{p['added_us_per_window'] / p['off_us_per_window'] * 100:.2f}%",
+                ]
+                for label, p in paths.items()
+            ],
+        )
         figures["window_path"] = paths
-        figures["noop"] = compare(redis_server.url, logs, "noop",
-                                  {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"},
-                                  rounds=rounds, streams=8, windows=50, window_size=5)
+        figures["noop"] = compare(
+            redis_server.url,
+            logs,
+            "noop",
+            {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"},
+            rounds=rounds,
+            streams=8,
+            windows=50,
+            window_size=5,
+        )
         if args.model:
             model = str(bench_model()) if args.model == "bench" else args.model
-            figures["model"] = compare(redis_server.url, logs, "model",
-                                       {"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": model},
-                                       rounds=max(2, rounds // 4), streams=2, windows=8, window_size=25)
+            figures["model"] = compare(
+                redis_server.url,
+                logs,
+                "model",
+                {"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": model},
+                rounds=max(2, rounds // 4),
+                streams=2,
+                windows=8,
+                window_size=25,
+            )
     finally:
         redis_server.stop()
 
@@ -256,16 +321,42 @@ def main() -> None:
     for label, f in figures.items():
         if label == "window_path":
             continue
-        rows.append([label, f["windows_per_round"], f["off_windows_per_s"], f["on_windows_per_s"], f["ratio_p50"],
-                     f"{(1 - f['ratio_p50']) * 100:.1f}%", f"{f['ratio_min']:.2f}-{f['ratio_max']:.2f}",
-                     f["off_cpu_ms_per_window"], f["on_cpu_ms_per_window"],
-                     f"{(f['on_cpu_ms_per_window'] / f['off_cpu_ms_per_window'] - 1) * 100:.1f}%",
-                     f["off_main_cpu_ms_per_window"], f["on_main_cpu_ms_per_window"]])
-    print_table("metrics cost: one prefork worker process, metrics off vs on (scraped every 1 s), alternated rounds, "
-                "same run; CPU per window in the pool process (scoring) and the main process (consumer, sweep, "
-                "/metrics)",
-                ["provider", "windows/round", "off win/s", "on win/s", "on/off p50", "throughput loss",
-                 "on/off range", "pool CPU ms/win off", "on", "added", "main CPU ms/win off", "on"], rows)
+        rows.append(
+            [
+                label,
+                f["windows_per_round"],
+                f["off_windows_per_s"],
+                f["on_windows_per_s"],
+                f["ratio_p50"],
+                f"{(1 - f['ratio_p50']) * 100:.1f}%",
+                f"{f['ratio_min']:.2f}-{f['ratio_max']:.2f}",
+                f["off_cpu_ms_per_window"],
+                f["on_cpu_ms_per_window"],
+                f"{(f['on_cpu_ms_per_window'] / f['off_cpu_ms_per_window'] - 1) * 100:.1f}%",
+                f["off_main_cpu_ms_per_window"],
+                f["on_main_cpu_ms_per_window"],
+            ]
+        )
+    print_table(
+        "metrics cost: one prefork worker process, metrics off vs on (scraped every 1 s), alternated rounds, "
+        "same run; CPU per window in the pool process (scoring) and the main process (consumer, sweep, "
+        "/metrics)",
+        [
+            "provider",
+            "windows/round",
+            "off win/s",
+            "on win/s",
+            "on/off p50",
+            "throughput loss",
+            "on/off range",
+            "pool CPU ms/win off",
+            "on",
+            "added",
+            "main CPU ms/win off",
+            "on",
+        ],
+        rows,
+    )
     write_json(args.json_path, figures)
 
 

@@ -57,8 +57,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=None, help="one-window streams per arm")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--profile", action="store_true",
-                        help="instead: one window's per-step costs and Redis round trips (ops/bench/hotpath.py)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead: one window's per-step costs and Redis round trips (ops/bench/hotpath.py)",
+    )
     args = parser.parse_args()
     if args.profile:
         from ops.bench import hotpath
@@ -76,10 +79,27 @@ def main() -> None:
         ns = "bq"
         noop_env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
         raw_env = {**noop_env, "BENCH_RAW_QUEUE": f"{ns}.raw"}
-        raw = WorkerProcess([sys.executable, "-m", "celery", "-A", "ops.bench.raw_celery", "worker", "--pool=prefork",
-                             "--concurrency=1", f"--queues={ns}.raw", "--without-gossip", "--without-mingle",
-                             "--without-heartbeat", "--loglevel=INFO", f"--hostname=raw-{ns}@%h"],
-                            raw_env, logs / "raw.log", cwd=ROOT)
+        raw = WorkerProcess(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "ops.bench.raw_celery",
+                "worker",
+                "--pool=prefork",
+                "--concurrency=1",
+                f"--queues={ns}.raw",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel=INFO",
+                f"--hostname=raw-{ns}@%h",
+            ],
+            raw_env,
+            logs / "raw.log",
+            cwd=ROOT,
+        )
         noop = rerankq_worker(noop_env, logs / "noop.log")
         for w in (raw, noop):
             workers.append(w.start())
@@ -108,8 +128,7 @@ def main() -> None:
             raise RuntimeError(f"the no-op provider did not serve the streams: {counters}")
 
         # A deeper pull over committed windows: every window committed first, then pages read.
-        deep = client.open("deep pull query", candidates(300, "deep"), window_size=WINDOW,
-                           first_windows=300 // WINDOW)
+        deep = client.open("deep pull query", candidates(300, "deep"), window_size=WINDOW, first_windows=300 // WINDOW)
         full = client.pull(deep, 0, 300, timeout=120)
         assert len(full.rows) == 300, len(full.rows)
         calls_before = sum(v for k, v in client.store.counters().items() if k.startswith("provider_calls:"))
@@ -126,8 +145,9 @@ def main() -> None:
         raw.stop()
 
         model_path = args.model or str(bench_model())
-        model_env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="local",
-                               RERANKQ_RERANKER_MODEL=model_path)
+        model_env = worker_env(
+            redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="local", RERANKQ_RERANKER_MODEL=model_path
+        )
         model_worker = rerankq_worker(model_env, logs / "model.log")
         workers.append(model_worker.start())
         for i in range(2):
@@ -143,27 +163,49 @@ def main() -> None:
     print_table(
         "queue: milliseconds per one-window stream (25 candidates), private redis, same run",
         ["arm", "n", "p50 ms", "p90 ms", "p99 ms"],
-        [["raw Celery no-op round trip", len(raw_ms), raw_p50, percentile(raw_ms, .9), percentile(raw_ms, .99)],
-         ["stream, no-op provider", len(stream_ms), stream_p50, percentile(stream_ms, .9), percentile(stream_ms, .99)],
-         ["overhead (p50 difference)", "", stream_p50 - raw_p50, "", ""],
-         ["stream, MiniLM-L6-sized model", len(model_ms), p50(model_ms), percentile(model_ms, .9),
-          percentile(model_ms, .99)],
-         ["deep pull page (10 rows of 300)", len(page_ms), p50(page_ms), percentile(page_ms, .9),
-          percentile(page_ms, .99)]],
+        [
+            ["raw Celery no-op round trip", len(raw_ms), raw_p50, percentile(raw_ms, 0.9), percentile(raw_ms, 0.99)],
+            [
+                "stream, no-op provider",
+                len(stream_ms),
+                stream_p50,
+                percentile(stream_ms, 0.9),
+                percentile(stream_ms, 0.99),
+            ],
+            ["overhead (p50 difference)", "", stream_p50 - raw_p50, "", ""],
+            [
+                "stream, MiniLM-L6-sized model",
+                len(model_ms),
+                p50(model_ms),
+                percentile(model_ms, 0.9),
+                percentile(model_ms, 0.99),
+            ],
+            [
+                "deep pull page (10 rows of 300)",
+                len(page_ms),
+                p50(page_ms),
+                percentile(page_ms, 0.9),
+                percentile(page_ms, 0.99),
+            ],
+        ],
     )
     print(f"\ndeep pull provider calls: {calls_after - calls_before}")
-    write_json(args.json_path, {
-        "raw_celery_ms_p50": raw_p50,
-        "stream_ms_p50": stream_p50,
-        "overhead_ms_p50": stream_p50 - raw_p50,
-        "model_stream_ms_p50": p50(model_ms),
-        "deep_pull_provider_calls": calls_after - calls_before,
-        "deep_pull_ms_p50": p50(page_ms),
-        "raw_celery_ms_p90": percentile(raw_ms, .9),
-        "stream_ms_p90": percentile(stream_ms, .9),
-        "deep_pull_ms_p90": percentile(page_ms, .9),
-        "streams": n_streams, "pages": n_pages,
-    })
+    write_json(
+        args.json_path,
+        {
+            "raw_celery_ms_p50": raw_p50,
+            "stream_ms_p50": stream_p50,
+            "overhead_ms_p50": stream_p50 - raw_p50,
+            "model_stream_ms_p50": p50(model_ms),
+            "deep_pull_provider_calls": calls_after - calls_before,
+            "deep_pull_ms_p50": p50(page_ms),
+            "raw_celery_ms_p90": percentile(raw_ms, 0.9),
+            "stream_ms_p90": percentile(stream_ms, 0.9),
+            "deep_pull_ms_p90": percentile(page_ms, 0.9),
+            "streams": n_streams,
+            "pages": n_pages,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ NOOP_TASK = "bench.noop"
 settings = load_settings()
 app = Celery("bench-raw", set_as_current=False)
 app.conf.update(celery_config(settings))
-app.conf.update(result_backend=settings.store.broker, task_ignore_result=False,
-                task_default_queue=os.environ.get("BENCH_RAW_QUEUE", "bench.raw"))
+app.conf.update(
+    result_backend=settings.store.broker,
+    task_ignore_result=False,
+    task_default_queue=os.environ.get("BENCH_RAW_QUEUE", "bench.raw"),
+)
 
 
 @app.task(name=NOOP_TASK, ignore_result=False)

@@ -32,11 +32,14 @@ OVERLAY = ROOT / "ops" / "bench" / "overlays" / "sweep_without_probe"
 
 def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
     namespace = "resend" + uuid.uuid4().hex[:6]
-    settings = {"RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s), "RERANKQ_SWEEP_INTERVAL_S": "1",
-                "RERANKQ_VISIBILITY_TIMEOUT_S": str(max(600, args.redeliver_after_s * 4)),
-                "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
-                "BENCH_WINDOW_S": str(args.window_s),
-                "RERANKQ_PAIR_CACHE": "false"}  # every window must reach the paced provider
+    settings = {
+        "RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s),
+        "RERANKQ_SWEEP_INTERVAL_S": "1",
+        "RERANKQ_VISIBILITY_TIMEOUT_S": str(max(600, args.redeliver_after_s * 4)),
+        "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
+        "BENCH_WINDOW_S": str(args.window_s),
+        "RERANKQ_PAIR_CACHE": "false",
+    }  # every window must reach the paced provider
     env = worker_env(server.url, namespace, **settings)
     if mode == "every overdue window (before)":
         env["PYTHONPATH"] = f"{OVERLAY}:{env['PYTHONPATH']}"
@@ -47,9 +50,16 @@ def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Pat
     worker = rerankq_worker(env, log_dir / f"{namespace}.log", "--processes", "1").start()
     try:
         started = time.monotonic()
-        streams = [client.open("payment gateway error", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(10)],
-                               window_size=1, first_windows=per_stream, allow_shallow=True)
-                   for _ in range(n_windows // per_stream)]
+        streams = [
+            client.open(
+                "payment gateway error",
+                [{"id": f"c{i}", "text": f"doc {i}"} for i in range(10)],
+                window_size=1,
+                first_windows=per_stream,
+                allow_shallow=True,
+            )
+            for _ in range(n_windows // per_stream)
+        ]
         admitted_at = time.monotonic()
         # Lose a few messages from the far end of the queue (the last to be fetched), as a
         # worker killed between its fetch and its record of the fetch would.
@@ -84,9 +94,15 @@ def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Pat
     finally:
         worker.stop()
         client.close()
-    return {"windows": n_windows, "drained_per_period": drained_per_period, "drain_s": drain_s,
-            "resent": resent, "resent_per_window": resent / n_windows,
-            "lost": len(lost_ids), "lost_recovered_max_s": max(recovered_after, default=float("nan"))}
+    return {
+        "windows": n_windows,
+        "drained_per_period": drained_per_period,
+        "drain_s": drain_s,
+        "resent": resent,
+        "resent_per_window": resent / n_windows,
+        "lost": len(lost_ids),
+        "lost_recovered_max_s": max(recovered_after, default=float("nan")),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,19 +123,37 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("queued windows left alone (now)", "every overdue window (before)"):
             figures[mode] = run(mode, server, args, log_dir)
     bound = args.redeliver_after_s + 1
-    rows = [[mode, f["windows"], f"{args.backlog:g}x", f["drain_s"], f["resent"], f["resent_per_window"],
-             f"{f['lost']}, re-sent by {f['lost_recovered_max_s']:.1f} s"] for mode, f in figures.items()]
-    print_table(f"Re-sends under a backlog (worker drains {1 / args.window_s:.0f} windows/s, "
-                f"REDELIVER_AFTER_S={args.redeliver_after_s}, SWEEP_INTERVAL_S=1)",
-                ["sweep", "windows", "backlog", "drain s", "re-sent", "re-sent/window", "lost, re-sent by"], rows)
+    rows = [
+        [
+            mode,
+            f["windows"],
+            f"{args.backlog:g}x",
+            f["drain_s"],
+            f["resent"],
+            f["resent_per_window"],
+            f"{f['lost']}, re-sent by {f['lost_recovered_max_s']:.1f} s",
+        ]
+        for mode, f in figures.items()
+    ]
+    print_table(
+        f"Re-sends under a backlog (worker drains {1 / args.window_s:.0f} windows/s, "
+        f"REDELIVER_AFTER_S={args.redeliver_after_s}, SWEEP_INTERVAL_S=1)",
+        ["sweep", "windows", "backlog", "drain s", "re-sent", "re-sent/window", "lost, re-sent by"],
+        rows,
+    )
     now, before = figures["queued windows left alone (now)"], figures["every overdue window (before)"]
-    print(f"\nre-sent per window: {now['resent_per_window']:.3f} now vs {before['resent_per_window']:.3f} before "
-          f"(target <= 0.05); drain {now['drain_s']:.1f} s vs {before['drain_s']:.1f} s "
-          f"({before['drain_s'] / now['drain_s']:.2f}x)")
-    print(f"lost messages re-sent {now['lost_recovered_max_s']:.1f} s after they were admitted (and lost); "
-          f"bound: REDELIVER_AFTER_S + SWEEP_INTERVAL_S = {bound} s")
-    write_json(args.json, {"resend": figures, "target_resent_per_window": 0.05,
-                           "resent_per_window": now["resent_per_window"]})
+    print(
+        f"\nre-sent per window: {now['resent_per_window']:.3f} now vs {before['resent_per_window']:.3f} before "
+        f"(target <= 0.05); drain {now['drain_s']:.1f} s vs {before['drain_s']:.1f} s "
+        f"({before['drain_s'] / now['drain_s']:.2f}x)"
+    )
+    print(
+        f"lost messages re-sent {now['lost_recovered_max_s']:.1f} s after they were admitted (and lost); "
+        f"bound: REDELIVER_AFTER_S + SWEEP_INTERVAL_S = {bound} s"
+    )
+    write_json(
+        args.json, {"resend": figures, "target_resent_per_window": 0.05, "resent_per_window": now["resent_per_window"]}
+    )
     return 0 if now["resent_per_window"] <= 0.05 and now["lost_recovered_max_s"] <= bound + 1 else 1
 
 

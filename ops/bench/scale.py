@@ -36,13 +36,14 @@ WINDOW = 25
 
 def run_load(client: RerankClient, pairs: list[tuple[str, str]], tag: str) -> float:
     """Open every stream at once, read them all; pairs per second over the whole run."""
-    streams_pairs = [pairs[i:i + WINDOW] for i in range(0, len(pairs), WINDOW)]
+    streams_pairs = [pairs[i : i + WINDOW] for i in range(0, len(pairs), WINDOW)]
     start = time.perf_counter()
     streams = []
     for window in streams_pairs:
         query = f"{window[0][0]} {tag}"  # a query no other run used: nothing comes from a cache
-        streams.append(client.open(query, [{"id": f"c{i}", "text": d} for i, (_, d) in enumerate(window)],
-                                   window_size=WINDOW))
+        streams.append(
+            client.open(query, [{"id": f"c{i}", "text": d} for i, (_, d) in enumerate(window)], window_size=WINDOW)
+        )
     for stream in streams:
         page = client.pull(stream, 0, WINDOW, timeout=600)
         if len(page.rows) != WINDOW or any(r.kind != "ranked" for r in page.rows):
@@ -81,16 +82,23 @@ def main() -> None:
     try:
         for k, (_name, _key, worker_args) in enumerate(configs):
             ns = f"bs{k}"
-            env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="local",
-                             RERANKQ_RERANKER_MODEL=model_path, RERANKQ_PAIR_CACHE="false")
+            env = worker_env(
+                redis_server.url,
+                ns,
+                RERANKQ_RERANKER_PROVIDER="local",
+                RERANKQ_RERANKER_MODEL=model_path,
+                RERANKQ_PAIR_CACHE="false",
+            )
             workers.append(rerankq_worker(env, logs / f"{ns}.log", *worker_args).start())
             clients.append(RerankClient(load_settings(env)))
             run_load(clients[-1], warm, f"warm{k}")
         for round_ in range(rounds):
             for k, (_name, key, _) in enumerate(configs):
                 rates[key].append(run_load(clients[k], pairs, f"r{round_}c{k}"))
-            print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items()),
-                  flush=True)
+            print(
+                f"round {round_ + 1}/{rounds}: " + ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items()),
+                flush=True,
+            )
         rss = {key: workers[k].rss_mb() for k, (_, key, _) in enumerate(configs)}
     finally:
         for client in clients:
@@ -103,20 +111,30 @@ def main() -> None:
     for name, key, _ in configs:
         by_workers[key] = p50(rates[key])
         model_processes = {n: v for n, v in rss[key].items() if n != "parent"} or rss[key]
-        rows.append([name, by_workers[key], len(pairs), round(max(model_processes.values())),
-                     round(sum(rss[key].values()))])
+        rows.append(
+            [name, by_workers[key], len(pairs), round(max(model_processes.values())), round(sum(rss[key].values()))]
+        )
 
-    print_table(f"scale: {n_streams} one-window streams of {WINDOW} pairs per round, {rounds} alternated rounds, "
-                f"{quota} cores, model {model_path}",
-                ["worker", "pairs/s", "pairs", "RSS per model process MB", "RSS total MB"], rows)
+    print_table(
+        f"scale: {n_streams} one-window streams of {WINDOW} pairs per round, {rounds} alternated rounds, "
+        f"{quota} cores, model {model_path}",
+        ["worker", "pairs/s", "pairs", "RSS per model process MB", "RSS total MB"],
+        rows,
+    )
     one_process = {n: v for n, v in rss["1"].items() if n != "parent"}
-    write_json(args.json_path, {
-        "pairs_per_s_by_workers": by_workers,
-        "worker_rss_mb": max(one_process.values()) if one_process else rss["1"]["parent"],
-        "worker_rss_mb_by_workers": rss,
-        "pairs_per_s_rounds": rates,
-        "streams": n_streams, "window": WINDOW, "cores": quota, "rounds": rounds,
-    })
+    write_json(
+        args.json_path,
+        {
+            "pairs_per_s_by_workers": by_workers,
+            "worker_rss_mb": max(one_process.values()) if one_process else rss["1"]["parent"],
+            "worker_rss_mb_by_workers": rss,
+            "pairs_per_s_rounds": rates,
+            "streams": n_streams,
+            "window": WINDOW,
+            "cores": quota,
+            "rounds": rounds,
+        },
+    )
 
 
 if __name__ == "__main__":

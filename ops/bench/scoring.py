@@ -89,7 +89,8 @@ def matmul_peak_gflops(precision: str, device: str, *, n: int = 2048, seconds: f
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 layer = torch.ao.quantization.quantize_dynamic(
-                    torch.nn.Sequential(torch.nn.Linear(n, n)), {torch.nn.Linear}, dtype=torch.qint8)
+                    torch.nn.Sequential(torch.nn.Linear(n, n)), {torch.nn.Linear}, dtype=torch.qint8
+                )
             x = torch.randn(n, n)
             return timed(lambda: layer(x), 2.0 * n**3)
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
@@ -104,7 +105,8 @@ def quantize_dynamic_int8(network: Any) -> Any:
     import torch
 
     names = {
-        name for name, module in network.named_modules()
+        name
+        for name, module in network.named_modules()
         if isinstance(module, torch.nn.Linear) and module.out_features > 8 and "pooler" not in name
     }
     with warnings.catch_warnings():
@@ -116,10 +118,17 @@ def quantize_dynamic_int8(network: Any) -> Any:
 class Subject:
     """One way of scoring a window, with what it took and what it gave."""
 
-    def __init__(self, name: str, precision: str, score_window: Callable[[Pairs], list[float]],
-                 executed_tokens: Callable[[Pairs], list[int]], *, choice: BackendChoice | None = None,
-                 useful_tokens: Callable[[Pairs], list[int]] | None = None,
-                 reference: Callable[[Pairs], list[float]] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        precision: str,
+        score_window: Callable[[Pairs], list[float]],
+        executed_tokens: Callable[[Pairs], list[int]],
+        *,
+        choice: BackendChoice | None = None,
+        useful_tokens: Callable[[Pairs], list[int]] | None = None,
+        reference: Callable[[Pairs], list[float]] | None = None,
+    ) -> None:
         self.name = name
         self.precision = precision
         self.score_window = score_window
@@ -172,10 +181,17 @@ print(json.dumps({"rss_mb": psutil.Process().memory_info().rss / 2**20}))
 
 def process_rss_mb(subject: Subject, *, model: str, device: str, threads: int, window: Pairs) -> float | None:
     assert subject.choice is not None
-    args = {"model": model, "device": device, "threads": threads, "window": window,
-            "precision": "bf16" if subject.precision == "bf16" else "fp32", "choice": vars(subject.choice)}
-    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, json.dumps(args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    args = {
+        "model": model,
+        "device": device,
+        "threads": threads,
+        "window": window,
+        "precision": "bf16" if subject.precision == "bf16" else "fp32",
+        "choice": vars(subject.choice),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, json.dumps(args)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     if done.returncode != 0:
         print(f"rss of {subject.name}: the probe process failed: {done.stderr.strip()[-400:]}", flush=True)
         return None
@@ -215,18 +231,27 @@ def embedding_subject(settings: Any, device: str) -> Subject:
         return [len(ids) for ids in engine.tokenize(texts(window))["input_ids"]]
 
     def executed(window: Pairs) -> list[int]:
-        return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(texts(window)))
-                for _ in b.indices]
+        return [
+            b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(texts(window))) for _ in b.indices
+        ]
 
     def library(window: Pairs) -> list[float]:
-        query = model.encode_query([window[0][0]], convert_to_tensor=True, normalize_embeddings=True,
-                                   show_progress_bar=False).float()
-        documents = model.encode_document([d for _, d in window], convert_to_tensor=True, normalize_embeddings=True,
-                                          show_progress_bar=False).float()
+        query = model.encode_query(
+            [window[0][0]], convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+        ).float()
+        documents = model.encode_document(
+            [d for _, d in window], convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+        ).float()
         return (documents @ query[0]).tolist()
 
-    return Subject(f"embedding engine ({settings.engine.precision} -> {engine.precision})", engine.precision,
-                   engine.score_pairs, executed, useful_tokens=useful, reference=library)
+    return Subject(
+        f"embedding engine ({settings.engine.precision} -> {engine.precision})",
+        engine.precision,
+        engine.score_pairs,
+        executed,
+        useful_tokens=useful,
+        reference=library,
+    )
 
 
 def main() -> None:
@@ -235,19 +260,28 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm", help="bench model size when no --model")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", default="auto", help="the engine's precision setting (as RERANKQ_PRECISION)")
-    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "onnx", "openvino"],
-                        help="the engine's backend (as RERANKQ_RERANKER_BACKEND)")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "torch", "onnx", "openvino"],
+        help="the engine's backend (as RERANKQ_RERANKER_BACKEND)",
+    )
     parser.add_argument("--onnx-optimization", default="O2", choices=["O1", "O2", "O3"])
     parser.add_argument("--windows", type=int, default=None)
     parser.add_argument("--window-size", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--token-budget", type=int, default=None)
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer windows and rounds: a few minutes with every backend row")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer windows and rounds: a few minutes with every backend row"
+    )
     parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no other rows")
     parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
-    parser.add_argument("--causal-layers", type=int, default=None,
-                        help="layers of the Qwen3-0.6B-shaped causal reranker (default 28; 4 with --quick)")
+    parser.add_argument(
+        "--causal-layers",
+        type=int,
+        default=None,
+        help="layers of the Qwen3-0.6B-shaped causal reranker (default 28; 4 with --quick)",
+    )
     parser.add_argument("--no-causal", action="store_true", help="skip the causal-reranker row")
     parser.add_argument("--causal-only", action="store_true", help="only the causal-reranker row")
     parser.add_argument("--json", dest="json_path")
@@ -268,9 +302,18 @@ def main() -> None:
     if args.token_budget:
         overrides["token_budget"] = args.token_budget
     settings = load_settings({}, **overrides)
-    causal = None if args.no_causal else lambda: run_causal(
-        settings=settings, device=args.device, layers=args.causal_layers or (4 if args.quick else 28),
-        windows_n=args.windows or (2 if args.quick else 4), window_size=args.window_size, rounds=rounds)
+    causal = (
+        None
+        if args.no_causal
+        else lambda: run_causal(
+            settings=settings,
+            device=args.device,
+            layers=args.causal_layers or (4 if args.quick else 28),
+            windows_n=args.windows or (2 if args.quick else 4),
+            window_size=args.window_size,
+            rounds=rounds,
+        )
+    )
     if args.causal_only and causal is not None:
         write_json(args.json_path, {"causal": causal()})
         return
@@ -280,8 +323,9 @@ def main() -> None:
     layers, hidden = config.num_hidden_layers, config.hidden_size
     tokenizer = baseline_model[0].processor
     max_tokens = int(baseline_model[0].max_seq_length or 512)
-    pairs = realistic_pairs(n_windows=windows_n, window_size=args.window_size, tokenizer=tokenizer,
-                            max_tokens=max_tokens)
+    pairs = realistic_pairs(
+        n_windows=windows_n, window_size=args.window_size, tokenizer=tokenizer, max_tokens=max_tokens
+    )
     windows = windows_of(pairs, args.window_size)
 
     def sync() -> None:
@@ -289,8 +333,9 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def token_lengths(window: Pairs) -> list[int]:
-        enc = tokenizer([q for q, _ in window], [d for _, d in window], truncation="longest_first",
-                        max_length=max_tokens)
+        enc = tokenizer(
+            [q for q, _ in window], [d for _, d in window], truncation="longest_first", max_length=max_tokens
+        )
         return [len(x) for x in enc["input_ids"]]
 
     def baseline_executed(window: Pairs) -> list[int]:
@@ -299,9 +344,14 @@ def main() -> None:
         return [max(chunk) for chunk in windows_of(lengths, 32) for _ in chunk]
 
     # int8 calibrates on windows drawn like the timed ones, none of them among them.
-    calibration_path = write_calibration(windows_of(
-        realistic_pairs(n_windows=8, window_size=args.window_size, tokenizer=tokenizer, max_tokens=max_tokens,
-                        seed=7), args.window_size))
+    calibration_path = write_calibration(
+        windows_of(
+            realistic_pairs(
+                n_windows=8, window_size=args.window_size, tokenizer=tokenizer, max_tokens=max_tokens, seed=7
+            ),
+            args.window_size,
+        )
+    )
 
     def engine_subject(name: str, precision: str, *, verify: bool, choice: BackendChoice | None = None) -> Subject:
         if precision == "int8" and choice is None:
@@ -314,18 +364,27 @@ def main() -> None:
             choice = choice or BackendChoice()
             if choice.quantization == "int8":
                 choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
-            engine = ScoringEngine(baseline_model, settings=settings, precision=precision, verify_parity=verify,
-                                   backend=choice, model_name=model_path)
+            engine = ScoringEngine(
+                baseline_model,
+                settings=settings,
+                precision=precision,
+                verify_parity=verify,
+                backend=choice,
+                model_name=model_path,
+            )
             choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
 
         def executed(window: Pairs) -> list[int]:
-            return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window))
-                    for _ in b.indices]
+            return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
+
         return Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
 
-    baseline = Subject("CrossEncoder.predict", "fp32",
-                       lambda w: [float(x) for x in baseline_model.predict(w, batch_size=32, show_progress_bar=False)],
-                       baseline_executed)
+    baseline = Subject(
+        "CrossEncoder.predict",
+        "fp32",
+        lambda w: [float(x) for x in baseline_model.predict(w, batch_size=32, show_progress_bar=False)],
+        baseline_executed,
+    )
     # The engine as a worker runs it: the precision and backend settings, with the parity probe.
     configured = BackendChoice(args.backend, onnx_optimization=args.onnx_optimization)
     engine = engine_subject("engine", settings.engine.precision, verify=True, choice=configured)
@@ -337,11 +396,13 @@ def main() -> None:
         # Each other backend and precision, forced on (no probe) so its speed and parity are both seen.
         torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
         candidates: list[tuple[str, str, BackendChoice | None]] = [
-            (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions]
+            (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions
+        ]
         if importlib.util.find_spec("onnxruntime") is not None and (not on_cuda or ort_cuda()):
             levels = ["O2"] if args.quick else ["O1", "O2", "O3"]
-            candidates += [(f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level))
-                           for level in levels]
+            candidates += [
+                (f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level)) for level in levels
+            ]
             if not on_cuda:
                 candidates.append(("onnx int8 static", "fp32", BackendChoice("onnx", quantization="int8")))
         if importlib.util.find_spec("openvino") is not None and not on_cuda:
@@ -369,8 +430,12 @@ def main() -> None:
     peaks = dict.fromkeys(precisions, 0.0)
     for round_ in range(rounds):
         for precision in precisions:
-            peaks[precision] = max(peaks[precision], matmul_peak_gflops(
-                precision, args.device, n=8192 if on_cuda else 2048, seconds=0.5 if precision == "bf16" else 1.0))
+            peaks[precision] = max(
+                peaks[precision],
+                matmul_peak_gflops(
+                    precision, args.device, n=8192 if on_cuda else 2048, seconds=0.5 if precision == "bf16" else 1.0
+                ),
+            )
         for subject in subjects + variants:
             if subject.name in slow:
                 if round_ == 0:
@@ -380,9 +445,8 @@ def main() -> None:
         rates = ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects + variants)
         print(f"round {round_ + 1}/{rounds}: {rates}", flush=True)
 
-
     def figures(subject: Subject) -> dict[str, Any]:
-        scored = windows[:len(subject.scores)]
+        scored = windows[: len(subject.scores)]
         lengths = [n for w in scored for n in (subject.useful_tokens or token_lengths)(w)]
         executed = [n for w in scored for n in subject.executed_tokens(w)]
         n_pairs = sum(len(w) for w in scored)
@@ -392,7 +456,7 @@ def main() -> None:
         if subject.reference is not None:
             reference = [subject.reference(w) for w in scored]
         else:
-            reference = baseline.scores[:len(subject.scores)]
+            reference = baseline.scores[: len(subject.scores)]
         rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
         per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
         return {
@@ -416,58 +480,109 @@ def main() -> None:
             continue
         f = results[subject.name]
         backends[key] = {
-            "subject": subject.name, "pairs_per_s": f["pairs_per_s"], "ratio": f["ratio"],
-            "spearman_min": f["spearman_min"], "at_parity": f["spearman_min"] >= MIN_SPEARMAN,
-            "rss_mb": None if args.no_rss else process_rss_mb(subject, model=model_path, device=args.device,
-                                                               threads=threads, window=windows[0]),
+            "subject": subject.name,
+            "pairs_per_s": f["pairs_per_s"],
+            "ratio": f["ratio"],
+            "spearman_min": f["spearman_min"],
+            "at_parity": f["spearman_min"] >= MIN_SPEARMAN,
+            "rss_mb": None
+            if args.no_rss
+            else process_rss_mb(subject, model=model_path, device=args.device, threads=threads, window=windows[0]),
         }
     print_table(
         f"scoring: {len(pairs)} pairs in {len(windows)} windows of {args.window_size}, "
         f"{rounds} alternated rounds, {threads} threads, device {args.device}, model {model_path}",
-        ["subject", "prec", "pairs/s", "ratio", "exec GF/s", "useful GF/s", "peak GF/s", "of peak", "padding",
-         "spearman min", "max |diff|"],
-        [[name, f["precision"], f["pairs_per_s"], f["ratio"], f["executed_gflops"], f["useful_gflops"],
-          f["peak_gflops"], f"{f['mfu']:.0%}", f"{f['padding_fraction']:.0%}", f"{f['spearman_min']:.4f}",
-          f"{f['max_abs_diff']:.2g}"] for name, f in results.items()],
+        [
+            "subject",
+            "prec",
+            "pairs/s",
+            "ratio",
+            "exec GF/s",
+            "useful GF/s",
+            "peak GF/s",
+            "of peak",
+            "padding",
+            "spearman min",
+            "max |diff|",
+        ],
+        [
+            [
+                name,
+                f["precision"],
+                f["pairs_per_s"],
+                f["ratio"],
+                f["executed_gflops"],
+                f["useful_gflops"],
+                f["peak_gflops"],
+                f"{f['mfu']:.0%}",
+                f"{f['padding_fraction']:.0%}",
+                f"{f['spearman_min']:.4f}",
+                f"{f['max_abs_diff']:.2g}",
+            ]
+            for name, f in results.items()
+        ],
     )
     print_table(
         "backends: pairs/s, ratio to predict, parity (min Spearman per window against fp32), resident MB of a "
         "process loading only that backend",
         ["backend/precision", "pairs/s", "ratio", "spearman min", "at parity", "rss MB"],
-        [[key, b["pairs_per_s"], b["ratio"], f"{b['spearman_min']:.4f}", "yes" if b["at_parity"] else "no",
-          "-" if b["rss_mb"] is None else round(b["rss_mb"])] for key, b in backends.items()],
+        [
+            [
+                key,
+                b["pairs_per_s"],
+                b["ratio"],
+                f"{b['spearman_min']:.4f}",
+                "yes" if b["at_parity"] else "no",
+                "-" if b["rss_mb"] is None else round(b["rss_mb"]),
+            ]
+            for key, b in backends.items()
+        ],
     )
-    at_parity = [(n, f) for n, f in results.items()
-                 if n not in (baseline.name, embedding.name) and f["spearman_min"] >= MIN_SPEARMAN]
+    at_parity = [
+        (n, f)
+        for n, f in results.items()
+        if n not in (baseline.name, embedding.name) and f["spearman_min"] >= MIN_SPEARMAN
+    ]
     best_name, best = max(at_parity, key=lambda item: item[1]["ratio"]) if at_parity else (None, None)
     if best_name:
         print(f"\nfastest at parity (Spearman >= {MIN_SPEARMAN}): {best_name}, {best['ratio']:.2f}x predict")
     main_figures = results[engine.name]
     embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
-    print(f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
-          f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
-          "on the same windows")
+    print(
+        f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
+        f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
+        "on the same windows"
+    )
     causal_results = causal() if causal is not None else None
-    write_json(args.json_path, {
-        "causal": causal_results,
-        "baseline_pairs_per_s": results[baseline.name]["pairs_per_s"],
-        "engine_pairs_per_s": main_figures["pairs_per_s"],
-        "ratio": main_figures["ratio"],
-        "spearman_min": main_figures["spearman_min"],
-        "max_abs_diff": main_figures["max_abs_diff"],
-        "mfu": main_figures["mfu"],
-        "engine_precision": main_figures["precision"],
-        "baseline_mfu": results[baseline.name]["mfu"],
-        "best_at_parity": best_name,
-        "engine_backend": args.backend,
-        "backends": backends,
-        "embedding_pairs_per_s": results[embedding.name]["pairs_per_s"],
-        "embedding_vs_engine": embedding_vs_engine,
-        "embedding_spearman_min": results[embedding.name]["spearman_min"],
-        "subjects": results,
-        "pairs": len(pairs), "window_size": args.window_size, "rounds": rounds, "threads": threads,
-        "device": args.device, "model": model_path, "layers": layers, "hidden": hidden,
-    })
+    write_json(
+        args.json_path,
+        {
+            "causal": causal_results,
+            "baseline_pairs_per_s": results[baseline.name]["pairs_per_s"],
+            "engine_pairs_per_s": main_figures["pairs_per_s"],
+            "ratio": main_figures["ratio"],
+            "spearman_min": main_figures["spearman_min"],
+            "max_abs_diff": main_figures["max_abs_diff"],
+            "mfu": main_figures["mfu"],
+            "engine_precision": main_figures["precision"],
+            "baseline_mfu": results[baseline.name]["mfu"],
+            "best_at_parity": best_name,
+            "engine_backend": args.backend,
+            "backends": backends,
+            "embedding_pairs_per_s": results[embedding.name]["pairs_per_s"],
+            "embedding_vs_engine": embedding_vs_engine,
+            "embedding_spearman_min": results[embedding.name]["spearman_min"],
+            "subjects": results,
+            "pairs": len(pairs),
+            "window_size": args.window_size,
+            "rounds": rounds,
+            "threads": threads,
+            "device": args.device,
+            "model": model_path,
+            "layers": layers,
+            "hidden": hidden,
+        },
+    )
 
 
 if __name__ == "__main__":

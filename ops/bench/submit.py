@@ -43,18 +43,36 @@ RERANKQ = [sys.executable, "-m", "worker.cli"]
 def write_jobs(path: Path, n: int, tag: str) -> Path:
     with open(path, "w") as fh:
         for j in range(n):
-            fh.write(json.dumps({"id": f"{tag}-{j}", "query": f"{tag} payment gateway outage {j}",
-                                 "candidates": [{"id": f"d{i}", "text": f"incident note {i} for job {j}: the gateway "
-                                                                          "returned 502 after a certificate expired"}
-                                                for i in range(CANDIDATES)]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"{tag}-{j}",
+                        "query": f"{tag} payment gateway outage {j}",
+                        "candidates": [
+                            {
+                                "id": f"d{i}",
+                                "text": f"incident note {i} for job {j}: the gateway "
+                                "returned 502 after a certificate expired",
+                            }
+                            for i in range(CANDIDATES)
+                        ],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def run_submit(env: dict[str, str], jobs: Path, out: Path, *extra: str) -> tuple[dict, float]:
     """Runs submit to the end; returns its JSON summary and the wall time from start to exit."""
     start = time.perf_counter()
-    done = subprocess.run([*RERANKQ, "submit", str(jobs), "--out", str(out), "--keep", "5", "--quiet", "--json",
-                           *extra], env=env, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [*RERANKQ, "submit", str(jobs), "--out", str(out), "--keep", "5", "--quiet", "--json", *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"submit failed ({done.returncode}): {done.stdout}\n{done.stderr}")
@@ -68,39 +86,59 @@ def python_loop(client: RerankClient, jobs: Path, out: Path) -> float:
     with open(jobs, "rb") as fh:
         for line in fh:
             job = json.loads(line)
-            streams.append((job["id"], client.open(job["query"], job["candidates"], window_size=CANDIDATES, keep=5,
-                                                   lane="batch")))
+            streams.append(
+                (job["id"], client.open(job["query"], job["candidates"], window_size=CANDIDATES, keep=5, lane="batch"))
+            )
     with open(out, "w") as fh:
         for job_id, stream in streams:
             page = client.pull(stream, 0, CANDIDATES, timeout=600)
             if not page.complete:
                 raise RuntimeError(f"{stream} not complete")
-            fh.write(json.dumps({"id": job_id, "stream": stream,
-                                 "rows": [{"rank": r.rank, "id": r.id, "kind": r.kind, "score": r.score,
-                                           "final_score": r.final_score} for r in page.rows]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": job_id,
+                        "stream": stream,
+                        "rows": [
+                            {"rank": r.rank, "id": r.id, "kind": r.kind, "score": r.score, "final_score": r.final_score}
+                            for r in page.rows
+                        ],
+                    }
+                )
+                + "\n"
+            )
     return time.perf_counter() - start
 
 
 def peak_rss_mb(env: dict[str, str], jobs: Path, out: Path) -> float:
     """Peak RSS of a submit process: measured by a parent that waits for it (ru_maxrss of its children)."""
-    probe = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    done = subprocess.run([sys.executable, "-c", probe, *RERANKQ, "submit", str(jobs), "--out", str(out), "--keep", "5",
-                           "--quiet"], env=env, capture_output=True, text=True, timeout=3600)
+    probe = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *RERANKQ, "submit", str(jobs), "--out", str(out), "--keep", "5", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
     return int(done.stdout.strip()) / 1024
 
 
-def interactive_ms(client: RerankClient, probe: object, queue: str, n: int, tag: str,
-                   depths: list[int]) -> list[float]:
+def interactive_ms(client: RerankClient, probe: object, queue: str, n: int, tag: str, depths: list[int]) -> list[float]:
     """Open-to-page times of ``n`` one-window streams, spaced; the queue depth seen before each."""
     times = []
     for i in range(n):
         depths.append(probe.depth([queue]))  # type: ignore[attr-defined]
         start = time.perf_counter()
-        stream = client.open(f"{tag} {i} is anyone there", [{"id": f"c{k}", "text": f"doc {k} of {tag} {i}"}
-                                                            for k in range(CANDIDATES)], window_size=CANDIDATES)
+        stream = client.open(
+            f"{tag} {i} is anyone there",
+            [{"id": f"c{k}", "text": f"doc {k} of {tag} {i}"} for k in range(CANDIDATES)],
+            window_size=CANDIDATES,
+        )
         page = client.pull(stream, 0, CANDIDATES, timeout=60)
         times.append((time.perf_counter() - start) * 1000)
         if not page.complete:
@@ -109,8 +147,9 @@ def interactive_ms(client: RerankClient, probe: object, queue: str, n: int, tag:
     return times
 
 
-def latency(env: dict[str, str], client: RerankClient, scratch: Path, *, rounds: int, per_block: int,
-            tag: str) -> dict[str, object]:
+def latency(
+    env: dict[str, str], client: RerankClient, scratch: Path, *, rounds: int, per_block: int, tag: str
+) -> dict[str, object]:
     """Idle and busy blocks alternate over rounds, so load from elsewhere on the host hits both."""
     from producer.broker_queues import QueueProbe
     from producer.store import connect
@@ -126,9 +165,24 @@ def latency(env: dict[str, str], client: RerankClient, scratch: Path, *, rounds:
             # The batch in its lane, then the same batch in the interactive lane: what the lane saves.
             for lane in ("batch", "interactive"):
                 name = f"{tag}-drain{r}{lane}"
-                drain = subprocess.Popen([*RERANKQ, "submit", str(write_jobs(scratch / f"{name}.jsonl", 2000, name)),
-                                          "--out", str(scratch / f"{name}.out"), "--keep", "5", "--quiet", "--json",
-                                          "--lane", lane], env=env, stdout=subprocess.PIPE, text=True)
+                drain = subprocess.Popen(
+                    [
+                        *RERANKQ,
+                        "submit",
+                        str(write_jobs(scratch / f"{name}.jsonl", 2000, name)),
+                        "--out",
+                        str(scratch / f"{name}.out"),
+                        "--keep",
+                        "5",
+                        "--quiet",
+                        "--json",
+                        "--lane",
+                        lane,
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 deadline = time.monotonic() + 60
                 while probe.depth([queue]) < 20 and time.monotonic() < deadline:
                     time.sleep(0.05)  # the batch is queued and draining before the first interactive stream
@@ -139,8 +193,17 @@ def latency(env: dict[str, str], client: RerankClient, scratch: Path, *, rounds:
     finally:
         probe.client.close()
     idle = p50(times["idle"])
-    return {arm: {"n": len(t), "p50": p50(t), "p90": percentile(t, .9), "max": max(t), "ratio": p50(t) / idle,
-                  "queued_p50": p50(depths[arm])} for arm, t in times.items()}
+    return {
+        arm: {
+            "n": len(t),
+            "p50": p50(t),
+            "p90": percentile(t, 0.9),
+            "max": max(t),
+            "ratio": p50(t) / idle,
+            "queued_p50": p50(depths[arm]),
+        }
+        for arm, t in times.items()
+    }
 
 
 def main() -> None:
@@ -161,27 +224,36 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="rerankq-bench-submit-"))
     ns = "bs" + uuid.uuid4().hex[:6]
     env = worker_env(redis_server.url, ns, RERANKQ_RERANKER_PROVIDER="rrf", RERANKQ_PAIR_CACHE="false")
-    paced_env = {**env, "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
-                 "BENCH_WINDOW_S": str(args.window_ms / 1000)}
+    paced_env = {
+        **env,
+        "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:PacedProvider",
+        "BENCH_WINDOW_S": str(args.window_ms / 1000),
+    }
     client = RerankClient(load_settings(env))
     worker = rerankq_worker(env, scratch / "worker.log", "--processes", "1").start()
     try:
         run_submit(env, write_jobs(scratch / "warm.jsonl", 50, "warm"), scratch / "warm.out")
         submit_rate, submit_wall_rate, loop_rate = [], [], []
         for r in range(rounds):
-            summary, wall = run_submit(env, write_jobs(scratch / f"submit{r}.jsonl", n_jobs, f"s{r}"),
-                                       scratch / f"submit{r}.out")
+            summary, wall = run_submit(
+                env, write_jobs(scratch / f"submit{r}.jsonl", n_jobs, f"s{r}"), scratch / f"submit{r}.out"
+            )
             if summary["jobs"]["done"] != n_jobs:
                 raise RuntimeError(summary)
             submit_rate.append(n_jobs / summary["elapsed_s"])
             submit_wall_rate.append(n_jobs / wall)
             loop_jobs = write_jobs(scratch / f"loop{r}.jsonl", n_jobs, f"l{r}")
             loop_rate.append(n_jobs / python_loop(client, loop_jobs, scratch / f"loop{r}.out"))
-            print(f"round {r}: submit {submit_rate[-1]:.0f} jobs/s ({submit_wall_rate[-1]:.0f} from process start), "
-                  f"loop {loop_rate[-1]:.0f} jobs/s", flush=True)
+            print(
+                f"round {r}: submit {submit_rate[-1]:.0f} jobs/s ({submit_wall_rate[-1]:.0f} from process start), "
+                f"loop {loop_rate[-1]:.0f} jobs/s",
+                flush=True,
+            )
 
-        rss = {n: peak_rss_mb(env, write_jobs(scratch / f"rss{n}.jsonl", n, f"m{n}"), scratch / f"rss{n}.out")
-               for n in rss_sizes}
+        rss = {
+            n: peak_rss_mb(env, write_jobs(scratch / f"rss{n}.jsonl", n, f"m{n}"), scratch / f"rss{n}.out")
+            for n in rss_sizes
+        }
         print(f"peak RSS: {', '.join(f'{n} lines {mb:.0f} MB' for n, mb in rss.items())}", flush=True)
         cpu_bound = latency(env, client, scratch, rounds=rounds, per_block=per_block, tag="rrf")
         worker.stop()
@@ -197,29 +269,53 @@ def main() -> None:
     # Each round's two arms run back to back, under the same load from elsewhere: compare within rounds.
     ratio = statistics.median(a / b for a, b in zip(submit_rate, loop_rate))
     ratio_wall = statistics.median(a / b for a, b in zip(submit_wall_rate, loop_rate))
-    print_table(f"submit: {n_jobs} jobs of {CANDIDATES} candidates (one window) through rrf, one CPU worker process",
-                ["arm", "jobs/s (median of rounds)", "rounds"],
-                [["rerankq submit (first open to last write)", submit_med, len(submit_rate)],
-                 ["rerankq submit (process start to exit)", wall_med, len(submit_wall_rate)],
-                 ["Python loop with RerankClient", loop_med, len(loop_rate)],
-                 ["ratio submit / loop (median of rounds)", ratio, ""],
-                 ["ratio, from process start", ratio_wall, ""]])
+    print_table(
+        f"submit: {n_jobs} jobs of {CANDIDATES} candidates (one window) through rrf, one CPU worker process",
+        ["arm", "jobs/s (median of rounds)", "rounds"],
+        [
+            ["rerankq submit (first open to last write)", submit_med, len(submit_rate)],
+            ["rerankq submit (process start to exit)", wall_med, len(submit_wall_rate)],
+            ["Python loop with RerankClient", loop_med, len(loop_rate)],
+            ["ratio submit / loop (median of rounds)", ratio, ""],
+            ["ratio, from process start", ratio_wall, ""],
+        ],
+    )
     print_table("submit: peak RSS", ["input lines", "peak RSS MB"], [[n, mb] for n, mb in rss.items()])
-    labels = {"idle": "idle queue", "batch": "2,000-job batch draining, batch lane (submit's default)",
-              "interactive": "the same batch in the interactive lane (no lanes)"}
-    for title, view in (("on the rrf worker (CPU-bound: worker, batch client and Redis share the cores)", cpu_bound),
-                        (f"on a worker whose provider spends {args.window_ms:g} ms per window off the CPU", off_cpu)):
-        print_table(f"interactive one-window streams, open to page, ms, {rounds} alternated rounds: {title}",
-                    ["queue", "n", "p50", "p90", "max", "p50 / idle", "windows queued (p50)"],
-                    [[labels[arm], v["n"], v["p50"], v["p90"], v["max"], v["ratio"], v["queued_p50"]]
-                     for arm, v in view.items()])
-    write_json(args.json_path, {
-        "jobs": n_jobs, "rounds": rounds, "submit_jobs_per_s": submit_med, "submit_wall_jobs_per_s": wall_med,
-        "loop_jobs_per_s": loop_med, "ratio": ratio, "ratio_wall": ratio_wall,
-        "submit_rounds": submit_rate, "loop_rounds": loop_rate,
-        "peak_rss_mb": {str(n): mb for n, mb in rss.items()},
-        "latency_rrf": cpu_bound, "latency_off_cpu": off_cpu, "window_ms": args.window_ms,
-    })
+    labels = {
+        "idle": "idle queue",
+        "batch": "2,000-job batch draining, batch lane (submit's default)",
+        "interactive": "the same batch in the interactive lane (no lanes)",
+    }
+    for title, view in (
+        ("on the rrf worker (CPU-bound: worker, batch client and Redis share the cores)", cpu_bound),
+        (f"on a worker whose provider spends {args.window_ms:g} ms per window off the CPU", off_cpu),
+    ):
+        print_table(
+            f"interactive one-window streams, open to page, ms, {rounds} alternated rounds: {title}",
+            ["queue", "n", "p50", "p90", "max", "p50 / idle", "windows queued (p50)"],
+            [
+                [labels[arm], v["n"], v["p50"], v["p90"], v["max"], v["ratio"], v["queued_p50"]]
+                for arm, v in view.items()
+            ],
+        )
+    write_json(
+        args.json_path,
+        {
+            "jobs": n_jobs,
+            "rounds": rounds,
+            "submit_jobs_per_s": submit_med,
+            "submit_wall_jobs_per_s": wall_med,
+            "loop_jobs_per_s": loop_med,
+            "ratio": ratio,
+            "ratio_wall": ratio_wall,
+            "submit_rounds": submit_rate,
+            "loop_rounds": loop_rate,
+            "peak_rss_mb": {str(n): mb for n, mb in rss.items()},
+            "latency_rrf": cpu_bound,
+            "latency_off_cpu": off_cpu,
+            "window_ms": args.window_ms,
+        },
+    )
 
 
 if __name__ == "__main__":

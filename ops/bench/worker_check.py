@@ -28,8 +28,12 @@ WINDOW = 25
 
 def score_all(client: RerankClient, streams_pairs: list[list[tuple[str, str]]], device: str) -> tuple[list, float]:
     start = time.perf_counter()
-    streams = [client.open(w[0][0], [{"id": f"c{i}", "text": d} for i, (_, d) in enumerate(w)],
-                           window_size=WINDOW, device=device) for w in streams_pairs]
+    streams = [
+        client.open(
+            w[0][0], [{"id": f"c{i}", "text": d} for i, (_, d) in enumerate(w)], window_size=WINDOW, device=device
+        )
+        for w in streams_pairs
+    ]
     pages = [client.pull(s, 0, WINDOW, timeout=300) for s in streams]
     return pages, sum(len(w) for w in streams_pairs) / (time.perf_counter() - start)
 
@@ -51,21 +55,28 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    pairs = realistic_pairs(n_windows=n_streams, window_size=WINDOW,
-                            tokenizer=AutoTokenizer.from_pretrained(model_path), seed=11)
-    streams_pairs = [pairs[i:i + WINDOW] for i in range(0, len(pairs), WINDOW)]
+    pairs = realistic_pairs(
+        n_windows=n_streams, window_size=WINDOW, tokenizer=AutoTokenizer.from_pretrained(model_path), seed=11
+    )
+    streams_pairs = [pairs[i : i + WINDOW] for i in range(0, len(pairs), WINDOW)]
     device_args = ["--device", "gpu"] if args.device == "gpu" else ["--device", "cpu", "--pool", "threads"]
     redis_server = EmbeddedRedis().start()
     logs = Path(tempfile.mkdtemp(prefix="rerankq-worker-check-"))
     results = {}
     try:
         for name, coalesce in (("plain", "false"), ("coalescing", "true")):
-            env = worker_env(redis_server.url, f"wc{name}", RERANKQ_RERANKER_PROVIDER="local",
-                             RERANKQ_RERANKER_MODEL=model_path, RERANKQ_PAIR_CACHE="false",
-                             RERANKQ_COALESCE=coalesce)
+            env = worker_env(
+                redis_server.url,
+                f"wc{name}",
+                RERANKQ_RERANKER_PROVIDER="local",
+                RERANKQ_RERANKER_MODEL=model_path,
+                RERANKQ_PAIR_CACHE="false",
+                RERANKQ_COALESCE=coalesce,
+            )
             log_path = logs / f"{name}.log"
-            worker = WorkerProcess.rerankq(env, log_path, *device_args, "--threads", str(args.threads),
-                                           "--loglevel", "DEBUG", cwd=ROOT).start()
+            worker = WorkerProcess.rerankq(
+                env, log_path, *device_args, "--threads", str(args.threads), "--loglevel", "DEBUG", cwd=ROOT
+            ).start()
             client = RerankClient(load_settings(env))
             try:
                 score_all(client, streams_pairs[:2], args.device)  # warm-up
@@ -81,22 +92,36 @@ def main() -> None:
     same_order = all([r.id for r in a.rows] == [r.id for r in b.rows] for a, b in zip(plain, coalesced))
     all_ranked = all(r.kind == "ranked" and r.served_by == "0:local" for p in plain + coalesced for r in p.rows)
     diff = max(abs(ra.score - rb.score) for a, b in zip(plain, coalesced) for ra, rb in zip(a.rows, b.rows))
-    print_table(f"worker check: {n_streams} one-window streams opened at once, device {args.device}, "
-                f"{args.threads} task threads",
-                ["worker", "pairs/s", "coalesced flushes"],
-                [["plain", results["plain"][1], results["plain"][2]],
-                 ["coalescing", results["coalescing"][1], results["coalescing"][2]]])
+    print_table(
+        f"worker check: {n_streams} one-window streams opened at once, device {args.device}, "
+        f"{args.threads} task threads",
+        ["worker", "pairs/s", "coalesced flushes"],
+        [
+            ["plain", results["plain"][1], results["plain"][2]],
+            ["coalescing", results["coalescing"][1], results["coalescing"][2]],
+        ],
+    )
     print(f"\nall ranked by the model: {all_ranked}; same order: {same_order}; max |score diff|: {diff:.2g}")
-    write_json(args.json_path, {
-        "plain_pairs_per_s": results["plain"][1], "coalescing_pairs_per_s": results["coalescing"][1],
-        "coalesced_flushes": results["coalescing"][2], "same_order": same_order, "all_ranked": all_ranked,
-        "max_abs_diff": diff, "device": args.device,
-    })
+    write_json(
+        args.json_path,
+        {
+            "plain_pairs_per_s": results["plain"][1],
+            "coalescing_pairs_per_s": results["coalescing"][1],
+            "coalesced_flushes": results["coalescing"][2],
+            "same_order": same_order,
+            "all_ranked": all_ranked,
+            "max_abs_diff": diff,
+            "device": args.device,
+        },
+    )
     ok = all_ranked and results["coalescing"][2] > 0 and diff <= tolerance
     if not ok:
-        print("FAILED: " + ("not all ranked; " if not all_ranked else "")
-              + ("no coalesced flush; " if results["coalescing"][2] == 0 else "")
-              + (f"score diff {diff:.2g} > {tolerance}" if diff > tolerance else ""))
+        print(
+            "FAILED: "
+            + ("not all ranked; " if not all_ranked else "")
+            + ("no coalesced flush; " if results["coalescing"][2] == 0 else "")
+            + (f"score diff {diff:.2g} > {tolerance}" if diff > tolerance else "")
+        )
         sys.exit(1)
     if not same_order:
         print("note: near-tied scores swapped places; the score difference is within tolerance")

@@ -134,8 +134,10 @@ class AmqpBroker:
         return AmqpQueueFaults(self.node.url, queues, dispatcher)
 
     def faults(self) -> dict[str, tuple[int, Callable[[], str | None]]]:
-        return {"rabbitmq_restart": (FAULTS["rabbitmq_restart"], self.restart),
-                "rabbitmq_sigkill": (FAULTS["rabbitmq_sigkill"], self.crash)}
+        return {
+            "rabbitmq_restart": (FAULTS["rabbitmq_restart"], self.restart),
+            "rabbitmq_sigkill": (FAULTS["rabbitmq_sigkill"], self.crash),
+        }
 
     def restart(self) -> str:
         self.node.restart(crash=False)

@@ -56,11 +56,14 @@ def drain(client: RerankClient, ledger: Ledger, deadline: float) -> int:
     while pending and time.monotonic() < deadline:
         for stream_id, attempt in list(pending.items()):
             try:
-                page = retrying(lambda stream_id=stream_id, size=attempt.size: client.pull(stream_id, 0, size,
-                                                                                           timeout=0),
-                                give_up_s=GIVE_UP_S)
-                ledger.read(stream_id, retrying(lambda stream_id=stream_id: stored_results(client, stream_id),
-                                                give_up_s=GIVE_UP_S))
+                page = retrying(
+                    lambda stream_id=stream_id, size=attempt.size: client.pull(stream_id, 0, size, timeout=0),
+                    give_up_s=GIVE_UP_S,
+                )
+                ledger.read(
+                    stream_id,
+                    retrying(lambda stream_id=stream_id: stored_results(client, stream_id), give_up_s=GIVE_UP_S),
+                )
             except StreamNotFound:
                 del pending[stream_id]  # never opened, or vanished: the audit counts it
                 continue
@@ -105,8 +108,14 @@ def audit(client: RerankClient, ledger: Ledger, log_paths: list[Path]) -> Findin
     return found
 
 
-def _audit_stream(client: RerankClient, raw: redis.Redis, ledger: Ledger, attempt: OpenAttempt,
-                  first_read: dict[int, str], found: Findings) -> None:
+def _audit_stream(
+    client: RerankClient,
+    raw: redis.Redis,
+    ledger: Ledger,
+    attempt: OpenAttempt,
+    first_read: dict[int, str],
+    found: Findings,
+) -> None:
     stream_id = attempt.stream_id
     keys = client.store.keys.stream(stream_id)
     try:

@@ -22,8 +22,14 @@ PERIOD_S = 0.004
 
 
 class AcknowledgedWrites(threading.Thread):
-    def __init__(self, url: str | None = None, *, client: redis.Redis | None = None, key: str = CANARY_KEY,
-                 name: str = "chaos-canary") -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: redis.Redis | None = None,
+        key: str = CANARY_KEY,
+        name: str = "chaos-canary",
+    ) -> None:
         """``url`` for one Redis; or a ready ``client`` that never retries (a cluster's, Sentinel's)."""
         super().__init__(name=name, daemon=True)
         self.url = url
@@ -35,8 +41,9 @@ class AcknowledgedWrites(threading.Thread):
         self._last = 0
 
     def run(self) -> None:
-        client = self.client or redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2,
-                                                     retry=Retry(NoBackoff(), 0))
+        client = self.client or redis.Redis.from_url(
+            self.url, socket_timeout=2, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)
+        )
         try:
             while not self.stop.wait(PERIOD_S):
                 try:

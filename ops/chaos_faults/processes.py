@@ -20,9 +20,24 @@ class Worker:
         self._ready = False
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker", "--device", "cpu", "--processes", "1", "--json-logs",
-                 "--loglevel", "INFO"],
-                env=env, cwd=cwd, stdout=log, stderr=log, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "worker",
+                    "--device",
+                    "cpu",
+                    "--processes",
+                    "1",
+                    "--json-logs",
+                    "--loglevel",
+                    "INFO",
+                ],
+                env=env,
+                cwd=cwd,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
 
     @property
     def alive(self) -> bool:

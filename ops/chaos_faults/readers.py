@@ -101,8 +101,9 @@ def candidates_for(key: str, size: int) -> list[dict[str, str]]:
     return [{"id": f"c{i}", "text": f"payment gateway error number {i} {key}"} for i in range(size)]
 
 
-def read_streams(client: RerankClient, ledger: Ledger, rng: random.Random, index: int, until: float,
-                 *, give_up_s: float) -> None:
+def read_streams(
+    client: RerankClient, ledger: Ledger, rng: random.Random, index: int, until: float, *, give_up_s: float
+) -> None:
     """Open streams and pull each page by page until ``until``; later windows are admitted by the pulls."""
     n = 0
     while time.monotonic() < until:
@@ -112,10 +113,17 @@ def read_streams(client: RerankClient, ledger: Ledger, rng: random.Random, index
         # Some streams ask for every window up front: bursts keep messages waiting in the queue.
         first_windows = rng.choice([1, 1, 2, attempt.n_windows])
         try:
-            stream = retrying(lambda key=key, size=attempt.size, first_windows=first_windows: client.open(
-                                  "payment gateway error", candidates_for(key, size), window_size=WINDOW_SIZE,
-                                  first_windows=first_windows, idempotency_key=key, allow_shallow=True),
-                              give_up_s=give_up_s)
+            stream = retrying(
+                lambda key=key, size=attempt.size, first_windows=first_windows: client.open(
+                    "payment gateway error",
+                    candidates_for(key, size),
+                    window_size=WINDOW_SIZE,
+                    first_windows=first_windows,
+                    idempotency_key=key,
+                    allow_shallow=True,
+                ),
+                give_up_s=give_up_s,
+            )
         except GaveUp as exc:
             attempt.gave_up = str(exc)
             continue

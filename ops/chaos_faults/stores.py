@@ -157,18 +157,26 @@ def canary_clients(shape: StoreShape) -> list[tuple[str, Any, str]]:
     """(what, client that never retries, key) for each canary: the broker's single Redis, and
     the store's masters where they can fail over (their losses are reported apart)."""
     out: list[tuple[str, Any, str]] = []
-    no_retry = {"retry": Retry(NoBackoff(), 0), "retry_on_error": [], "socket_timeout": 2,
-                "socket_connect_timeout": 2}
+    no_retry = {"retry": Retry(NoBackoff(), 0), "retry_on_error": [], "socket_timeout": 2, "socket_connect_timeout": 2}
     if shape.restartable is not None:
-        out.append(("restarts", redis.Redis.from_url(shape.restartable.url, socket_timeout=2,
-                                                     socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)),
-                    f"{CANARY_PREFIX}:acknowledged-writes"))
+        out.append(
+            (
+                "restarts",
+                redis.Redis.from_url(
+                    shape.restartable.url, socket_timeout=2, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)
+                ),
+                f"{CANARY_PREFIX}:acknowledged-writes",
+            )
+        )
     if shape.cluster is not None:
         client = store_client(shape.store_url, **no_retry)
         wanted = [i * (16384 // shape.cluster.masters) for i in range(shape.cluster.masters)]
         for slot in wanted:
-            tag = next(t for t in (str(i) for i in range(100000)) if key_slot(t.encode()) >= slot
-                       and key_slot(t.encode()) < slot + 16384 // shape.cluster.masters)
+            tag = next(
+                t
+                for t in (str(i) for i in range(100000))
+                if key_slot(t.encode()) >= slot and key_slot(t.encode()) < slot + 16384 // shape.cluster.masters
+            )
             out.append(("failovers", client, f"{CANARY_PREFIX}:{{{tag}}}"))
     if shape.sentinel is not None:
         out.append(("failovers", store_client(shape.store_url, **no_retry), f"{CANARY_PREFIX}:acknowledged-writes"))

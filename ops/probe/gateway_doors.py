@@ -56,8 +56,12 @@ from worker.embedded.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMBER_DELAY_S = 0.25
-DOCS = ["checkout returned 502 after the certificate expired", "the printer on floor 3",
-        "a payment gateway runbook", "how to recover checkout after 502s"]
+DOCS = [
+    "checkout returned 502 after the certificate expired",
+    "the printer on floor 3",
+    "a payment gateway runbook",
+    "how to recover checkout after 502s",
+]
 
 
 class ProbeFailed(Exception):
@@ -87,8 +91,10 @@ class SlowMember:
                     member.requests += 1
                 time.sleep(MEMBER_DELAY_S)
                 texts = body.get("texts") or []
-                answer = sorted(({"index": i, "score": 0.05 + 0.9 * (sum(t.encode()) % 1000) / 1000}
-                                 for i, t in enumerate(texts)), key=lambda r: -r["score"])
+                answer = sorted(
+                    ({"index": i, "score": 0.05 + 0.9 * (sum(t.encode()) % 1000) / 1000} for i, t in enumerate(texts)),
+                    key=lambda r: -r["score"],
+                )
                 data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -101,8 +107,7 @@ class SlowMember:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:
@@ -129,16 +134,25 @@ class Deployment:
         self.member = SlowMember().start()
         namespace = "probe" + uuid.uuid4().hex[:6]
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-        self.env.update({
-            "RERANKQ_REDIS_URL": self.redis.url, "RERANKQ_NAMESPACE": namespace,
-            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu", "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-            "RERANKQ_ANY_QUEUE": f"{namespace}.any", "PYTHONPATH": str(ROOT),
-            "RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": self.member.url,
-            "RERANKQ_RERANKER_TIMEOUT_S": "5", "RERANKQ_RERANKER_1_PROVIDER": "rrf",
-        })
+        self.env.update(
+            {
+                "RERANKQ_REDIS_URL": self.redis.url,
+                "RERANKQ_NAMESPACE": namespace,
+                "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+                "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+                "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+                "PYTHONPATH": str(ROOT),
+                "RERANKQ_RERANKER_PROVIDER": "tei",
+                "RERANKQ_RERANKER_URL": self.member.url,
+                "RERANKQ_RERANKER_TIMEOUT_S": "5",
+                "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+            }
+        )
         self.keys = {"a": new_key(), "b": new_key()}
-        entries = [{"key_sha256": digest(key), "tenant": f"tenant-{name}", "devices": ["cpu", "gpu"]}
-                   for name, key in self.keys.items()]
+        entries = [
+            {"key_sha256": digest(key), "tenant": f"tenant-{name}", "devices": ["cpu", "gpu"]}
+            for name, key in self.keys.items()
+        ]
         (tmp / "keys.json").write_text(json.dumps(entries))
         self.worker = WorkerProcess.rerankq(self.env, tmp / "worker.log", "--device", "cpu", cwd=ROOT)
         self.port = free_port()
@@ -153,8 +167,22 @@ class Deployment:
         self.worker.start()
         with open(self.gateway_log, "wb") as log:
             self.gateway = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "serve", "--port", str(self.port), "--access-log",
-                 "--keys-file", str(self.tmp / "keys.json")], env=self.env, cwd=ROOT, stdout=log, stderr=log)
+                [
+                    sys.executable,
+                    "-m",
+                    "worker.cli",
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--access-log",
+                    "--keys-file",
+                    str(self.tmp / "keys.json"),
+                ],
+                env=self.env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=log,
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.gateway.poll() is not None:
@@ -231,7 +259,7 @@ def probe_huge_header(d: Deployment) -> None:
             if select.select([sock], [], [], 0)[0]:
                 break
             try:
-                sock.sendall(view[at:at + 256 * 1024])
+                sock.sendall(view[at : at + 256 * 1024])
             except OSError:
                 break
         answer, _ = read_until_closed(sock, 30)
@@ -273,12 +301,16 @@ def probe_idle_keep_alive(d: Deployment) -> None:
 
 def probe_nested_json(d: Deployment) -> None:
     deep = "[" * 10_000 + "]" * 10_000
-    cases = [("/v1/rerank", '{"query": "q", "documents": ["a", {"text": "t", "extra": %s}]}', "documents[1].extra"),
-             ("/v1/streams", '{"query": "q", "candidates": [{"id": "a", "metadata": {"m": %s}}]}',
-              "candidates[0].metadata"),
-             ("/v1/streams", '{"query": "q", "candidates": [{"id": "a"}], "boosts": {"recency_curve": %s}}',
-              "boosts.recency_curve"),
-             ("/rerank", '{"query": "q", "texts": ["a"], "ignored": %s}', "ignored")]
+    cases = [
+        ("/v1/rerank", '{"query": "q", "documents": ["a", {"text": "t", "extra": %s}]}', "documents[1].extra"),
+        ("/v1/streams", '{"query": "q", "candidates": [{"id": "a", "metadata": {"m": %s}}]}', "candidates[0].metadata"),
+        (
+            "/v1/streams",
+            '{"query": "q", "candidates": [{"id": "a"}], "boosts": {"recency_curve": %s}}',
+            "boosts.recency_curve",
+        ),
+        ("/rerank", '{"query": "q", "texts": ["a"], "ignored": %s}', "ignored"),
+    ]
     for path, body, field in cases:
         answer = httpx.post(d.url + path, content=body % deep, headers=d.auth("a"), timeout=30)
         check(400 <= answer.status_code < 500, f"{path}: answered {answer.status_code}")
@@ -287,16 +319,24 @@ def probe_nested_json(d: Deployment) -> None:
 
 
 def probe_whitespace_documents(d: Deployment) -> None:
-    answer = httpx.post(d.url + "/v2/rerank", json={"model": "m", "query": "q", "documents": ["a", "  \n "]},
-                        headers=d.auth("a"), timeout=30)
+    answer = httpx.post(
+        d.url + "/v2/rerank",
+        json={"model": "m", "query": "q", "documents": ["a", "  \n "]},
+        headers=d.auth("a"),
+        timeout=30,
+    )
     check(answer.status_code == 400, f"answered {answer.status_code}")
     check("documents[1]" in answer.text, "the answer does not name documents[1]")
 
 
 def quiet_stream(d: Deployment, tenant: str) -> str:
     """A stream on the GPU queue, which no worker serves: its events have nothing to say."""
-    opened = httpx.post(d.url + "/v1/streams", json={"query": "q", "candidates": [{"id": "x", "text": "t"}],
-                                                     "device": "gpu"}, headers=d.auth(tenant), timeout=30)
+    opened = httpx.post(
+        d.url + "/v1/streams",
+        json={"query": "q", "candidates": [{"id": "x", "text": "t"}], "device": "gpu"},
+        headers=d.auth(tenant),
+        timeout=30,
+    )
     check(opened.status_code == 201, f"opening a stream answered {opened.status_code}")
     return opened.json()["stream_id"]
 
@@ -304,8 +344,9 @@ def quiet_stream(d: Deployment, tenant: str) -> str:
 def probe_quiet_stream(d: Deployment, quiet_s: float) -> None:
     stream_id = quiet_stream(d, "a")
     received, started = b"", time.monotonic()
-    with httpx.stream("GET", f"{d.url}/v1/streams/{stream_id}/events", headers=d.auth("a"),
-                      timeout=httpx.Timeout(30.0)) as events:
+    with httpx.stream(
+        "GET", f"{d.url}/v1/streams/{stream_id}/events", headers=d.auth("a"), timeout=httpx.Timeout(30.0)
+    ) as events:
         check(events.status_code == 200, f"answered {events.status_code}")
         for part in events.iter_raw():
             received += part
@@ -318,8 +359,11 @@ def probe_quiet_stream(d: Deployment, quiet_s: float) -> None:
 
 def probe_bad_last_event_id(d: Deployment) -> None:
     stream_id = quiet_stream(d, "a")
-    answer = httpx.get(f"{d.url}/v1/streams/{stream_id}/events", timeout=30,
-                       headers={**d.auth("a"), "Last-Event-ID": "99999999999999999999-0"})
+    answer = httpx.get(
+        f"{d.url}/v1/streams/{stream_id}/events",
+        timeout=30,
+        headers={**d.auth("a"), "Last-Event-ID": "99999999999999999999-0"},
+    )
     check(answer.status_code == 400, f"answered {answer.status_code}")
     check("Last-Event-ID" in answer.text, "the answer does not name Last-Event-ID")
 
@@ -336,11 +380,15 @@ def probe_one_tenant_streams(d: Deployment) -> None:
 
     async def run() -> None:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=d.url, timeout=30, limits=limits) as client, \
-                contextlib.AsyncExitStack() as held:
+        async with (
+            httpx.AsyncClient(base_url=d.url, timeout=30, limits=limits) as client,
+            contextlib.AsyncExitStack() as held,
+        ):
+
             async def open_one(tenant: str, stream_id: str) -> httpx.Response:
-                response = await client.send(client.build_request(
-                    "GET", f"/v1/streams/{stream_id}/events", headers=d.auth(tenant)), stream=True)
+                response = await client.send(
+                    client.build_request("GET", f"/v1/streams/{stream_id}/events", headers=d.auth(tenant)), stream=True
+                )
                 held.push_async_callback(response.aclose)
                 return response
 
@@ -349,8 +397,11 @@ def probe_one_tenant_streams(d: Deployment) -> None:
             codes = [r.status_code for r in opened]
             check(set(codes) <= {200, 429}, f"tenant A's streams answered {sorted(set(codes))}")
             check(429 in codes, "tenant A was let hold 120 streams")
-            rerank = await client.post("/v2/rerank", json={"model": "m", "query": f"b {uuid.uuid4().hex}",
-                                                           "documents": DOCS}, headers=d.auth("b"))
+            rerank = await client.post(
+                "/v2/rerank",
+                json={"model": "m", "query": f"b {uuid.uuid4().hex}", "documents": DOCS},
+                headers=d.auth("b"),
+            )
             check(rerank.status_code == 200, f"tenant B's rerank answered {rerank.status_code}: {rerank.text[:120]}")
             ready = await client.get("/ready")
             check(ready.status_code == 200, f"/ready answered {ready.status_code}")
@@ -365,9 +416,16 @@ def probe_concurrent_reranks(d: Deployment) -> None:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=d.url, timeout=120, limits=limits) as client:
             tag = uuid.uuid4().hex[:8]
-            answers = await asyncio.gather(*(
-                client.post("/v2/rerank", json={"model": "m", "query": f"q {tag} {i}", "documents": DOCS},
-                            headers={**d.auth("a"), "X-Rerankq-Timeout": "110"}) for i in range(130)))
+            answers = await asyncio.gather(
+                *(
+                    client.post(
+                        "/v2/rerank",
+                        json={"model": "m", "query": f"q {tag} {i}", "documents": DOCS},
+                        headers={**d.auth("a"), "X-Rerankq-Timeout": "110"},
+                    )
+                    for i in range(130)
+                )
+            )
             return [a.status_code for a in answers]
 
     codes = asyncio.run(run())
@@ -381,8 +439,10 @@ def probe_cross_tenant_cache(d: Deployment) -> None:
     before = d.member.count()
     second = httpx.post(d.url + "/v2/rerank", json=body, headers=d.auth("b"), timeout=60)
     check(second.status_code == 200, f"tenant B answered {second.status_code}")
-    check(d.member.count() > before, "tenant B's repeat of tenant A's query and documents did not reach the "
-                                     "member: a cache hit tells B what A sent")
+    check(
+        d.member.count() > before,
+        "tenant B's repeat of tenant A's query and documents did not reach the member: a cache hit tells B what A sent",
+    )
     check(second.json()["results"] == first.json()["results"], "the two tenants' scores differ (lost data)")
 
 
@@ -418,10 +478,17 @@ def deployment(keep: bool) -> Iterator[Deployment]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ops.probe.gateway_doors", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quiet-s", type=float, default=16.0,
-                        help="how long the quiet event stream is watched (past the 15 s Redis socket timeout)")
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.probe.gateway_doors",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=16.0,
+        help="how long the quiet event stream is watched (past the 15 s Redis socket timeout)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the deployment's logs")
     parser.add_argument("--only", action="append", help="run only this probe (repeatable)")
     args = parser.parse_args(argv)

@@ -80,16 +80,29 @@ def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
         ("body-args-not-a-list", template.with_body([{"stream_id": 1}, {}, NO_EMBED])),
         ("body-embed-not-a-map", template.with_body([args, {}, [1]])),
         ("body-three-args", template.with_body([[*args, 1], {}, NO_EMBED])),
-        ("body-callback", template.with_body([args, {}, {**NO_EMBED, "callbacks": [
-            {"task": "celery.accumulate", "args": [], "kwargs": {}, "options": {}}]}])),
+        (
+            "body-callback",
+            template.with_body(
+                [
+                    args,
+                    {},
+                    {**NO_EMBED, "callbacks": [{"task": "celery.accumulate", "args": [], "kwargs": {}, "options": {}}]},
+                ]
+            ),
+        ),
         ("body-invalid-json", replace(template, body=b"{not json")),
         ("body-pickle", replace(template, content_type="application/x-python-serialize")),
         ("headers-timelimit", template.with_headers(timelimit=[1])),
         ("headers-no-id", template.with_headers(id=None)),
         ("task-celery.accumulate", template.with_headers([[1, 2], {}, NO_EMBED], task="celery.accumulate")),
         ("task-celery.backend_cleanup", template.with_headers([[], {}, NO_EMBED], task="celery.backend_cleanup")),
-        ("task-celery.map", template.with_headers([[{"task": TASK_NAME, "args": [], "kwargs": {}, "options": {}},
-                                                    [args]], {}, NO_EMBED], task="celery.map")),
+        (
+            "task-celery.map",
+            template.with_headers(
+                [[{"task": TASK_NAME, "args": [], "kwargs": {}, "options": {}}, [args]], {}, NO_EMBED],
+                task="celery.map",
+            ),
+        ),
         ("task-celery.chord_unlock", template.with_headers([["g"], {}, NO_EMBED], task="celery.chord_unlock")),
         ("task-unknown", template.with_headers(task="not.a.task")),
         ("eta-far-future", template.with_headers(eta=FAR_FUTURE)),
@@ -98,8 +111,14 @@ def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
 
 def redis_entry(envelope: dict[str, Any], message: TaskMessage) -> bytes:
     """A Redis list entry: kombu's envelope ``envelope`` carrying ``message``."""
-    return json.dumps({**envelope, "headers": message.headers, "content-type": message.content_type,
-                       "body": base64.b64encode(message.body).decode()}).encode()
+    return json.dumps(
+        {
+            **envelope,
+            "headers": message.headers,
+            "content-type": message.content_type,
+            "body": base64.b64encode(message.body).decode(),
+        }
+    ).encode()
 
 
 def hostile_envelopes(envelope: dict[str, Any]) -> list[tuple[str, bytes]]:
@@ -109,25 +128,29 @@ def hostile_envelopes(envelope: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("envelope-list", json.dumps([envelope, "x", "y"]).encode()),
         ("envelope-no-properties", json.dumps({k: v for k, v in envelope.items() if k != "properties"}).encode()),
         ("envelope-headers-list", json.dumps({**envelope, "headers": [1, 2]}).encode()),
-        ("envelope-delivery-info-list", json.dumps(
-            {**envelope, "properties": {**envelope["properties"], "delivery_info": [1]}}).encode()),
+        (
+            "envelope-delivery-info-list",
+            json.dumps({**envelope, "properties": {**envelope["properties"], "delivery_info": [1]}}).encode(),
+        ),
         ("raw-not-json", b"not json at all \xff"),
     ]
 
 
 def worker_env(redis_url: str, namespace: str, metrics_port: int, broker_url: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update({
-        "RERANKQ_REDIS_URL": redis_url,
-        "RERANKQ_NAMESPACE": namespace,
-        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-        "RERANKQ_RERANKER_PROVIDER": "rrf",
-        "RERANKQ_METRICS_PORT": str(metrics_port),
-        "RERANKQ_SWEEP_INTERVAL_S": "1",
-        "PYTHONPATH": str(ROOT),
-    })
+    env.update(
+        {
+            "RERANKQ_REDIS_URL": redis_url,
+            "RERANKQ_NAMESPACE": namespace,
+            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+            "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+            "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+            "RERANKQ_RERANKER_PROVIDER": "rrf",
+            "RERANKQ_METRICS_PORT": str(metrics_port),
+            "RERANKQ_SWEEP_INTERVAL_S": "1",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     if broker_url:
         env["RERANKQ_BROKER_URL"] = broker_url
     return env
@@ -142,8 +165,9 @@ def refused_count(port: int) -> float:
             text = reply.read().decode()
     except OSError:
         return 0.0
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == REFUSED_METRIC)
+    return sum(
+        s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == REFUSED_METRIC
+    )
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -167,8 +191,11 @@ class RedisQueue:
         entry = self.raw.lindex(self.queue, 0)
         assert entry is not None, f"no message in {self.queue}"
         self.envelope = json.loads(entry)
-        return TaskMessage(headers=self.envelope["headers"], body=base64.b64decode(self.envelope["body"]),
-                           content_type=self.envelope["content-type"])
+        return TaskMessage(
+            headers=self.envelope["headers"],
+            body=base64.b64decode(self.envelope["body"]),
+            content_type=self.envelope["content-type"],
+        )
 
     def entries(self, template: TaskMessage) -> list[tuple[str, bytes]]:
         messages = [(name, redis_entry(self.envelope, m)) for name, m in hostile_messages(template)]
@@ -225,8 +252,7 @@ class AmqpQueue:
         message = Queue(self.queue, no_declare=True)(self.channel).get(no_ack=False)
         assert message is not None, f"no message in {self.queue}"
         body = message.body.encode() if isinstance(message.body, str) else bytes(message.body)
-        template = TaskMessage(headers=dict(message.headers), body=body,
-                               content_type=message.content_type)
+        template = TaskMessage(headers=dict(message.headers), body=body, content_type=message.content_type)
         message.requeue()  # its window is scored once the worker runs
         return template
 
@@ -236,8 +262,15 @@ class AmqpQueue:
     def inject(self, message: TaskMessage) -> None:
         from kombu import Producer
 
-        Producer(self.channel).publish(message.body, routing_key=self.queue, exchange="", headers=message.headers,
-                                       content_type=message.content_type, content_encoding="utf-8", serializer=None)
+        Producer(self.channel).publish(
+            message.body,
+            routing_key=self.queue,
+            exchange="",
+            headers=message.headers,
+            content_type=message.content_type,
+            content_encoding="utf-8",
+            serializer=None,
+        )
 
     def dead_count(self) -> int:
         try:
@@ -261,8 +294,15 @@ class AmqpQueue:
 class QueueProbe:
     """One private Redis (and RabbitMQ), one worker; probes run one at a time against them."""
 
-    def __init__(self, directory: Path, timeout_s: float, broker: str = "redis", *, redis_url: str | None = None,
-                 broker_url: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        timeout_s: float,
+        broker: str = "redis",
+        *,
+        redis_url: str | None = None,
+        broker_url: str | None = None,
+    ) -> None:
         """``redis_url``, ``broker_url``: servers already running (the tests'), else private ones."""
         self.directory = directory
         self.timeout_s = timeout_s
@@ -289,12 +329,16 @@ class QueueProbe:
 
             self.rabbitmq = EmbeddedRabbitMQ(directory=str(self.directory / "rabbitmq")).start()
             broker_url = self.rabbitmq.url
-        self.env = worker_env(redis_url, self.namespace, self.metrics_port,
-                              broker_url if self.broker == "amqp" else None)
+        self.env = worker_env(
+            redis_url, self.namespace, self.metrics_port, broker_url if self.broker == "amqp" else None
+        )
         self.raw = redis.Redis.from_url(redis_url)
         self.client = RerankClient(load_settings(self.env))
-        self.queue: RedisQueue | AmqpQueue = (AmqpQueue(broker_url, self.queue_name) if broker_url is not None
-                                              and self.broker == "amqp" else RedisQueue(self.raw, self.queue_name))
+        self.queue: RedisQueue | AmqpQueue = (
+            AmqpQueue(broker_url, self.queue_name)
+            if broker_url is not None and self.broker == "amqp"
+            else RedisQueue(self.raw, self.queue_name)
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -351,8 +395,11 @@ class QueueProbe:
         if not self.worker_alive() or self.worker.proc.pid != pid:
             return "the worker exited"
         if not wait_until(let_go, 5.0):
-            return ("the message is held unacknowledged (handed back at every shutdown)" if self.broker == "redis"
-                    else "the message was not dead-lettered")
+            return (
+                "the message is held unacknowledged (handed back at every shutdown)"
+                if self.broker == "redis"
+                else "the message was not dead-lettered"
+            )
         if not wait_until(lambda: refused_count(self.metrics_port) > before, 3.0):
             return f"not counted on {REFUSED_METRIC}"
         return None
@@ -364,10 +411,15 @@ def _candidates(n: int) -> list[dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ops.probe.queue_messages", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--broker", choices=("redis", "amqp"), default="redis",
-                        help="amqp: a private RabbitMQ node as the broker (rabbitmq-server must be installed)")
-    parser.add_argument("--timeout-s", type=float, default=20.0,
-                        help="how long a good window may take after each probe")
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "amqp"),
+        default="redis",
+        help="amqp: a private RabbitMQ node as the broker (rabbitmq-server must be installed)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=20.0, help="how long a good window may take after each probe"
+    )
     parser.add_argument("--only", nargs="*", help="run only these probes (names as printed)")
     parser.add_argument("--keep", action="store_true", help="print where the logs are even when every probe passed")
     args = parser.parse_args(argv)

@@ -83,8 +83,13 @@ def sent_at(raw: bytes | None) -> float | None:
 
 
 class BacklogReader:
-    def __init__(self, settings: Settings, store_client: redis.Redis, broker_client: redis.Redis | None,
-                 amqp: AmqpQueueProbe | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store_client: redis.Redis,
+        broker_client: redis.Redis | None,
+        amqp: AmqpQueueProbe | None = None,
+    ) -> None:
         self.settings = settings
         self.keys = Keys(settings.store.namespace)
         self.store_client = store_client
@@ -118,12 +123,19 @@ class BacklogReader:
         out = []
         per_queue = 2 * len(queue_lists(""))
         for i, queue in enumerate(queues):
-            chunk = replies[i * per_queue:(i + 1) * per_queue]
+            chunk = replies[i * per_queue : (i + 1) * per_queue]
             lengths, tails = chunk[0::2], chunk[1::2]
             times = [t for t in (sent_at(raw) for raw in tails) if t is not None]
             oldest = max(0.0, now - min(times)) if times else 0.0
-            out.append(QueueBacklog(queue=queue, device=devices[queue], messages=sum(int(n) for n in lengths),
-                                    unacked=unacked[i], oldest_age_s=oldest))
+            out.append(
+                QueueBacklog(
+                    queue=queue,
+                    device=devices[queue],
+                    messages=sum(int(n) for n in lengths),
+                    unacked=unacked[i],
+                    oldest_age_s=oldest,
+                )
+            )
         return out
 
     def read_amqp_queues(self, devices: dict[str, str]) -> list[QueueBacklog]:
@@ -133,8 +145,10 @@ class BacklogReader:
         waiting = dict.fromkeys(devices, 0)
         for count in self.amqp.counts(list(devices)):
             waiting[count.queue] += count.waiting
-        return [QueueBacklog(queue=queue, device=device, messages=waiting[queue], unacked=0, oldest_age_s=0.0)
-                for queue, device in devices.items()]
+        return [
+            QueueBacklog(queue=queue, device=device, messages=waiting[queue], unacked=0, oldest_age_s=0.0)
+            for queue, device in devices.items()
+        ]
 
     def read_windows(self) -> dict[str, Any]:
         now_ms = int(time.time() * 1000)
@@ -147,5 +161,5 @@ class BacklogReader:
         replies = pipe.execute()
         step = 1 + len(DEVICES)
         active = sum(int(n) for n in replies[0::step])
-        uncommitted = {device: sum(int(n) for n in replies[1 + d::step]) for d, device in enumerate(DEVICES)}
+        uncommitted = {device: sum(int(n) for n in replies[1 + d :: step]) for d, device in enumerate(DEVICES)}
         return {"uncommitted": uncommitted, "active_streams": active}

@@ -37,12 +37,16 @@ class BacklogCollector(Collector):
 
         labels = ["queue", "device"]
         messages = GaugeMetricFamily("rerankq_queue_messages", "Messages waiting in a device queue", labels=labels)
-        unacked = GaugeMetricFamily("rerankq_queue_unacked_messages",
-                                    "Messages of a device queue fetched by a worker and not yet acknowledged",
-                                    labels=labels)
-        oldest = GaugeMetricFamily("rerankq_queue_oldest_message_age_seconds",
-                                   "Seconds since the oldest message waiting in a device queue was sent (0 when none)",
-                                   labels=labels)
+        unacked = GaugeMetricFamily(
+            "rerankq_queue_unacked_messages",
+            "Messages of a device queue fetched by a worker and not yet acknowledged",
+            labels=labels,
+        )
+        oldest = GaugeMetricFamily(
+            "rerankq_queue_oldest_message_age_seconds",
+            "Seconds since the oldest message waiting in a device queue was sent (0 when none)",
+            labels=labels,
+        )
         for queue in backlog.queues:
             key = [queue.queue, queue.device]
             messages.add_metric(key, queue.messages)
@@ -52,13 +56,17 @@ class BacklogCollector(Collector):
         yield unacked
         yield oldest
 
-        uncommitted = GaugeMetricFamily("rerankq_windows_uncommitted",
-                                        "Admitted windows of live streams not yet committed, "
-                                        "by the device streams asked for",
-                                        labels=["device"])
+        uncommitted = GaugeMetricFamily(
+            "rerankq_windows_uncommitted",
+            "Admitted windows of live streams not yet committed, by the device streams asked for",
+            labels=["device"],
+        )
         for device, count in backlog.uncommitted.items():
             uncommitted.add_metric([device], count)
         yield uncommitted
         yield GaugeMetricFamily("rerankq_streams_active", "Live (unexpired) streams", value=backlog.active_streams)
-        yield GaugeMetricFamily("rerankq_exporter_scrape_duration_seconds", "Time the last scrape spent reading Redis",
-                                value=time.perf_counter() - start)
+        yield GaugeMetricFamily(
+            "rerankq_exporter_scrape_duration_seconds",
+            "Time the last scrape spent reading Redis",
+            value=time.perf_counter() - start,
+        )

@@ -109,8 +109,9 @@ class MetricsServer:
         loop = self._loop
         asyncio.set_event_loop(loop)
         try:
-            server = loop.run_until_complete(asyncio.start_server(self._serve, sock=self._socket,
-                                                                  limit=MAX_REQUEST_BYTES))
+            server = loop.run_until_complete(
+                asyncio.start_server(self._serve, sock=self._socket, limit=MAX_REQUEST_BYTES)
+            )
             self._stop = loop.create_future()
             self._ready.set()
             loop.run_until_complete(self._stop)
@@ -127,6 +128,7 @@ class MetricsServer:
         self._ready.wait(10)
         stop = self._stop
         if stop is not None and not self._loop.is_closed():
+
             def finish() -> None:
                 if not stop.done():
                     stop.set_result(None)
@@ -186,11 +188,19 @@ class MetricsServer:
         return await asyncio.get_running_loop().run_in_executor(self._pool, self.answer, path, accept)
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 def _response(status: int, content_type: str, body: bytes) -> bytes:
-    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
     return head.encode("latin-1") + body

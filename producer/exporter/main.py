@@ -37,8 +37,9 @@ def healthz(port: int, *, timeout_s: float = 3.0) -> bool:
 @click.option("--host", default="0.0.0.0", show_default=True, help="address to listen on")
 @click.option("--port", type=int, default=None, help="port to listen on (RERANKQ_EXPORTER_PORT, default 9808)")
 @click.option("--once", is_flag=True, help="print one scrape to stdout and exit")
-@click.option("--healthcheck", is_flag=True,
-              help="ask a running exporter on this host and port for /healthz; exit 0 when healthy")
+@click.option(
+    "--healthcheck", is_flag=True, help="ask a running exporter on this host and port for /healthz; exit 0 when healthy"
+)
 def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
     """Serve the queues' backlog per device for Prometheus and autoscalers (no workers needed).
 
@@ -77,8 +78,9 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
 
         amqp_probe, broker_client = AmqpQueueProbe(settings.store.broker), None
     else:
-        broker_client = (store_client if settings.store.broker == settings.store.redis_url
-                         else connect_broker(settings.store.broker))
+        broker_client = (
+            store_client if settings.store.broker == settings.store.redis_url else connect_broker(settings.store.broker)
+        )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BacklogCollector(BacklogReader(settings, store_client, broker_client, amqp_probe)))
     if once:
@@ -103,8 +105,7 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
         return all(checks.values()), checks
 
     apply_host_logging("INFO")  # the host renders records (``rerankq exporter``); never this module
-    server = MetricsServer(host, port, {"/metrics": metrics_route(lambda: registry),
-                                             "/healthz": check_route(health)})
+    server = MetricsServer(host, port, {"/metrics": metrics_route(lambda: registry), "/healthz": check_route(health)})
 
     def stop(signum: int, frame: object) -> None:
         # shutdown() waits for serve_forever, which runs on this very thread: ask from another.
@@ -122,9 +123,14 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None, *, host_logging: Callable[[str], None] | None = None,
-         prog_name: str = "python -m producer.exporter") -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    host_logging: Callable[[str], None] | None = None,
+    prog_name: str = "python -m producer.exporter",
+) -> int:
     """Run the exporter on ``argv`` and return its exit status; ``host_logging(level)`` is the
     host's way to render records."""
-    return run_command(exporter, sys.argv[1:] if argv is None else argv, prog_name=prog_name,
-                       host=Host(logging=host_logging))
+    return run_command(
+        exporter, sys.argv[1:] if argv is None else argv, prog_name=prog_name, host=Host(logging=host_logging)
+    )

@@ -109,12 +109,18 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
         if settings.store.broker_kind == "amqp":
             broker_redis: Any = AsyncAmqpBroker(settings.store.broker)
         else:
-            broker_redis = (store_redis if settings.store.broker == settings.store.redis_url
-                            else async_redis(settings.store.broker, config))
+            broker_redis = (
+                store_redis
+                if settings.store.broker == settings.store.redis_url
+                else async_redis(settings.store.broker, config)
+            )
         backlog = Backlog(broker_redis, dispatcher, settings, config)
-        app.state.gateway = Gateway(settings, config, keyring, QueueBridge(client, store_redis, backlog,
-                                                                           threads=config.threads,
-                                                                           heartbeat_s=config.sse_heartbeat_s))
+        app.state.gateway = Gateway(
+            settings,
+            config,
+            keyring,
+            QueueBridge(client, store_redis, backlog, threads=config.threads, heartbeat_s=config.sse_heartbeat_s),
+        )
         sampler = asyncio.create_task(backlog.sample_forever())
         log.info("gateway_started", namespace=settings.store.namespace, keys=len(keyring), auth=not keyring.insecure)
         try:
@@ -129,8 +135,9 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
             app.state.gateway.bridge.close()
             client.close()
 
-    return Starlette(routes=routes(), lifespan=lifespan,
-                     middleware=[Middleware(TenantShares, keyring=keyring, config=config)])
+    return Starlette(
+        routes=routes(), lifespan=lifespan, middleware=[Middleware(TenantShares, keyring=keyring, config=config)]
+    )
 
 
 def app_from_environment() -> Starlette:

@@ -59,8 +59,9 @@ class Principal:
             raise Problem("invalid", f"device: must be cpu, gpu or any, got {asked[:16]!r}", field="device")
         if asked not in self.devices:
             allowed = ", ".join(self.devices)
-            raise Problem("forbidden", f"this API key may not use the {asked} queue (allowed: {allowed})",
-                          field="device")
+            raise Problem(
+                "forbidden", f"this API key may not use the {asked} queue (allowed: {allowed})", field="device"
+            )
         return asked
 
     def check_chain(self, asked: str | None) -> str | None:
@@ -89,8 +90,7 @@ class KeyRing:
 
     def __init__(self, entries: list[KeyEntry], *, insecure: bool = False) -> None:
         self.insecure = insecure
-        self._entries = [(bytes.fromhex(e.key_sha256), Principal(e.tenant, e.chain, tuple(e.devices)))
-                         for e in entries]
+        self._entries = [(bytes.fromhex(e.key_sha256), Principal(e.tenant, e.chain, tuple(e.devices))) for e in entries]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -126,8 +126,11 @@ def load_keyring(gateway: GatewaySettings, settings: Settings) -> KeyRing:
     elif gateway.keys:
         source, raw = variable("keys"), gateway.keys.encode()
     else:
-        raise ConfigError(variable("keys_file"), "no API keys configured: set it (or RERANKQ_GATEWAY_KEYS), "
-                                                 "or start with --insecure-no-auth to serve without keys")
+        raise ConfigError(
+            variable("keys_file"),
+            "no API keys configured: set it (or RERANKQ_GATEWAY_KEYS), "
+            "or start with --insecure-no-auth to serve without keys",
+        )
     return KeyRing(parse_entries(raw, source=source, settings=settings))
 
 
@@ -155,8 +158,9 @@ def parse_entries(raw: bytes, *, source: str, settings: Settings | None) -> list
         if entry.chain is not None:
             entry.chain = entry.chain.lower()
             if settings is not None and entry.chain not in settings.chain.profiles:
-                raise ConfigError(source, f"{at}.chain names no chain profile; "
-                                          f"set {chain_profile_variable(entry.chain)}")
+                raise ConfigError(
+                    source, f"{at}.chain names no chain profile; set {chain_profile_variable(entry.chain)}"
+                )
         if not entry.devices or len(set(entry.devices)) != len(entry.devices):
             raise ConfigError(source, f"{at}.devices must list distinct devices of cpu, gpu, any")
     return entries

@@ -72,23 +72,42 @@ def async_redis(url: str, config: GatewaySettings) -> redis.asyncio.Redis:
     every deployment shape (``producer.redis_clients``), its pool bounded as ``config`` says."""
     from producer.redis_clients import async_store_client
 
-    client: redis.asyncio.Redis = async_store_client(url, max_connections=config.redis_max_connections,
-                                                     pool_timeout_s=config.redis_pool_timeout_s)
+    client: redis.asyncio.Redis = async_store_client(
+        url, max_connections=config.redis_max_connections, pool_timeout_s=config.redis_pool_timeout_s
+    )
     return client
 
 
 def window_status(result: WindowResult) -> WindowStatus:
     kinds = [type(d) for d in result.decisions]
     start, end = result.start, result.end
-    return WindowStatus(window=result.window, start=start, end=end, state="committed", attempts=result.attempts,
-                        served_by=result.served_by, ranked=kinds.count(Ranked), filtered=kinds.count(Filtered),
-                        omitted=kinds.count(Omitted), failed=kinds.count(Failed), reason=result.reason,
-                        failovers=list(result.failovers), instruction_ignored_by=result.instruction_ignored_by)
+    return WindowStatus(
+        window=result.window,
+        start=start,
+        end=end,
+        state="committed",
+        attempts=result.attempts,
+        served_by=result.served_by,
+        ranked=kinds.count(Ranked),
+        filtered=kinds.count(Filtered),
+        omitted=kinds.count(Omitted),
+        failed=kinds.count(Failed),
+        reason=result.reason,
+        failovers=list(result.failovers),
+        instruction_ignored_by=result.instruction_ignored_by,
+    )
 
 
 class QueueBridge:
-    def __init__(self, client: RerankClient, store_redis: redis.asyncio.Redis, backlog: Backlog, *,
-                 threads: int, heartbeat_s: float) -> None:
+    def __init__(
+        self,
+        client: RerankClient,
+        store_redis: redis.asyncio.Redis,
+        backlog: Backlog,
+        *,
+        threads: int,
+        heartbeat_s: float,
+    ) -> None:
         self.client = client
         assert isinstance(client.dispatcher, CountingDispatcher)
         self.dispatcher = client.dispatcher
@@ -132,12 +151,20 @@ class QueueBridge:
                 committed = len(snapshot.results)
                 unserved = await self.blocking(self.client.unserved_warning, snapshot.device)
                 if unserved is not None:
-                    raise Problem("timeout", f"the reranking did not finish in time ({committed} of "
-                                             f"{snapshot.n_windows} windows committed): {unserved}. Once one "
-                                             f"runs, read GET /v1/streams/{stream_id}/page", stream_id=stream_id)
-                raise Problem("timeout", f"the reranking did not finish in time ({committed} of {snapshot.n_windows} "
-                                         f"windows committed); it goes on: repeat the request, or read "
-                                         f"GET /v1/streams/{stream_id}/page", stream_id=stream_id)
+                    raise Problem(
+                        "timeout",
+                        f"the reranking did not finish in time ({committed} of "
+                        f"{snapshot.n_windows} windows committed): {unserved}. Once one "
+                        f"runs, read GET /v1/streams/{stream_id}/page",
+                        stream_id=stream_id,
+                    )
+                raise Problem(
+                    "timeout",
+                    f"the reranking did not finish in time ({committed} of {snapshot.n_windows} "
+                    f"windows committed); it goes on: repeat the request, or read "
+                    f"GET /v1/streams/{stream_id}/page",
+                    stream_id=stream_id,
+                )
             await self.wait_for_event(stream_id, snapshot.last_event_id, remaining)
 
     async def wait_commits(self, stream_id: str, n_windows: int, deadline: float) -> Snapshot | None:
@@ -214,8 +241,11 @@ class QueueBridge:
                 self._answered.popitem(last=False)
             return stream_id, answer
         last = "k_" + job.idempotency_key(MAX_GENERATIONS - 1)
-        raise Problem("failed", f"reranking failed on {MAX_GENERATIONS} streams in a row; see GET /v1/streams/{last}",
-                      stream_id=last)
+        raise Problem(
+            "failed",
+            f"reranking failed on {MAX_GENERATIONS} streams in a row; see GET /v1/streams/{last}",
+            stream_id=last,
+        )
 
     def _open(self, job: RerankJob, key: str) -> bool:
         """Open the job's stream (in a pool thread); True when this call created it and sent its windows."""
@@ -225,8 +255,9 @@ class QueueBridge:
 
     # -- the stream API -------------------------------------------------------
 
-    async def open_stream(self, principal: Principal, query: str, candidates: list[dict[str, Any]],
-                          options: dict[str, Any]) -> str:
+    async def open_stream(
+        self, principal: Principal, query: str, candidates: list[dict[str, Any]], options: dict[str, Any]
+    ) -> str:
         device = options["device"]
         self.backlog.check(device)
         stream_id = await self.blocking(self.client.open, query, candidates, **options)

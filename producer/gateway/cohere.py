@@ -97,16 +97,31 @@ class CohereError(msgspec.Struct):
     message: str
 
 
-STATUS = {"invalid": 400, "empty": 400, "too_many": 400, "malformed": 400, "too_large": 413, "unauthenticated": 401,
-          "forbidden": 403, "not_found": 404, "conflict": 409, "overloaded": 429, "failed": 503, "timeout": 504,
-          "unavailable": 503}
+STATUS = {
+    "invalid": 400,
+    "empty": 400,
+    "too_many": 400,
+    "malformed": 400,
+    "too_large": 413,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "overloaded": 429,
+    "failed": 503,
+    "timeout": 504,
+    "unavailable": 503,
+}
 _INVALID = ("invalid", "empty", "too_many", "malformed")
 
 
 def render(problem: Problem) -> Response:
     message = f"invalid request: {problem.message}" if problem.kind in _INVALID else problem.message
-    return Response(msgspec.json.encode(CohereError(message=message)), status_code=STATUS[problem.kind],
-                    media_type="application/json")
+    return Response(
+        msgspec.json.encode(CohereError(message=message)),
+        status_code=STATUS[problem.kind],
+        media_type="application/json",
+    )
 
 
 def positive(field: str, value: int | None, *, minimum: int = 1) -> int | None:
@@ -115,15 +130,32 @@ def positive(field: str, value: int | None, *, minimum: int = 1) -> int | None:
     return value
 
 
-def answer(gateway_id: str, stream_id: str, version: str, scores: list[Scored], n_documents: int,
-           top_n: int | None, documents: list[dict[str, Any]] | None = None) -> Response:
+def answer(
+    gateway_id: str,
+    stream_id: str,
+    version: str,
+    scores: list[Scored],
+    n_documents: int,
+    top_n: int | None,
+    documents: list[dict[str, Any]] | None = None,
+) -> Response:
     chosen = scores[:top_n] if top_n is not None else scores
-    results = [CohereResult(index=s.index, relevance_score=s.score,
-                            document=documents[s.index] if documents is not None else msgspec.UNSET)
-               for s in chosen]
-    body = CohereResponse(id=gateway_id, results=results, meta=CohereMeta(
-        api_version=ApiVersion(version=version),
-        billed_units=BilledUnits(search_units=math.ceil(n_documents / DOCUMENTS_PER_SEARCH_UNIT))))
+    results = [
+        CohereResult(
+            index=s.index,
+            relevance_score=s.score,
+            document=documents[s.index] if documents is not None else msgspec.UNSET,
+        )
+        for s in chosen
+    ]
+    body = CohereResponse(
+        id=gateway_id,
+        results=results,
+        meta=CohereMeta(
+            api_version=ApiVersion(version=version),
+            billed_units=BilledUnits(search_units=math.ceil(n_documents / DOCUMENTS_PER_SEARCH_UNIT)),
+        ),
+    )
     return Response(msgspec.json.encode(body), media_type="application/json", headers={STREAM_HEADER: stream_id})
 
 
@@ -140,8 +172,14 @@ async def rerank_v2(request: Request) -> Response:
     positive("top_n", payload.top_n)
     positive("max_tokens_per_doc", payload.max_tokens_per_doc)
     positive("priority", payload.priority, minimum=0)
-    job = gateway.job(payload.query, payload.documents, device, principal,
-                      max_tokens_per_doc=payload.max_tokens_per_doc, instruction=payload.instruction)
+    job = gateway.job(
+        payload.query,
+        payload.documents,
+        device,
+        principal,
+        max_tokens_per_doc=payload.max_tokens_per_doc,
+        instruction=payload.instruction,
+    )
     stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
     return answer(str(uuid.uuid4()), stream_id, "2", scores, len(payload.documents), payload.top_n)
 
@@ -186,10 +224,19 @@ async def rerank_v1(request: Request) -> Response:
     positive("top_n", payload.top_n)
     positive("max_chunks_per_doc", payload.max_chunks_per_doc)
     if payload.max_chunks_per_doc is not None and payload.max_chunks_per_doc > MAX_PASSAGES:
-        raise Problem("invalid", f"max_chunks_per_doc: at most {MAX_PASSAGES}, got {payload.max_chunks_per_doc}",
-                      field="max_chunks_per_doc")
-    job = gateway.job(payload.query, texts, device, principal, instruction=payload.instruction,
-                      max_passages=payload.max_chunks_per_doc)
+        raise Problem(
+            "invalid",
+            f"max_chunks_per_doc: at most {MAX_PASSAGES}, got {payload.max_chunks_per_doc}",
+            field="max_chunks_per_doc",
+        )
+    job = gateway.job(
+        payload.query,
+        texts,
+        device,
+        principal,
+        instruction=payload.instruction,
+        max_passages=payload.max_chunks_per_doc,
+    )
     stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
     documents = None
     if payload.return_documents:

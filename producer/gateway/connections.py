@@ -31,7 +31,8 @@ from producer.gateway.config import GatewaySettings
 #: Query parameters whose values never reach a log line.
 SECRET_PARAMETERS = re.compile(
     r"(?i)((?:^|[?&;])(?:api[_-]?key|key|token|access[_-]?token|auth|authorization|password|secret|"
-    r"signature|sig)=)[^&;#\s]*")
+    r"signature|sig)=)[^&;#\s]*"
+)
 _END_OF_HEAD = b"\r\n\r\n"
 
 
@@ -54,8 +55,10 @@ class MaskingAccessLogger:
 
 def _status(code: int, reason: str, message: str) -> bytes:
     body = message.encode()
-    return (f"HTTP/1.1 {code} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {code} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
 
 
 class GuardedHttpTools(HttpToolsProtocol):
@@ -123,10 +126,13 @@ class GuardedHttpTools(HttpToolsProtocol):
             counted = len(data) if end < 0 else max(0, end + len(_END_OF_HEAD) - len(self._tail))
             self._head_bytes += counted
             if self._head_bytes > self.max_header_bytes:
-                self._refuse(431, "Request Header Fields Too Large",
-                             f"the request headers are over the limit of {self.max_header_bytes} bytes")
+                self._refuse(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"the request headers are over the limit of {self.max_header_bytes} bytes",
+                )
                 return
-            self._tail = window[-(len(_END_OF_HEAD) - 1):]
+            self._tail = window[-(len(_END_OF_HEAD) - 1) :]
         super().data_received(data)
 
     def _refuse(self, code: int, reason: str, message: str) -> None:
@@ -140,9 +146,15 @@ class GuardedHttpTools(HttpToolsProtocol):
     @classmethod
     def bounded(cls, config: GatewaySettings) -> type[GuardedHttpTools]:
         """The protocol with ``config``'s bounds (uvicorn builds one per connection from the class)."""
-        return type(cls.__name__, (cls,), {"max_header_bytes": config.max_header_bytes,
-                                           "header_timeout_s": config.header_timeout_s,
-                                           "__module__": cls.__module__})
+        return type(
+            cls.__name__,
+            (cls,),
+            {
+                "max_header_bytes": config.max_header_bytes,
+                "header_timeout_s": config.header_timeout_s,
+                "__module__": cls.__module__,
+            },
+        )
 
 
 class GuardedHttpToolsFromEnvironment(GuardedHttpTools):
@@ -157,6 +169,9 @@ class GuardedHttpToolsFromEnvironment(GuardedHttpTools):
             from producer.gateway.config import load_gateway_settings
 
             config = load_gateway_settings()
-            cls.max_header_bytes, cls.header_timeout_s, cls._loaded = config.max_header_bytes, \
-                config.header_timeout_s, True
+            cls.max_header_bytes, cls.header_timeout_s, cls._loaded = (
+                config.max_header_bytes,
+                config.header_timeout_s,
+                True,
+            )
         super().__init__(*args, **kwargs)

@@ -60,13 +60,18 @@ class RerankJob:
 
     def open_options(self, key: str) -> dict[str, Any]:
         """``open``'s options for this job under ``key``: every window sent at once, every document kept."""
-        return {**given(self.options), "first_windows": self.n_windows, "idempotency_key": key,
-                "max_rerank_candidates": len(self.texts)}
+        return {
+            **given(self.options),
+            "first_windows": self.n_windows,
+            "idempotency_key": key,
+            "max_rerank_candidates": len(self.texts),
+        }
 
     def idempotency_key(self, generation: int) -> str:
         # The whole options struct, so an option added to it is part of the job without a change here.
-        digest = hashlib.blake2b(_encoder.encode([KEY_VERSION, self.options, self.query, self.texts]),
-                                 digest_size=20).hexdigest()
+        digest = hashlib.blake2b(
+            _encoder.encode([KEY_VERSION, self.options, self.query, self.texts]), digest_size=20
+        ).hexdigest()
         return f"gw-{digest}-{generation}"
 
 
@@ -94,8 +99,12 @@ def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
     reason = failure(snapshot)
     if reason is not None:
         raise Problem("failed", f"reranking failed: {reason}", stream_id=stream_id)
-    decisions = [d for window in sorted(snapshot.results)
-                 for d in snapshot.results[window].decisions if isinstance(d, (Ranked, Filtered))]
+    decisions = [
+        d
+        for window in sorted(snapshot.results)
+        for d in snapshot.results[window].decisions
+        if isinstance(d, (Ranked, Filtered))
+    ]
     # A flat stretch of a calibration map ties documents the member scored apart: its own score
     # breaks the tie (uncalibrated, raw_score is unset and the order is as it always was).
     decisions.sort(key=lambda d: (-d.score, -(d.score if d.raw_score is None else d.raw_score), d.index))

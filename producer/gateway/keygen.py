@@ -49,14 +49,28 @@ def _tenant(value: str) -> str:
 
 
 @click.command(epilog=EPILOG)
-@click.option("--tenant", required=True, callback=lambda ctx, param, value: _tenant(value),
-              help="the tenant the key acts for (1-64 of A-Z a-z 0-9 _ . -)")
+@click.option(
+    "--tenant",
+    required=True,
+    callback=lambda ctx, param, value: _tenant(value),
+    help="the tenant the key acts for (1-64 of A-Z a-z 0-9 _ . -)",
+)
 @click.option("--chain", default=None, help="chain profile the key is bound to (RERANKQ_CHAIN_<NAME> must exist)")
-@click.option("--devices", default="cpu", show_default=True, callback=lambda ctx, param, value: _devices(value),
-              help="comma-separated of cpu, gpu, any: the queues the key may use; the first is its default")
-@click.option("--keys-file", type=click.Path(dir_okay=False, path_type=Path), envvar=variable("keys_file"),
-              show_envvar=True, default=None,
-              help="the keys file to add the entry to (created when missing); without one the entry is printed")
+@click.option(
+    "--devices",
+    default="cpu",
+    show_default=True,
+    callback=lambda ctx, param, value: _devices(value),
+    help="comma-separated of cpu, gpu, any: the queues the key may use; the first is its default",
+)
+@click.option(
+    "--keys-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=variable("keys_file"),
+    show_envvar=True,
+    default=None,
+    help="the keys file to add the entry to (created when missing); without one the entry is printed",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the key, its entry and the file as one JSON document")
 def keygen(tenant: str, chain: str | None, devices: list[str], keys_file: Path | None, as_json: bool) -> int:
     """Make an API key for a tenant; add its hash to the keys file.
@@ -79,11 +93,17 @@ def keygen(tenant: str, chain: str | None, devices: list[str], keys_file: Path |
         return 0
     click.echo(key)
     if keys_file is None:
-        click.echo(f"the key above is shown once; add this entry to the file {variable('keys_file')} names:\n"
-                   f"{json.dumps(entry)}", err=True)
+        click.echo(
+            f"the key above is shown once; add this entry to the file {variable('keys_file')} names:\n"
+            f"{json.dumps(entry)}",
+            err=True,
+        )
     else:
-        click.echo(f"the key above is shown once; its entry for tenant {tenant} is in {keys_file} "
-                   f"({count} key{'s' if count != 1 else ''}); restart the gateway to accept it", err=True)
+        click.echo(
+            f"the key above is shown once; its entry for tenant {tenant} is in {keys_file} "
+            f"({count} key{'s' if count != 1 else ''}); restart the gateway to accept it",
+            err=True,
+        )
     return 0
 
 
@@ -91,8 +111,11 @@ def _check_chain(entry: dict[str, Any]) -> None:
     from producer.settings import chain_profile_variable, load_settings
 
     if entry["chain"] not in load_settings().chain.profiles:
-        raise ConfigError("--chain", f"{entry['chain']!r} names no chain profile; "
-                                     f"set {chain_profile_variable(entry['chain'])} where the gateway runs")
+        raise ConfigError(
+            "--chain",
+            f"{entry['chain']!r} names no chain profile; "
+            f"set {chain_profile_variable(entry['chain'])} where the gateway runs",
+        )
 
 
 def _append(path: Path, entry: dict[str, Any]) -> int:
@@ -131,4 +154,3 @@ def _append(path: Path, entry: dict[str, Any]) -> int:
         Path(temporary).unlink(missing_ok=True)
         raise
     return len(entries_out)
-

@@ -87,8 +87,9 @@ class CountingDispatcher(Dispatcher):
 class Backlog:
     """Queue depths per device (sampled), the drain rate each queue shows, and the 429 they lead to."""
 
-    def __init__(self, broker: Any, dispatcher: CountingDispatcher, settings: Settings,
-                 gateway: GatewaySettings) -> None:
+    def __init__(
+        self, broker: Any, dispatcher: CountingDispatcher, settings: Settings, gateway: GatewaySettings
+    ) -> None:
         self.broker = broker
         self.dispatcher = dispatcher
         self.queues: dict[str, str] = {device: settings.queues.queue_for(device) for device in ("cpu", "gpu", "any")}
@@ -111,8 +112,12 @@ class Backlog:
         if depth <= self.bound:
             return
         wait = self.retry_after_s(self.queues[device], depth)
-        raise Problem("overloaded", f"too many requests: the {device} queue holds {depth} waiting windows, over the "
-                                    f"bound of {self.bound}; retry after {wait} s", retry_after_s=wait)
+        raise Problem(
+            "overloaded",
+            f"too many requests: the {device} queue holds {depth} waiting windows, over the "
+            f"bound of {self.bound}; retry after {wait} s",
+            retry_after_s=wait,
+        )
 
     def retry_after_s(self, queue: str, depth: int) -> int:
         rate = self.rate.get(queue)
@@ -132,7 +137,7 @@ class Backlog:
         replies = await pipe.execute()
         depths, at = {}, 0
         for queue, n in counts.items():
-            depths[queue] = sum(replies[at:at + n])
+            depths[queue] = sum(replies[at : at + n])
             at += n
         return depths
 

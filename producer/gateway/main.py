@@ -36,16 +36,22 @@ Every option has a RERANKQ_GATEWAY_* variable (named in its help); the option wi
 """
 
 
-@click.group(name="serve", invoke_without_command=True, epilog=EPILOG,
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    name="serve", invoke_without_command=True, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option("--host", default=None, help="address to listen on (RERANKQ_GATEWAY_HOST, default 127.0.0.1)")
 @click.option("--port", type=int, default=None, help="port (RERANKQ_GATEWAY_PORT, default 8080)")
 @click.option("--workers", type=int, default=None, help="server processes (RERANKQ_GATEWAY_WORKERS, default 1)")
 @click.option("--keys-file", default=None, help="JSON file of hashed API keys (RERANKQ_GATEWAY_KEYS_FILE)")
-@click.option("--insecure-no-auth", is_flag=True, default=None,
-              help="serve without API keys: anyone who reaches the port may use the queue")
-@click.option("--device", type=click.Choice(ALL_DEVICES), default=None,
-              help="default device queue (RERANKQ_GATEWAY_DEVICE)")
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    default=None,
+    help="serve without API keys: anyone who reaches the port may use the queue",
+)
+@click.option(
+    "--device", type=click.Choice(ALL_DEVICES), default=None, help="default device queue (RERANKQ_GATEWAY_DEVICE)"
+)
 @click.option("--timeout-s", type=float, default=None, help="how long a rerank call waits (RERANKQ_GATEWAY_TIMEOUT_S)")
 @click.option("--access-log", is_flag=True, default=None, help="log every request line")
 @click.option("--log-level", default=None, help="INFO, WARNING, ... (RERANKQ_GATEWAY_LOG_LEVEL)")
@@ -85,36 +91,53 @@ def run_server(settings: Settings, config: GatewaySettings, keyring: KeyRing, ov
     from producer.gateway.app import create_app
     from producer.gateway.connections import GuardedHttpTools, GuardedHttpToolsFromEnvironment
 
-    common: dict[str, Any] = {"host": config.host, "port": config.port, "access_log": config.access_log,
-              "log_level": config.log_level.lower(), "lifespan": "on", "log_config": None,
-              # Behind a proxy the client address comes from it; the gateway logs no addresses anyway.
-              "proxy_headers": False, "server_header": False,
-              # Long-polls and event streams would hold a shutdown forever: cut them after this.
-              "timeout_graceful_shutdown": 10,
-              "timeout_keep_alive": config.keep_alive_s,
-              # Bounds h11 too, should anyone run the app under it (GuardedHttpTools bounds httptools).
-              "h11_max_incomplete_event_size": config.max_header_bytes}
+    common: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "access_log": config.access_log,
+        "log_level": config.log_level.lower(),
+        "lifespan": "on",
+        "log_config": None,
+        # Behind a proxy the client address comes from it; the gateway logs no addresses anyway.
+        "proxy_headers": False,
+        "server_header": False,
+        # Long-polls and event streams would hold a shutdown forever: cut them after this.
+        "timeout_graceful_shutdown": 10,
+        "timeout_keep_alive": config.keep_alive_s,
+        # Bounds h11 too, should anyone run the app under it (GuardedHttpTools bounds httptools).
+        "h11_max_incomplete_event_size": config.max_header_bytes,
+    }
     if config.workers > 1:
         # Each process builds its own app from the environment: carry the command line there.
         for name, value in overrides.items():
             if value is not None:
                 os.environ[variable(name)] = str(value).lower() if isinstance(value, bool) else str(value)
-        uvicorn.run("producer.gateway.app:app_from_environment", factory=True, workers=config.workers,
-                    http=f"{GuardedHttpToolsFromEnvironment.__module__}:{GuardedHttpToolsFromEnvironment.__name__}",
-                    **common)
+        uvicorn.run(
+            "producer.gateway.app:app_from_environment",
+            factory=True,
+            workers=config.workers,
+            http=f"{GuardedHttpToolsFromEnvironment.__module__}:{GuardedHttpToolsFromEnvironment.__name__}",
+            **common,
+        )
         return 0
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, config, keyring), http=GuardedHttpTools.bounded(config),
-                                           **common))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings, config, keyring), http=GuardedHttpTools.bounded(config), **common)
+    )
     server.run()
     return 0 if server.started else STARTUP_FAILURE
 
 
-def main(argv: Sequence[str] | None = None, *, host_logging: Callable[[str], None] | None = None,
-         prog_name: str = "python -m producer.gateway") -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    host_logging: Callable[[str], None] | None = None,
+    prog_name: str = "python -m producer.gateway",
+) -> int:
     """Run ``serve`` (or ``keygen``) on ``argv`` and return the exit status.
 
     ``host_logging(level)`` is the host's way to render records; this module never
     configures logging itself.
     """
-    return run_command(serve, sys.argv[1:] if argv is None else argv, prog_name=prog_name,
-                       host=Host(logging=host_logging))
+    return run_command(
+        serve, sys.argv[1:] if argv is None else argv, prog_name=prog_name, host=Host(logging=host_logging)
+    )

@@ -19,25 +19,32 @@ from producer.gateway.nesting import too_deep_field
 from producer.validation import MAX_NESTING_DEPTH
 
 Kind = Literal[
-    "invalid",          # a field is wrong (named)
-    "empty",            # no documents to rerank
-    "too_many",         # more documents than a request may carry
-    "too_large",        # the body is over the byte limit
-    "malformed",        # the body is not JSON
+    "invalid",  # a field is wrong (named)
+    "empty",  # no documents to rerank
+    "too_many",  # more documents than a request may carry
+    "too_large",  # the body is over the byte limit
+    "malformed",  # the body is not JSON
     "unauthenticated",  # no key, or a key we do not know
-    "forbidden",        # the key may not use this device or chain
-    "not_found",        # no such stream (or not this tenant's)
-    "conflict",         # an idempotency key reused for another job
-    "overloaded",       # the device queue's backlog is over its bound (Retry-After)
-    "failed",           # every chain member failed on a window
-    "timeout",          # the windows did not commit in time (the stream id rides along)
-    "unavailable",      # Redis is full or unreachable
+    "forbidden",  # the key may not use this device or chain
+    "not_found",  # no such stream (or not this tenant's)
+    "conflict",  # an idempotency key reused for another job
+    "overloaded",  # the device queue's backlog is over its bound (Retry-After)
+    "failed",  # every chain member failed on a window
+    "timeout",  # the windows did not commit in time (the stream id rides along)
+    "unavailable",  # Redis is full or unreachable
 ]
 
 
 class Problem(Exception):
-    def __init__(self, kind: Kind, message: str, *, field: str | None = None, stream_id: str | None = None,
-                 retry_after_s: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        message: str,
+        *,
+        field: str | None = None,
+        stream_id: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
         self.kind = kind
         self.message = message
         self.field = field
@@ -75,5 +82,4 @@ def decode(body: bytes, type_: type) -> object:
     except RecursionError:
         field = too_deep_field(body)
         where = field or "the body"
-        raise Problem("invalid", f"{where}: is nested more than {MAX_NESTING_DEPTH} levels deep",
-                      field=field) from None
+        raise Problem("invalid", f"{where}: is nested more than {MAX_NESTING_DEPTH} levels deep", field=field) from None

@@ -64,16 +64,22 @@ class Gateway:
         except ValueError:
             value = math.nan
         if not 0 < value <= self.config.max_timeout_s:
-            raise Problem("invalid", f"{TIMEOUT_HEADER}: must be seconds in (0, {self.config.max_timeout_s}]",
-                          field=TIMEOUT_HEADER)
+            raise Problem(
+                "invalid",
+                f"{TIMEOUT_HEADER}: must be seconds in (0, {self.config.max_timeout_s}]",
+                field=TIMEOUT_HEADER,
+            )
         return value
 
     def check_query(self, query: str) -> None:
         if not query.strip():
             raise Problem("invalid", "query must not be empty or be only whitespace", field="query")
         if len(query) > self.settings.streams.max_query_chars:
-            raise Problem("invalid", f"query: {len(query)} characters, over the limit of "
-                                     f"{self.settings.streams.max_query_chars}", field="query")
+            raise Problem(
+                "invalid",
+                f"query: {len(query)} characters, over the limit of {self.settings.streams.max_query_chars}",
+                field="query",
+            )
 
     def check_documents(self, texts: list[str], field: str) -> None:
         """Count and size of the documents: each API names ``field`` its own way (documents, texts)."""
@@ -81,21 +87,30 @@ class Gateway:
             raise Problem("empty", f"list of {field} must not be empty", field=field)
         limit = self.config.documents(self.settings)
         if len(texts) > limit:
-            raise Problem("too_many", f"{field}: {len(texts)} given, over the limit of {limit} per request",
-                          field=field)
+            raise Problem(
+                "too_many", f"{field}: {len(texts)} given, over the limit of {limit} per request", field=field
+            )
         chars = self.config.document_chars(self.settings)
         for i, text in enumerate(texts):
             if not text.strip():
                 # Whitespace is no text: the worker would score it minus infinity (a null score).
-                raise Problem("invalid", f"{field}[{i}]: must not be empty or only whitespace",
-                              field=f"{field}[{i}]")
+                raise Problem("invalid", f"{field}[{i}]: must not be empty or only whitespace", field=f"{field}[{i}]")
             if len(text) > chars:
-                raise Problem("invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}",
-                              field=f"{field}[{i}]")
+                raise Problem(
+                    "invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}", field=f"{field}[{i}]"
+                )
 
-    def job(self, query: str, texts: list[str], device: Device, principal: Principal, *,
-            max_tokens_per_doc: int | None = None, instruction: str | None = None,
-            max_passages: int | None = None) -> RerankJob:
+    def job(
+        self,
+        query: str,
+        texts: list[str],
+        device: Device,
+        principal: Principal,
+        *,
+        max_tokens_per_doc: int | None = None,
+        instruction: str | None = None,
+        max_passages: int | None = None,
+    ) -> RerankJob:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
         fields, the API key and the gateway's settings say. With ``max_passages`` the documents
         are split into passages, and windows are made small enough for the per-window ceiling."""
@@ -107,12 +122,17 @@ class Gateway:
             fits = self.settings.streams.max_window_passage_tokens // (max_passages * REMOTE_PASSAGE_TOKENS)
             window_size = max(1, min(window_size, fits))
         options = StreamOptions(
-            device=device, chain=principal.chain, tenant=principal.tenant,
-            window_size=window_size, document_budget=budget,
+            device=device,
+            chain=principal.chain,
+            tenant=principal.tenant,
+            window_size=window_size,
+            document_budget=budget,
             ttl_s=self.config.stream_ttl_s or self.settings.streams.stream_ttl_s,
-            min_score=self.settings.streams.min_score, min_final_score=self.settings.streams.min_final_score,
+            min_score=self.settings.streams.min_score,
+            min_final_score=self.settings.streams.min_final_score,
             instruction=instruction,
-            long_documents="passages" if max_passages is not None else None, max_passages=max_passages,
+            long_documents="passages" if max_passages is not None else None,
+            max_passages=max_passages,
         )
         return RerankJob(query=query, texts=texts, options=options)
 
@@ -144,8 +164,13 @@ def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handl
 
 
 def _answer(render: Callable[[Problem], Response], problem: Problem, request: Request) -> Response:
-    log.debug("gateway_request_refused", path=request.url.path, kind=problem.kind, field=problem.field,
-             stream=problem.stream_id)
+    log.debug(
+        "gateway_request_refused",
+        path=request.url.path,
+        kind=problem.kind,
+        field=problem.field,
+        stream=problem.stream_id,
+    )
     response = render(problem)
     response.headers.update(problem.headers())
     if problem.kind == "unauthenticated":

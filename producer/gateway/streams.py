@@ -63,14 +63,27 @@ class StreamError(msgspec.Struct):
     error: ErrorBody
 
 
-STATUS = {"invalid": 422, "empty": 422, "too_many": 422, "malformed": 400, "too_large": 413, "unauthenticated": 401,
-          "forbidden": 403, "not_found": 404, "conflict": 409, "overloaded": 429, "failed": 502, "timeout": 504,
-          "unavailable": 503}
+STATUS = {
+    "invalid": 422,
+    "empty": 422,
+    "too_many": 422,
+    "malformed": 400,
+    "too_large": 413,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "overloaded": 429,
+    "failed": 502,
+    "timeout": 504,
+    "unavailable": 503,
+}
 
 
 def render(problem: Problem) -> Response:
-    body = StreamError(error=ErrorBody(type=problem.kind, message=problem.message, field=problem.field,
-                                       stream_id=problem.stream_id))
+    body = StreamError(
+        error=ErrorBody(type=problem.kind, message=problem.message, field=problem.field, stream_id=problem.stream_id)
+    )
     return Response(msgspec.json.encode(body), status_code=STATUS[problem.kind], media_type="application/json")
 
 
@@ -107,8 +120,11 @@ async def open_stream(request: Request) -> Response:
     except ValidationError as error:
         raise Problem.from_validation(error) from None
     except IdempotencyConflict:
-        raise Problem("conflict", "idempotency_key already opened a stream with a different query or candidates",
-                      field="idempotency_key") from None
+        raise Problem(
+            "conflict",
+            "idempotency_key already opened a stream with a different query or candidates",
+            field="idempotency_key",
+        ) from None
     return _json(Opened(stream_id=stream_id), 201, stream_id)
 
 
@@ -156,12 +172,15 @@ async def read_events(request: Request) -> Response:
     after = request.headers.get("last-event-id", "0-0")
     # Redis stream ids are two unsigned 64-bit numbers: a larger one is refused here, not by Redis.
     if not _EVENT_ID.fullmatch(after) or any(int(part) >= 2**64 for part in after.split("-")):
-        raise Problem("malformed", "Last-Event-ID: must be an event id this stream sent (digits-digits)",
-                      field="Last-Event-ID")
+        raise Problem(
+            "malformed", "Last-Event-ID: must be an event id this stream sent (digits-digits)", field="Last-Event-ID"
+        )
     await gateway.bridge.check_owner(principal, stream_id)
-    return StreamingResponse(_sse(gateway, stream_id, after.encode()), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                      STREAM_HEADER: stream_id})
+    return StreamingResponse(
+        _sse(gateway, stream_id, after.encode()),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", STREAM_HEADER: stream_id},
+    )
 
 
 async def _sse(gateway: Gateway, stream_id: str, after: bytes) -> AsyncIterator[bytes]:

@@ -72,10 +72,18 @@ class TeiError(msgspec.Struct):
 
 
 STATUS: dict[str, tuple[int, ErrorType]] = {
-    "invalid": (422, "Validation"), "malformed": (422, "Validation"), "empty": (400, "Empty"),
-    "too_many": (413, "Validation"), "too_large": (413, "Validation"), "forbidden": (403, "Validation"),
-    "not_found": (404, "Validation"), "conflict": (409, "Validation"), "overloaded": (429, "Overloaded"),
-    "failed": (424, "Backend"), "timeout": (504, "Backend"), "unavailable": (503, "Unhealthy"),
+    "invalid": (422, "Validation"),
+    "malformed": (422, "Validation"),
+    "empty": (400, "Empty"),
+    "too_many": (413, "Validation"),
+    "too_large": (413, "Validation"),
+    "forbidden": (403, "Validation"),
+    "not_found": (404, "Validation"),
+    "conflict": (409, "Validation"),
+    "overloaded": (429, "Overloaded"),
+    "failed": (424, "Backend"),
+    "timeout": (504, "Backend"),
+    "unavailable": (503, "Unhealthy"),
 }
 
 
@@ -83,8 +91,11 @@ def render(problem: Problem) -> Response:
     if problem.kind == "unauthenticated":
         return Response(status_code=401)
     status, error_type = STATUS[problem.kind]
-    return Response(msgspec.json.encode(TeiError(error=problem.message, error_type=error_type)),
-                    status_code=status, media_type="application/json")
+    return Response(
+        msgspec.json.encode(TeiError(error=problem.message, error_type=error_type)),
+        status_code=status,
+        media_type="application/json",
+    )
 
 
 def raw(score: float) -> float:
@@ -106,16 +117,27 @@ async def rerank(request: Request) -> Response:
         raise Problem("empty", "`texts` cannot be empty", field="texts")
     limit = gateway.config.documents(gateway.settings)
     if len(payload.texts) > limit:
-        raise Problem("too_many", f"batch size {len(payload.texts)} > maximum allowed batch size {limit}",
-                      field="texts")
+        raise Problem(
+            "too_many", f"batch size {len(payload.texts)} > maximum allowed batch size {limit}", field="texts"
+        )
     gateway.check_documents(payload.texts, "texts")
     job = gateway.job(payload.query, payload.texts, device, principal, instruction=payload.instruction)
     if payload.truncate is False:
         for i, text in enumerate(payload.texts):
             if len(text) > job.document_budget:
-                raise Problem("invalid", f"texts[{i}]: {len(text)} characters, longer than the {job.document_budget} "
-                                         "this server reranks; send truncate: true to cut it", field=f"texts[{i}]")
+                raise Problem(
+                    "invalid",
+                    f"texts[{i}]: {len(text)} characters, longer than the {job.document_budget} "
+                    "this server reranks; send truncate: true to cut it",
+                    field=f"texts[{i}]",
+                )
     stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
-    ranks = [TeiRank(index=s.index, score=raw(s.score) if payload.raw_scores else s.score,
-                     text=payload.texts[s.index] if payload.return_text else msgspec.UNSET) for s in scores]
+    ranks = [
+        TeiRank(
+            index=s.index,
+            score=raw(s.score) if payload.raw_scores else s.score,
+            text=payload.texts[s.index] if payload.return_text else msgspec.UNSET,
+        )
+        for s in scores
+    ]
     return Response(msgspec.json.encode(ranks), media_type="application/json", headers={STREAM_HEADER: stream_id})

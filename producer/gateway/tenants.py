@@ -84,8 +84,12 @@ class TenantShares:
         else:
             counts, limit, what = self.requests, self.max_requests, "requests in flight"
         if counts[tenant] >= limit:
-            await self._refuse(scope, receive, send, f"too many {what} for this API key's tenant "
-                                                     f"(at most {limit} at once); retry after {RETRY_AFTER_S} s")
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                f"too many {what} for this API key's tenant (at most {limit} at once); retry after {RETRY_AFTER_S} s",
+            )
             return
         counts[tenant] += 1
         try:

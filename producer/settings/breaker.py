@@ -12,7 +12,9 @@ from producer.settings.types import PositiveFloat, PositiveInt, doc
 class BreakerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prefix: ClassVar[str] = "BREAKER_"
 
-    failures: Annotated[PositiveInt, doc("a remote member that fails this many times in a row is skipped, "
-                                         "by every worker process")] = 3
-    cooldown_s: Annotated[PositiveFloat, doc("how long an open breaker skips its member before one probe "
-                                             "call is let through")] = 30.0
+    failures: Annotated[
+        PositiveInt, doc("a remote member that fails this many times in a row is skipped, by every worker process")
+    ] = 3
+    cooldown_s: Annotated[
+        PositiveFloat, doc("how long an open breaker skips its member before one probe call is let through")
+    ] = 30.0

@@ -22,22 +22,31 @@ class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     profiles: dict[str, list[int]] = {}
     # An answer whose scores span less than flat_range across at least flat_min_window
     # documents is a broken model, not a judgement.
-    flat_min_window: Annotated[PositiveInt, doc("scores flat across a window of at least this many documents "
-                                                "are refused")] = 8
+    flat_min_window: Annotated[
+        PositiveInt, doc("scores flat across a window of at least this many documents are refused")
+    ] = 8
     flat_range: Annotated[NonNegativeFloat, doc("scores whose range is under this are flat")] = 1e-6
-    member_restart_s: Annotated[PositiveFloat, doc("a member that failed to start (a missing model) is tried "
-                                                   "again after this long")] = 30.0
-    pair_cache: Annotated[bool, doc("keep each (member, query, document) score in Redis, so a repeat is "
-                                    "not paid for twice")] = True
+    member_restart_s: Annotated[
+        PositiveFloat, doc("a member that failed to start (a missing model) is tried again after this long")
+    ] = 30.0
+    pair_cache: Annotated[
+        bool, doc("keep each (member, query, document) score in Redis, so a repeat is not paid for twice")
+    ] = True
     # Where a stream has a tenant its pair scores are that tenant's own: a hit would tell one
     # tenant what another sent. A member with send_tenant stays per tenant either way.
-    pair_cache_shared_across_tenants: Annotated[bool, doc("share cached pair scores across tenants (one fleet, "
-                                                          "one trust domain)")] = False
+    pair_cache_shared_across_tenants: Annotated[
+        bool, doc("share cached pair scores across tenants (one fleet, one trust domain)")
+    ] = False
     cache_ttl_s: Annotated[PositiveInt, doc("how long a cached pair score is kept")] = 86400
 
     # Written by rerankq calibrate: per-member maps from score to P(relevant).
-    calibration: Annotated[str | None, doc("a calibration file (rerankq calibrate writes one): each member's "
-                                           "scores mapped to the probability of relevance")] = None
+    calibration: Annotated[
+        str | None,
+        doc(
+            "a calibration file (rerankq calibrate writes one): each member's "
+            "scores mapped to the probability of relevance"
+        ),
+    ] = None
     #: A chain profile's own calibration file: RERANKQ_CALIBRATION_<PROFILE>=path -> {"profile": path}.
     calibration_profiles: dict[str, str] = {}
 

@@ -13,15 +13,21 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prefix: ClassVar[str] = ""
 
     # Each reduced precision is kept only if a ranking-parity probe at load passes.
-    precision: Annotated[Literal["auto", "fp32", "bf16", "fp16"],
-                         doc("auto: bf16 on CPUs with native bf16 (AMX, avx512_bf16), fp16 on CUDA, "
-                             "each kept only at ranking parity")] = "auto"
+    precision: Annotated[
+        Literal["auto", "fp32", "bf16", "fp16"],
+        doc("auto: bf16 on CPUs with native bf16 (AMX, avx512_bf16), fp16 on CUDA, each kept only at ranking parity"),
+    ] = "auto"
     # Batches are sized by padded tokens, not pair count, so short documents share a batch
     # and long ones do not pad it.
-    token_budget: Annotated[PositiveInt | None, doc("padded tokens per forward batch (default 8192 on a CPU, "
-                                                    "65536 on CUDA)")] = None
-    coalesce: Annotated[bool | None, doc("score windows of many streams in one forward pass (default: on "
-                                         "for the GPU worker and the threads pool, off for prefork)")] = None
-    coalesce_delay_ms: Annotated[PositiveFloat, doc("how long a coalesced batch waits for more "
-                                                    "windows")] = 5.0
+    token_budget: Annotated[
+        PositiveInt | None, doc("padded tokens per forward batch (default 8192 on a CPU, 65536 on CUDA)")
+    ] = None
+    coalesce: Annotated[
+        bool | None,
+        doc(
+            "score windows of many streams in one forward pass (default: on "
+            "for the GPU worker and the threads pool, off for prefork)"
+        ),
+    ] = None
+    coalesce_delay_ms: Annotated[PositiveFloat, doc("how long a coalesced batch waits for more windows")] = 5.0
     coalesce_max_pairs: Annotated[PositiveInt, doc("pairs at which a coalesced batch closes")] = 256

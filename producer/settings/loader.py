@@ -52,8 +52,11 @@ _CALIBRATION_PROFILE = re.compile(rf"{CALIBRATION_PROFILE_PREFIX}([A-Za-z0-9_]{{
 #: Sections where an empty variable means "unset" (the default), as the gateway has always read them.
 _BLANK_IS_UNSET = {"gateway"}
 #: Keyword overrides for the fields read from a family of variables.
-FAMILIES = {"members": "chain.members", "chain_profiles": "chain.profiles",
-            "calibration_profiles": "chain.calibration_profiles"}
+FAMILIES = {
+    "members": "chain.members",
+    "chain_profiles": "chain.profiles",
+    "calibration_profiles": "chain.calibration_profiles",
+}
 
 DEFAULT = "default"
 ENVIRONMENT = "environment"
@@ -87,8 +90,12 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         for name, value in _read_file(path).items():
             given[name] = (value, FILE)
     for name, value in environ.items():
-        if (name.startswith(PREFIX) and name != CONFIG_FILE and name not in DEPLOYMENT_NAMES
-                and _IDENTIFIER.fullmatch(name)):
+        if (
+            name.startswith(PREFIX)
+            and name != CONFIG_FILE
+            and name not in DEPLOYMENT_NAMES
+            and _IDENTIFIER.fullmatch(name)
+        ):
             given[name] = (value, ENVIRONMENT)
 
     raw: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
@@ -107,9 +114,12 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
         elif (match := _MEMBER.fullmatch(name)) and match.group(2).lower() in MEMBER_FIELDS:
             index, member_field = int(match.group(1) or 0), match.group(2).lower()
             if (index, member_field) in member_names:
-                raise ConfigError(name, f"set as well as {member_names[index, member_field]}; both are member "
-                                        f"{index}'s {member_field.upper()} (RERANKQ_RERANKER_0_* is member 0): "
-                                        "set one")
+                raise ConfigError(
+                    name,
+                    f"set as well as {member_names[index, member_field]}; both are member "
+                    f"{index}'s {member_field.upper()} (RERANKQ_RERANKER_0_* is member 0): "
+                    "set one",
+                )
             member_names[index, member_field] = name
             # Kept as given: an empty member value may mean something (INSTRUCTION_FIELD= is "none").
             member_raw.setdefault(index, {})[member_field] = value
@@ -157,8 +167,12 @@ def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
             continue
         values = raw[section]
         if section == "chain":
-            values = {**values, "profiles": profiles, "calibration_profiles": calibration_profiles,
-                      "members": members if members is not None else _members(member_raw, member_names)}
+            values = {
+                **values,
+                "profiles": profiles,
+                "calibration_profiles": calibration_profiles,
+                "members": members if members is not None else _members(member_raw, member_names),
+            }
         sections[section] = _convert(values, struct, lambda f, s=section: _field_variable(s, f, loaded))
     settings = Settings(**sections)
     check(settings, member_names)
@@ -176,9 +190,13 @@ def override(settings: Settings, **overrides: Any) -> Settings:
             raise TypeError(f"override() got an unknown setting {key!r}")
         section, _, name = paths[key].partition(".")
         changed.setdefault(section, {})[name] = value
-    return msgspec.structs.replace(settings, **{
-        section: msgspec.structs.replace(getattr(settings, section), **fields) for section, fields in changed.items()
-    })
+    return msgspec.structs.replace(
+        settings,
+        **{
+            section: msgspec.structs.replace(getattr(settings, section), **fields)
+            for section, fields in changed.items()
+        },
+    )
 
 
 def unknown_message(name: str) -> str:
@@ -188,8 +206,8 @@ def unknown_message(name: str) -> str:
     if match:
         candidates += [f"{match.group(0)}{f.upper()}" for f in MEMBER_FIELDS]
     # Compared without the prefix every name shares, which would make anything look close.
-    by_suffix = {c[len(PREFIX):]: c for c in candidates}
-    close = difflib.get_close_matches(name[len(PREFIX):], list(by_suffix), n=1, cutoff=0.7)
+    by_suffix = {c[len(PREFIX) :]: c for c in candidates}
+    close = difflib.get_close_matches(name[len(PREFIX) :], list(by_suffix), n=1, cutoff=0.7)
     if close:
         return f"unknown setting; did you mean {by_suffix[close[0]]}?"
     return "unknown setting (rerankq config lists them all; docs/configuration.md describes them)"
@@ -236,12 +254,14 @@ def _members(raw: dict[int, dict[str, Any]], names: dict[tuple[int, str], str]) 
         if fields is None and index > 0:
             later = min(i for i in raw if i > index)
             first = names[next(key for key in sorted(names) if key[0] == later)]
-            raise ConfigError(first, f"is set but {member_variable(index, 'provider')} is not; "
-                                     "members are contiguous from 1")
+            raise ConfigError(
+                first, f"is set but {member_variable(index, 'provider')} is not; members are contiguous from 1"
+            )
         if index > 0 and fields is not None and "provider" not in fields:  # a gap raised above
             raise ConfigError(member_variable(index, "provider"), "is required when any member setting is given")
-        members.append(_convert(fields or {}, MemberSettings,
-                                lambda f, i=index: names.get((i, f)) or member_variable(i, f)))
+        members.append(
+            _convert(fields or {}, MemberSettings, lambda f, i=index: names.get((i, f)) or member_variable(i, f))
+        )
     return members
 
 
@@ -264,5 +284,5 @@ def _convert(raw: Mapping[str, Any], type_: type, variable_of: Any) -> Any:
         field = error.field.split(".", 1)[0].split("[", 1)[0]
         message = error.message
         if message.startswith("Expected "):
-            message = "must be " + message[len("Expected "):].replace("`", "")
+            message = "must be " + message[len("Expected ") :].replace("`", "")
         raise ConfigError(variable_of(field) if field else "RERANKQ_*", message) from None

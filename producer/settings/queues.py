@@ -16,19 +16,29 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gpu_queue: Annotated[Name, doc("the GPU workers' queue")] = "rerankq.gpu"
     any_queue: Annotated[Name, doc("the queue every worker also serves (a stream's device=any)")] = "rerankq.any"
     max_attempts: Annotated[PositiveInt, doc("deliveries of one window before it commits as failed")] = 3
-    redeliver_after_s: Annotated[PositiveInt, doc("an admitted window not committed by then is sent again "
-                                                  "(its lease and time limit)")] = 300
-    visibility_timeout_s: Annotated[PositiveInt, doc("Redis broker only: Celery's visibility timeout; must "
-                                                     "exceed RERANKQ_REDELIVER_AFTER_S")] = 3600
+    redeliver_after_s: Annotated[
+        PositiveInt, doc("an admitted window not committed by then is sent again (its lease and time limit)")
+    ] = 300
+    visibility_timeout_s: Annotated[
+        PositiveInt, doc("Redis broker only: Celery's visibility timeout; must exceed RERANKQ_REDELIVER_AFTER_S")
+    ] = 3600
     # Asked per consumer where the server allows it (3.11.15+), else the server's own
     # consumer_timeout as the operator set it (RabbitMQ's default is 30 minutes).
-    amqp_consumer_timeout_s: Annotated[PositiveInt, doc("RabbitMQ broker only: the delivery acknowledgement "
-                                                        "timeout; must exceed RERANKQ_REDELIVER_AFTER_S")] = 1800
-    queued_max_age_s: Annotated[PositiveInt, doc("RabbitMQ broker only: how long the sweep trusts that a "
-                                                 "window's message is still queued before it sends it "
-                                                 "again")] = 3600
-    sweep_interval_s: Annotated[PositiveFloat, doc("how often the workers' sweep re-sends overdue windows "
-                                                   "(one worker at a time)")] = 30.0
+    amqp_consumer_timeout_s: Annotated[
+        PositiveInt,
+        doc("RabbitMQ broker only: the delivery acknowledgement timeout; must exceed RERANKQ_REDELIVER_AFTER_S"),
+    ] = 1800
+    queued_max_age_s: Annotated[
+        PositiveInt,
+        doc(
+            "RabbitMQ broker only: how long the sweep trusts that a "
+            "window's message is still queued before it sends it "
+            "again"
+        ),
+    ] = 3600
+    sweep_interval_s: Annotated[
+        PositiveFloat, doc("how often the workers' sweep re-sends overdue windows (one worker at a time)")
+    ] = 30.0
 
     def queue_for(self, device: str) -> str:
         return {"cpu": self.cpu_queue, "gpu": self.gpu_queue, "any": self.any_queue}[device]

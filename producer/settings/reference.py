@@ -25,8 +25,10 @@ from producer.settings.variables import (
     variable_name,
 )
 
-DEPLOYMENT_ROWS = "\n".join(f"| `{name}` | str | unset | not read by rerankq (accepted and ignored): {what} |"
-                            for name, what in DEPLOYMENT_NAMES.items())
+DEPLOYMENT_ROWS = "\n".join(
+    f"| `{name}` | str | unset | not read by rerankq (accepted and ignored): {what} |"
+    for name, what in DEPLOYMENT_NAMES.items()
+)
 
 INTRO = f"""\
 # Configuration
@@ -75,8 +77,10 @@ def _default(value: Any) -> str:
 def _rows(fields: list[Field], name_of: Any) -> list[str]:
     lines = ["| variable | type | default | description |", "| --- | --- | --- | --- |"]
     for field in fields:
-        lines.append(f"| `{name_of(field.name)}` | {_cell(type_text(field.annotation))} | "
-                     f"{_cell(_default(field.default))} | {_cell(field.description)} |")
+        lines.append(
+            f"| `{name_of(field.name)}` | {_cell(type_text(field.annotation))} | "
+            f"{_cell(_default(field.default))} | {_cell(field.description)} |"
+        )
     return lines
 
 
@@ -88,8 +92,7 @@ def _summary(struct: type) -> str:
 def render() -> str:
     out = [INTRO]
     for section, struct in SECTIONS.items():
-        out += [f"## {section}", "", _summary(struct), "",
-                f"Field paths: `settings.{section}.<field>`.", ""]
+        out += [f"## {section}", "", _summary(struct), "", f"Field paths: `settings.{section}.<field>`.", ""]
         out += _rows(struct_fields(struct), lambda name, s=section: variable_name(s, name))
         out.append("")
         if section == "chain":
@@ -99,7 +102,8 @@ def render() -> str:
 
 def _members() -> list[str]:
     lines = [
-        "### chain members", "",
+        "### chain members",
+        "",
         f"Member 0 is `{MEMBER_PREFIX}<FIELD>` (or `{MEMBER_PREFIX}0_<FIELD>`, the same member: setting",
         f"both is an error); member n is `{MEMBER_PREFIX}<n>_<FIELD>`, contiguous from 1, each with its",
         "own `PROVIDER`. A member is read in isolation: it inherits nothing from another. With no member",
@@ -114,12 +118,16 @@ def _members() -> list[str]:
     ]
     lines += _rows(list(MEMBER_FIELDS.values()), lambda name: MEMBER_PREFIX + name.upper())
     lines += [
-        "", "### chain profiles", "",
+        "",
+        "### chain profiles",
+        "",
         f"`{CHAIN_PROFILE_PREFIX}<NAME>`: the member indexes a stream asking for chain `<name>` is served by,",
         f"in the order tried (`{CHAIN_PROFILE_PREFIX}PRIVATE=0,2`). A stream naming a profile that is not",
-        "configured fails rather than falling back to the whole chain.", "",
+        "configured fails rather than falling back to the whole chain.",
+        "",
         f"`{CALIBRATION_PROFILE_PREFIX}<PROFILE>`: a calibration file of the chain profile's own, used for",
-        "streams of that profile instead of `RERANKQ_CALIBRATION`; the profile must be configured.", "",
+        "streams of that profile instead of `RERANKQ_CALIBRATION`; the profile must be configured.",
+        "",
     ]
     return lines
 

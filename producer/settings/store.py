@@ -14,11 +14,21 @@ from producer.settings.types import Name, doc
 class StoreSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prefix: ClassVar[str] = ""
 
-    redis_url: Annotated[str | None, doc("the store: redis://, rediss:// (TLS), unix://, redis+sentinel:// or "
-                                         "redis+cluster://; a password in the URL is never logged")] = None
-    broker_url: Annotated[str | None, doc("the Celery broker, if it differs from the store (required with "
-                                          "redis+cluster://): another Redis, redis+sentinel://, amqp://, "
-                                          "amqps://")] = None
+    redis_url: Annotated[
+        str | None,
+        doc(
+            "the store: redis://, rediss:// (TLS), unix://, redis+sentinel:// or "
+            "redis+cluster://; a password in the URL is never logged"
+        ),
+    ] = None
+    broker_url: Annotated[
+        str | None,
+        doc(
+            "the Celery broker, if it differs from the store (required with "
+            "redis+cluster://): another Redis, redis+sentinel://, amqp://, "
+            "amqps://"
+        ),
+    ] = None
     namespace: Annotated[Name, doc("prefix of every key rerankq writes")] = "rerankq"
 
     @property

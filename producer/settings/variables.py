@@ -79,8 +79,11 @@ def struct_fields(struct: type[msgspec.Struct]) -> list[Field]:
     hints = typing.get_type_hints(struct, include_extras=True)
     info = {f.name: f for f in msgspec.structs.fields(struct)}
     families = getattr(struct, "families", ())
-    return [Field(name, hints[name], info[name].default, _description(hints[name]))
-            for name in struct.__struct_fields__ if name not in families]
+    return [
+        Field(name, hints[name], info[name].default, _description(hints[name]))
+        for name in struct.__struct_fields__
+        if name not in families
+    ]
 
 
 def section_prefix(section: str) -> str:
@@ -110,7 +113,7 @@ VARIABLES: dict[str, Variable] = _variables()
 BY_PATH: dict[str, Variable] = {v.path: v for v in VARIABLES.values()}
 MEMBER_FIELDS: dict[str, Field] = {f.name: f for f in struct_fields(MemberSettings)}
 #: ``load_settings`` keyword -> field path: the variable's name without the prefix, lower case.
-OVERRIDES: dict[str, str] = {name[len(PREFIX):].lower(): v.path for name, v in VARIABLES.items()}
+OVERRIDES: dict[str, str] = {name[len(PREFIX) :].lower(): v.path for name, v in VARIABLES.items()}
 
 
 def variable(path: str) -> str:
@@ -152,8 +155,9 @@ def type_text(annotation: Any) -> str:
     elif origin is Literal:
         text = " | ".join(str(a) for a in typing.get_args(annotation))
     else:
-        text = {"Secret": "secret"}.get(getattr(annotation, "__name__", ""), getattr(annotation, "__name__",
-                                                                                       str(annotation)))
+        text = {"Secret": "secret"}.get(
+            getattr(annotation, "__name__", ""), getattr(annotation, "__name__", str(annotation))
+        )
     return f"{text} {' '.join(limits)}" if limits else text
 
 

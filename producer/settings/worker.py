@@ -14,10 +14,11 @@ class WorkerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     device: Annotated[str, doc("cpu, cuda, cuda:N, mps (a --device gpu worker sets cuda)")] = "cpu"
     worker_processes: Annotated[PositiveInt | None, doc("CPU worker processes (default 1)")] = None
-    torch_threads: Annotated[PositiveInt | None, doc("torch threads per process (default: cores / "
-                                                     "processes)")] = None
+    torch_threads: Annotated[PositiveInt | None, doc("torch threads per process (default: cores / processes)")] = None
     # A soft shutdown is SIGQUIT, or SIGTERM with REMAP_SIGTERM=SIGQUIT.
-    soft_shutdown_s: Annotated[PositiveFloat, doc("on a soft shutdown, running windows get this long to "
-                                                  "commit before they are cancelled and requeued")] = 20.0
+    soft_shutdown_s: Annotated[
+        PositiveFloat,
+        doc("on a soft shutdown, running windows get this long to commit before they are cancelled and requeued"),
+    ] = 20.0
     task_events: Annotated[bool, doc("Celery task events (and worker heartbeats), for Flower")] = False
     log_level: Annotated[str, doc("worker log level (rerankq worker --loglevel overrides it)")] = "INFO"

@@ -25,9 +25,9 @@ IDLE_TTL_MS = 3_600_000
 
 
 class Gate(enum.Enum):
-    CALL = 1    # closed: call the member
-    PROBE = 2   # half-open, and this caller holds the one probe
-    SKIP = 0    # open, or another process holds the probe
+    CALL = 1  # closed: call the member
+    PROBE = 2  # half-open, and this caller holds the one probe
+    SKIP = 0  # open, or another process holds the probe
 
 
 def breaker_id(label: str, member: MemberSettings) -> str:
@@ -52,8 +52,12 @@ class Breaker:
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings) -> Breaker:
-        return cls(client, Keys(settings.store.namespace), failures=settings.breaker.failures,
-                   cooldown_s=settings.breaker.cooldown_s)
+        return cls(
+            client,
+            Keys(settings.store.namespace),
+            failures=settings.breaker.failures,
+            cooldown_s=settings.breaker.cooldown_s,
+        )
 
     def _run(self, member: str, command: str, *args: int) -> object:
         return self._script(keys=[self.keys.breaker(member)], args=[command, _now_ms(), *args])

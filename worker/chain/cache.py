@@ -107,15 +107,17 @@ def _instructed(parts: list[object], instruction: str | None) -> list[object]:
     return parts if instruction is None else [*parts, ["instruction", instruction]]
 
 
-def pair_digest(identity: str, query: str, document: str, *, tenant: str | None = None,
-                instruction: str | None = None) -> str:
+def pair_digest(
+    identity: str, query: str, document: str, *, tenant: str | None = None, instruction: str | None = None
+) -> str:
     # msgpack framing keeps the parts apart: no separator can be forged by a document.
     parts = _instructed([identity, tenant, query, document], instruction)
     return hashlib.blake2b(_encode(parts), digest_size=20).hexdigest()
 
 
-def window_digest(identity: str, query: str, documents: Sequence[str], *, tenant: str | None = None,
-                  instruction: str | None = None) -> str:
+def window_digest(
+    identity: str, query: str, documents: Sequence[str], *, tenant: str | None = None, instruction: str | None = None
+) -> str:
     # The leading tag and the list keep a window's digest apart from any pair's.
     parts = _instructed(["window", identity, tenant, query, list(documents)], instruction)
     return hashlib.blake2b(_encode(parts), digest_size=20).hexdigest()
@@ -124,10 +126,18 @@ def window_digest(identity: str, query: str, documents: Sequence[str], *, tenant
 class CachedProvider:
     """Serves answers given before from Redis; sends only what it has not seen to the provider."""
 
-    def __init__(self, inner: Provider, *, member: MemberSettings, client: redis.Redis, keys: Keys, ttl_s: int,
-                 count: Callable[..., None] | None = None,
-                 on_counted: Callable[[int, int], None] | None = None,
-                 shared_across_tenants: bool = False) -> None:
+    def __init__(
+        self,
+        inner: Provider,
+        *,
+        member: MemberSettings,
+        client: redis.Redis,
+        keys: Keys,
+        ttl_s: int,
+        count: Callable[..., None] | None = None,
+        on_counted: Callable[[int, int], None] | None = None,
+        shared_across_tenants: bool = False,
+    ) -> None:
         """``count(name, n, then=...)`` adds to the store's counters and calls ``then()`` once
         counted; ``on_counted(hits, misses)`` hears of every count the store has taken (the
         metrics count at the same points)."""
@@ -159,8 +169,12 @@ class CachedProvider:
             return self._score_window(request, deadline=deadline)
         documents = list(request.documents)
         tenant = self._tenant(request)
-        keys = [self.keys.pair_score(pair_digest(self.identity, request.query, d, tenant=tenant,
-                                                 instruction=request.instruction)) for d in documents]
+        keys = [
+            self.keys.pair_score(
+                pair_digest(self.identity, request.query, d, tenant=tenant, instruction=request.instruction)
+            )
+            for d in documents
+        ]
         scores: list[float | None] = [None] * len(documents)
         misses: list[int] = []
         for i, raw in enumerate(self._read(keys)):
@@ -178,14 +192,22 @@ class CachedProvider:
             return fresh  # let the chain's checks reject a wrong-length answer as they would uncached
         for i, value in zip(misses, fresh):
             scores[i] = value
-        self._write({keys[i]: _DOUBLE.pack(value) for i, value in zip(misses, fresh) if _cacheable(value)},
-                    hits, len(misses))
+        self._write(
+            {keys[i]: _DOUBLE.pack(value) for i, value in zip(misses, fresh) if _cacheable(value)}, hits, len(misses)
+        )
         return scores
 
     def _score_window(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         n = len(request.documents)
-        key = self.keys.window_answer(window_digest(self.identity, request.query, request.documents,
-                                                 tenant=self._tenant(request), instruction=request.instruction))
+        key = self.keys.window_answer(
+            window_digest(
+                self.identity,
+                request.query,
+                request.documents,
+                tenant=self._tenant(request),
+                instruction=request.instruction,
+            )
+        )
         raw = self._read([key])[0]
         if raw is not None:
             try:
@@ -227,9 +249,13 @@ class CachedProvider:
                 # With the window's commit (worker.side_writes): one round trip less per window.
                 keys = [self.keys.counters_for(None), *values]
                 args = [self.ttl_s, hits, misses, *values.values()]
-                write(SideWrite(queue=lambda pipe: pipe.evalsha(self._set_script.sha, len(keys), *keys, *args),
-                                run=lambda: self._set_script(keys=keys, args=args),
-                                done=lambda _reply: self._on_counted(hits, misses)))
+                write(
+                    SideWrite(
+                        queue=lambda pipe: pipe.evalsha(self._set_script.sha, len(keys), *keys, *args),
+                        run=lambda: self._set_script(keys=keys, args=args),
+                        done=lambda _reply: self._on_counted(hits, misses),
+                    )
+                )
                 return
         except redis.RedisError:
             return  # a score not cached is paid for again later, nothing worse (and not counted)

@@ -86,8 +86,9 @@ class Member:
     model is missing is not reloaded on every window.
     """
 
-    def __init__(self, index: int, settings: MemberSettings, build: Callable[[], Provider],
-                 *, restart_s: float = 30.0) -> None:
+    def __init__(
+        self, index: int, settings: MemberSettings, build: Callable[[], Provider], *, restart_s: float = 30.0
+    ) -> None:
         self.index = index
         self.settings = settings
         self.label = f"{index}:{settings.provider}"
@@ -156,8 +157,14 @@ class Member:
         self._last_error = exc
         field_name = getattr(exc, "field", None)
         named = {"variable": member_variable(self.index, field_name)} if isinstance(field_name, str) else {}
-        log.warning("member_start_failed", member=self.label, reason=exc.reason, detail=exc.detail,
-                    retry_in_s=self.restart_s, **named)
+        log.warning(
+            "member_start_failed",
+            member=self.label,
+            reason=exc.reason,
+            detail=exc.detail,
+            retry_in_s=self.restart_s,
+            **named,
+        )
 
     def close(self) -> None:
         if self._provider is not None:
@@ -202,11 +209,14 @@ class Chain:
 
         def builder(member: Member) -> Callable[[], Provider]:
             def build() -> Provider:
-                checked = CheckedProvider(build_provider(member.settings, settings),
-                                          flat_min_window=settings.chain.flat_min_window,
-                                          flat_range=settings.chain.flat_range)
+                checked = CheckedProvider(
+                    build_provider(member.settings, settings),
+                    flat_min_window=settings.chain.flat_min_window,
+                    flat_range=settings.chain.flat_range,
+                )
                 member.remote, member.checked = checked.remote, checked
                 return wrap(member.index, member.settings, checked) if wrap else checked
+
             return build
 
         members = []
@@ -222,8 +232,12 @@ class Chain:
             if redis_client is None and url:
                 redis_client = owned = connect(url)
             if redis_client is not None:
-                kwargs["breaker"] = Breaker(redis_client, Keys(settings.store.namespace),
-                                            failures=settings.breaker.failures, cooldown_s=settings.breaker.cooldown_s)
+                kwargs["breaker"] = Breaker(
+                    redis_client,
+                    Keys(settings.store.namespace),
+                    failures=settings.breaker.failures,
+                    cooldown_s=settings.breaker.cooldown_s,
+                )
         kwargs.setdefault("flat_min_window", settings.chain.flat_min_window)
         kwargs.setdefault("flat_range", settings.chain.flat_range)
         kwargs.setdefault("profiles", settings.chain.profiles)
@@ -247,9 +261,12 @@ class Chain:
         scoring = [m for m in self.members if m.settings.provider != "rrf"]
         if scoring and all(m.label in failed for m in scoring):
             fallback = next((m.label for m in self.members if m.settings.provider == "rrf"), None)
-            log.error("no_scoring_member_started", members={m.label: failed[m.label] for m in scoring},
-                      windows_served_by=fallback or "nobody: windows are committed as failed",
-                      retry_in_s=max(m.restart_s for m in scoring))
+            log.error(
+                "no_scoring_member_started",
+                members={m.label: failed[m.label] for m in scoring},
+                windows_served_by=fallback or "nobody: windows are committed as failed",
+                retry_in_s=max(m.restart_s for m in scoring),
+            )
 
     def members_for(self, profile: str | None) -> list[Member] | None:
         """The members a stream's chain profile selects, in its order; None if it is not configured."""
@@ -276,8 +293,15 @@ class Chain:
             # Only the reason, a label of our own, is committed with the window; the detail
             # (our words, never a server's body) goes to the log line alone.
             failovers.append(f"{member.label}: {reason}")
-            log.warning("reranker_failover", member=member.label, reason=reason, detail=detail,
-                        stream=request.stream_id, window=request.window, **named)
+            log.warning(
+                "reranker_failover",
+                member=member.label,
+                reason=reason,
+                detail=detail,
+                stream=request.stream_id,
+                window=request.window,
+                **named,
+            )
             self._on_failover(member.label, reason)
 
         for member in members:
@@ -289,8 +313,11 @@ class Chain:
                 continue
             gate = self._acquire(member)
             if gate is Gate.SKIP:
-                fail_over(member, "breaker_open", "skipped without a call; another process holds the probe"
-                          " or the cooldown has not passed")
+                fail_over(
+                    member,
+                    "breaker_open",
+                    "skipped without a call; another process holds the probe or the cooldown has not passed",
+                )
                 continue
             if member.checked is not None:
                 member.checked.begin()
@@ -299,8 +326,13 @@ class Chain:
                 deadline = time.monotonic() + member.settings.timeout_s
                 scores = provider.score(request, deadline=deadline)
                 # Again over the whole answer: cached and fresh scores together.
-                check_scores(scores, len(request.documents), scale=provider.scale,
-                             flat_min_window=self.flat_min_window, flat_range=self.flat_range)
+                check_scores(
+                    scores,
+                    len(request.documents),
+                    scale=provider.scale,
+                    flat_min_window=self.flat_min_window,
+                    flat_range=self.flat_range,
+                )
             except ProviderError as exc:
                 self._record(member, ok=False, reason=exc.reason, request=request)
                 detail, named = explained(member.index, exc)
@@ -309,14 +341,21 @@ class Chain:
             self._record(member, ok=True, reason=None, request=request)
             # The raw provider's, beneath the cache and the meter (the checks forward it).
             embed = getattr(member.checked if member.checked is not None else provider, "embed", None)
-            ignored = (request.instruction is not None and provider.scale is not None
-                       and not member.uses_instructions)
-            return ChainOutcome(served_by=member.label, scale=provider.scale, scores=scores, failovers=failovers,
-                                embed=embed if callable(embed) else None,
-                                instruction_ignored_by=member.label if ignored else None,
-                                identity=member.identity if provider.scale is not None else None)
+            ignored = request.instruction is not None and provider.scale is not None and not member.uses_instructions
+            return ChainOutcome(
+                served_by=member.label,
+                scale=provider.scale,
+                scores=scores,
+                failovers=failovers,
+                embed=embed if callable(embed) else None,
+                instruction_ignored_by=member.label if ignored else None,
+                identity=member.identity if provider.scale is not None else None,
+            )
         return ChainOutcome(
-            served_by=None, scale=None, scores=None, failovers=failovers,
+            served_by=None,
+            scale=None,
+            scores=None,
+            failovers=failovers,
             reason="all members failed: " + "; ".join(failovers),
         )
 
@@ -354,12 +393,22 @@ class Chain:
                     if was != "closed":
                         log.info("breaker_closed", member=label, was=was)
 
-                write(SideWrite(queue=lambda pipe: breaker.queue_success(pipe, breaker_id),
-                                run=lambda: breaker.record_success(breaker_id), done=closed))
+                write(
+                    SideWrite(
+                        queue=lambda pipe: breaker.queue_success(pipe, breaker_id),
+                        run=lambda: breaker.record_success(breaker_id),
+                        done=closed,
+                    )
+                )
             elif self.breaker.record_failure(member.breaker_id) == "opened":
-                log.warning("breaker_opened", member=member.label, reason=reason,
-                            cooldown_s=self.breaker.cooldown_ms / 1000, stream=request.stream_id,
-                            window=request.window)
+                log.warning(
+                    "breaker_opened",
+                    member=member.label,
+                    reason=reason,
+                    cooldown_s=self.breaker.cooldown_ms / 1000,
+                    stream=request.stream_id,
+                    window=request.window,
+                )
         except redis.RedisError as exc:
             log.warning("breaker_unavailable", member=member.label, error=type(exc).__name__)
 

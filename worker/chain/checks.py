@@ -72,8 +72,13 @@ class CheckedProvider:
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         self._calls.made = True
         scores = self.inner.score(request, deadline=deadline)
-        check_scores(scores, len(request.documents), scale=self.inner.scale,
-                     flat_min_window=self.flat_min_window, flat_range=self.flat_range)
+        check_scores(
+            scores,
+            len(request.documents),
+            scale=self.inner.scale,
+            flat_min_window=self.flat_min_window,
+            flat_range=self.flat_range,
+        )
         return scores
 
     def close(self) -> None:

@@ -61,8 +61,17 @@ def unpack(blob: bytes, dims: int | None) -> list[float] | None:
 
 
 class EmbeddingCache:
-    def __init__(self, client: redis.Redis, keys: Keys, *, identity: str, ttl_s: int, per_tenant: bool,
-                 dims: int | None = None, on_counted: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        *,
+        identity: str,
+        ttl_s: int,
+        per_tenant: bool,
+        dims: int | None = None,
+        on_counted: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.identity = identity
@@ -110,8 +119,9 @@ class EmbeddingCache:
                 return
             # At once, not held for the window's commit: a vector is valid whatever becomes of
             # the window, and an attempt cut off by its lease then leaves its work to the next.
-            self._script(keys=[self.keys.counters_for(None), *values], args=[self.ttl_s, hits, misses,
-                                                                             *values.values()])
+            self._script(
+                keys=[self.keys.counters_for(None), *values], args=[self.ttl_s, hits, misses, *values.values()]
+            )
         except redis.RedisError:
             return  # a vector not kept is embedded again later, nothing worse
         self._on_counted(hits, misses)
@@ -129,8 +139,9 @@ class EmbeddingCache:
         cosine: dict[str, float] = {}
         fresh: dict[str, list[float]] = {}
         if missing:
-            for d, (c, vector) in zip(missing, provider.fresh(request.query, missing, deadline=deadline,
-                                                              prompt=prompt)):
+            for d, (c, vector) in zip(
+                missing, provider.fresh(request.query, missing, deadline=deadline, prompt=prompt)
+            ):
                 cosine[d], fresh[d] = c, vector
         kept = [d for d in distinct if d not in cosine]
         values = {self.key(d, tenant): pack(v) for d, v in fresh.items()}

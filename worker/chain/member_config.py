@@ -23,6 +23,7 @@ def check_member_config(index: int, member: MemberSettings, names: Mapping[str, 
     ``names``: field path -> the variable it was read from (``Loaded.names``), so member 0
     given as ``RERANKQ_RERANKER_0_URL`` is named so.
     """
+
     def name(field: str) -> str:
         return (names or {}).get(f"chain.members[{index}].{field}") or member_variable(index, field)
 

@@ -14,8 +14,9 @@ class MeteredProvider:
     """Counts ``provider_calls:<member>`` only when the provider itself is called, and tells
     the metrics of the call: its pairs, its time, its error and its retries."""
 
-    def __init__(self, inner: Provider, *, label: str, count: Callable[..., None],
-                 recorder: Recorder = NO_METRICS) -> None:
+    def __init__(
+        self, inner: Provider, *, label: str, count: Callable[..., None], recorder: Recorder = NO_METRICS
+    ) -> None:
         """``count(name, then=...)`` adds one to a store counter and calls ``then()`` once it is
         counted (with the window's commit, ``worker.side_writes``), where the metrics count too."""
         self.inner = inner
@@ -30,8 +31,10 @@ class MeteredProvider:
         return self.inner.scale
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        self._count(f"provider_calls:{self.label}",
-                    then=partial(self._recorder.provider_called, self.label, len(request.documents)))
+        self._count(
+            f"provider_calls:{self.label}",
+            then=partial(self._recorder.provider_called, self.label, len(request.documents)),
+        )
         token = retry_listener.set(self._on_retry)
         start = time.perf_counter()
         error: str | None = None

@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None, prog_name: str = "rerankq") -> int:
     """Run a command and return its exit status (the console script exits with it)."""
     _invoked[:] = sys.argv[1:] if argv is None else argv
     try:
-        result = cli.main(args=argv, prog_name=prog_name, standalone_mode=False,
-                          obj=Host(logging=stdlib_host_logging))
+        result = cli.main(args=argv, prog_name=prog_name, standalone_mode=False, obj=Host(logging=stdlib_host_logging))
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:  # usage errors are 2, others 1

@@ -44,29 +44,48 @@ def effective_rows(loaded: Any) -> list[Row]:
     rows = []
     for var in VARIABLES.values():
         value = getattr(getattr(settings, var.section), var.field.name)
-        rows.append(Row(path=var.path, variable=loaded.names.get(var.path, var.name), value=shown(var.path, value),
-                        source=loaded.sources.get(var.path, DEFAULT)))
+        rows.append(
+            Row(
+                path=var.path,
+                variable=loaded.names.get(var.path, var.name),
+                value=shown(var.path, value),
+                source=loaded.sources.get(var.path, DEFAULT),
+            )
+        )
     configured = bool(settings.chain.members)
     for index, member in enumerate(settings.chain.effective_members()):
         for name in MEMBER_FIELDS:
             path = f"chain.members[{index}].{name}"
             source = loaded.sources.get(path, loaded.sources.get("chain.members", DEFAULT))
-            rows.append(Row(path=path, variable=loaded.names.get(path, member_variable(index, name)),
-                            value=shown(path, getattr(member, name)),
-                            source=source if configured else "default chain"))
+            rows.append(
+                Row(
+                    path=path,
+                    variable=loaded.names.get(path, member_variable(index, name)),
+                    value=shown(path, getattr(member, name)),
+                    source=source if configured else "default chain",
+                )
+            )
     for name, indexes in settings.chain.profiles.items():
         path = f"chain.profiles.{name}"
-        rows.append(Row(path=path, variable=loaded.names.get(path, chain_profile_variable(name)),
-                        value=",".join(str(i) for i in indexes), source=loaded.sources.get(path, DEFAULT)))
+        rows.append(
+            Row(
+                path=path,
+                variable=loaded.names.get(path, chain_profile_variable(name)),
+                value=",".join(str(i) for i in indexes),
+                source=loaded.sources.get(path, DEFAULT),
+            )
+        )
     return rows
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rerankq config                          # every setting, its value and where it came from
   rerankq config --changed                # only what the environment or the file set
   rerankq config --json | jq '.settings[] | select(.source == "environment")'
-""")
+"""
+)
 @click.option("--changed", is_flag=True, help="only the settings not at their default")
 @json_option()
 def config(changed: bool, as_json: bool) -> int:

@@ -7,11 +7,13 @@ import click
 from worker.cli.common import json_option
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rerankq demo
   RERANKQ_RERANKER_MODEL=/models/ms-marco-MiniLM-L-6-v2 rerankq demo
-""")
+"""
+)
 @json_option("print the pages and windows as one JSON document")
 def demo(as_json: bool) -> int:
     """Start a private redis-server (unless RERANKQ_REDIS_URL is set) and a CPU worker, rerank a

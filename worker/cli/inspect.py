@@ -35,15 +35,25 @@ def queue_view(settings: Any) -> list[dict[str, Any]]:
         finally:
             amqp.close()
         # RabbitMQ tells how many wait, not how long the oldest has (that would take it off the queue).
-        return [{"device": devices[c.queue], "queue": c.queue, "lane": c.lane, "waiting": c.waiting,
-                 "oldest_age_s": None} for c in counts]
+        return [
+            {"device": devices[c.queue], "queue": c.queue, "lane": c.lane, "waiting": c.waiting, "oldest_age_s": None}
+            for c in counts
+        ]
     probe = QueueProbe(broker_client(settings.store.broker))
     try:
         depths = probe.lane_depths(list(devices))
     finally:
         probe.client.close()
-    return [{"device": devices[d.queue], "queue": d.queue, "lane": d.lane, "waiting": d.waiting,
-             "oldest_age_s": None if d.oldest_age_s is None else round(d.oldest_age_s, 3)} for d in depths]
+    return [
+        {
+            "device": devices[d.queue],
+            "queue": d.queue,
+            "lane": d.lane,
+            "waiting": d.waiting,
+            "oldest_age_s": None if d.oldest_age_s is None else round(d.oldest_age_s, 3),
+        }
+        for d in depths
+    ]
 
 
 def worker_view(rerank: Any, timeout_s: float) -> list[dict[str, Any]]:
@@ -58,8 +68,14 @@ def worker_view(rerank: Any, timeout_s: float) -> list[dict[str, Any]]:
                 # Alive, but an older worker without the command: say so rather than hide it.
                 answer = {"error": str(answer.get("error") if isinstance(answer, dict) else answer)}
             cards = read_cards(rerank.store.client, rerank.store.keys.worker_card(hostname))
-            workers.append({"hostname": hostname, "kind": device_kind(answer.get("device")), **answer,
-                            "processes": sorted(cards, key=lambda c: c.get("pid", 0))})
+            workers.append(
+                {
+                    "hostname": hostname,
+                    "kind": device_kind(answer.get("device")),
+                    **answer,
+                    "processes": sorted(cards, key=lambda c: c.get("pid", 0)),
+                }
+            )
     return sorted(workers, key=lambda w: (w["kind"], w["hostname"]))
 
 
@@ -79,8 +95,15 @@ def breaker_view(rerank: Any, workers: list[dict[str, Any]]) -> list[dict[str, A
         open_for = None
         if state == "open" and raw.get("open_until"):
             open_for = max(0.0, (float(raw["open_until"]) - now_ms) / 1000)
-        out.append({"member": label, "breaker": breaker_id, "state": state, "failures": int(raw.get("failures", 0)),
-                    "open_for_s": None if open_for is None else round(open_for, 1)})
+        out.append(
+            {
+                "member": label,
+                "breaker": breaker_id,
+                "state": state,
+                "failures": int(raw.get("failures", 0)),
+                "open_for_s": None if open_for is None else round(open_for, 1),
+            }
+        )
     return out
 
 
@@ -97,13 +120,20 @@ def counter_view(counters: dict[str, int]) -> dict[str, Any]:
     }
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rerankq inspect
   rerankq inspect --json | jq '.queues[] | select(.waiting > 0)'
-""")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
-              help="seconds to wait for workers to answer")
+"""
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=1.0,
+    show_default=True,
+    help="seconds to wait for workers to answer",
+)
 @json_option()
 def inspect(timeout: float, as_json: bool) -> int:
     """Queues (waiting and the oldest message's age, per device and lane), workers alive per
@@ -126,8 +156,13 @@ def render(view: dict[str, Any]) -> None:
 
     out = console()
     queues = Table(title="queues", title_justify="left")
-    for name, justify in (("device", "left"), ("queue", "left"), ("lane", "left"), ("waiting", "right"),
-                          ("oldest", "right")):
+    for name, justify in (
+        ("device", "left"),
+        ("queue", "left"),
+        ("lane", "left"),
+        ("waiting", "right"),
+        ("oldest", "right"),
+    ):
         queues.add_column(name, justify=justify)  # type: ignore[arg-type]
     for q in view["queues"]:
         queues.add_row(q["device"], q["queue"], q["lane"], str(q["waiting"]), age(q["oldest_age_s"]))
@@ -142,8 +177,14 @@ def render(view: dict[str, Any]) -> None:
             workers.add_row(w["kind"], w["hostname"], "-", "-", "-", f"[yellow]{w['error']}[/]")
             continue
         members = describe_members(w["processes"])
-        workers.add_row(w.get("device") or w["kind"], w["hostname"], f"{w.get('pool')} x{w.get('concurrency')}",
-                        f"{w.get('active', 0)}/{w.get('concurrency')}", str(w.get("processed", 0)), members)
+        workers.add_row(
+            w.get("device") or w["kind"],
+            w["hostname"],
+            f"{w.get('pool')} x{w.get('concurrency')}",
+            f"{w.get('active', 0)}/{w.get('concurrency')}",
+            str(w.get("processed", 0)),
+            members,
+        )
     out.print(workers)
 
     if view["breakers"]:
@@ -157,11 +198,14 @@ def render(view: dict[str, Any]) -> None:
 
     c = view["counters"]
     rate = "-" if c["pair_cache_hit_rate"] is None else f"{c['pair_cache_hit_rate']:.1%}"
-    out.print(f"counters: {c['windows_committed']} windows committed, {c['windows_failed']} failed, "
-              f"{c['windows_poisoned']} poisoned, {c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
-              f"pair cache hit rate {rate}")
-    per_member = {k: v for k, v in c["all"].items()
-                  if k.startswith(("failovers:", "provider_calls:", "provider_timeouts:"))}
+    out.print(
+        f"counters: {c['windows_committed']} windows committed, {c['windows_failed']} failed, "
+        f"{c['windows_poisoned']} poisoned, {c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
+        f"pair cache hit rate {rate}"
+    )
+    per_member = {
+        k: v for k, v in c["all"].items() if k.startswith(("failovers:", "provider_calls:", "provider_timeouts:"))
+    }
     if per_member:
         out.print("  " + ", ".join(f"{k} {v}" for k, v in per_member.items()))
 
@@ -173,7 +217,11 @@ def describe_members(cards: list[dict[str, Any]]) -> str:
     seen: dict[str, int] = {}
     for card in cards:
         for m in card.get("members", []):
-            text = m["label"] + (f" {m['model']}" if m.get("model") else "") + \
-                (f" {m['precision']}" if m.get("precision") else "") + ("" if m.get("started") else " (not started)")
+            text = (
+                m["label"]
+                + (f" {m['model']}" if m.get("model") else "")
+                + (f" {m['precision']}" if m.get("precision") else "")
+                + ("" if m.get("started") else " (not started)")
+            )
             seen[text] = seen.get(text, 0) + 1
     return "\n".join(f"{text} ({n} proc)" if n > 1 else text for text, n in seen.items())

@@ -64,7 +64,8 @@ def expected_offline(served: Iterable[str], failovers: Iterable[str]) -> bool:
     """The default chain on a host that cannot fetch the cross-encoder: member 0 never started and the
     packaged bi-encoder served. Expected offline; not a fault."""
     return any(s.endswith(":embedding") for s in served) and any(
-        f.split(": ", 1)[0].endswith(":local") and "not_started" in f for f in failovers)
+        f.split(": ", 1)[0].endswith(":local") and "not_started" in f for f in failovers
+    )
 
 
 def served_summary(served: Counter[str], failovers: Counter[str], *, sampled: bool = False) -> list[str]:
@@ -74,10 +75,13 @@ def served_summary(served: Counter[str], failovers: Counter[str], *, sampled: bo
     for label, n in served.most_common():
         lines.append(f"{n} window(s) served by {member_words(label)}")
     for failover, n in failovers.most_common(5):
-        lines.append(f"why: {failover_words(failover)}" if sampled else
-                     f"{n} window(s) passed over {failover_words(failover)}")
+        lines.append(
+            f"why: {failover_words(failover)}" if sampled else f"{n} window(s) passed over {failover_words(failover)}"
+        )
     if expected_offline(served, failovers):
-        lines.append("This is the expected fall-through on a machine without network: the cross-encoder cannot be "
-                     "downloaded, so the packaged bi-encoder scored instead (a real model, a little weaker). "
-                     "Set RERANKQ_RERANKER_MODEL to a cross-encoder on disk to use one.")
+        lines.append(
+            "This is the expected fall-through on a machine without network: the cross-encoder cannot be "
+            "downloaded, so the packaged bi-encoder scored instead (a real model, a little weaker). "
+            "Set RERANKQ_RERANKER_MODEL to a cross-encoder on disk to use one."
+        )
     return lines

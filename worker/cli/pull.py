@@ -7,16 +7,23 @@ import click
 from worker.cli.common import client, json_option, print_json
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rerankq pull k_nightly-0042                        # the first 10 rows
   rerankq pull k_nightly-0042 --offset 10 --limit 10 # deeper: admits and scores the next window only
-""")
+"""
+)
 @click.argument("stream")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="seconds to wait for windows the page needs")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="seconds to wait for windows the page needs",
+)
 @json_option()
 def pull(stream: str, offset: int, limit: int, timeout: float, as_json: bool) -> int:
     """A page of STREAM's ranked rows. Like RerankClient.pull: a page deeper than the committed

@@ -7,11 +7,13 @@ import click
 from worker.cli.common import client, console, json_option, print_json, to_builtins
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rerankq status k_nightly-0042
   rerankq status s_0123456789abcdef0123456789abcdef --json | jq '.windows[] | select(.state != "committed")'
-""")
+"""
+)
 @click.argument("stream")
 @json_option()
 def status(stream: str, as_json: bool) -> int:

@@ -47,9 +47,17 @@ class EmbeddedRedis:
     clients trust), and ``url`` is a ``rediss://`` URL carrying ``ssl_ca_certs``.
     """
 
-    def __init__(self, *, appendonly: bool = False, port: int | None = None, directory: str | None = None,
-                 password: str | None = None, tls: tuple[str, str] | None = None,
-                 binary: str | None = None, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        appendonly: bool = False,
+        port: int | None = None,
+        directory: str | None = None,
+        password: str | None = None,
+        tls: tuple[str, str] | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary or redis_server_binary()
         #: More ``--option value`` pairs for redis-server, kept across restarts.
         self.extra_args = list(extra_args)
@@ -71,13 +79,39 @@ class EmbeddedRedis:
         ports = ["--port", str(self.port)]
         if self.tls:
             cert, key = self.tls
-            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file", key,
-                     "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                cert,
+                "--tls-key-file",
+                key,
+                "--tls-ca-cert-file",
+                cert,
+                "--tls-auth-clients",
+                "no",
+            ]
         args = [
-            self.binary, *ports, "--bind", "127.0.0.1", "--dir", self.directory,
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--logfile", os.path.join(self.directory,
-                                                                                               "redis.log"),
+            self.binary,
+            *ports,
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.directory,
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "no",
+            "--logfile",
+            os.path.join(self.directory, "redis.log"),
         ]
         if self.password:
             args += ["--requirepass", self.password]

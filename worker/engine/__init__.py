@@ -10,5 +10,14 @@ from worker.engine.calibration import CalibrationError
 from worker.engine.loading import load_cross_encoder
 from worker.engine.model import ScoringEngine, configure_threads, shared_engine
 
-__all__ = ["BackendChoice", "BackendRefused", "BackendUnavailable", "CalibrationError", "ScoringEngine",
-           "configure_threads", "load_cross_encoder", "plan_batches", "shared_engine"]
+__all__ = [
+    "BackendChoice",
+    "BackendRefused",
+    "BackendUnavailable",
+    "CalibrationError",
+    "ScoringEngine",
+    "configure_threads",
+    "load_cross_encoder",
+    "plan_batches",
+    "shared_engine",
+]

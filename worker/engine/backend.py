@@ -36,8 +36,12 @@ class BackendChoice:
 
     @classmethod
     def from_member(cls, member: Any) -> BackendChoice:
-        return cls(name=member.backend, onnx_optimization=member.onnx_optimization,
-                   quantization=member.quantization, calibration=member.calibration)
+        return cls(
+            name=member.backend,
+            onnx_optimization=member.onnx_optimization,
+            quantization=member.quantization,
+            calibration=member.calibration,
+        )
 
 
 class Backend(Protocol):

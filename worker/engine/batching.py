@@ -57,8 +57,9 @@ class Batch:
         return int(shape[0] * shape[1])
 
 
-def pad_batches(encoded: dict[str, list[list[int]]], token_budget: int, *, pad_id: int,
-                left: bool = False, shared_width: int = 0) -> list[Batch]:
+def pad_batches(
+    encoded: dict[str, list[list[int]]], token_budget: int, *, pad_id: int, left: bool = False, shared_width: int = 0
+) -> list[Batch]:
     """Unpadded token ids (one row per pair or text) cut by ``plan_batches`` and padded per batch.
 
     Works for pairs (with ``token_type_ids``) and single texts alike: every engine batches

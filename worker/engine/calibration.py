@@ -54,5 +54,4 @@ def read_calibration(path: str) -> Calibration:
         raise CalibrationError(f"{path}: needs at least 2 windows (one is held out to check parity)")
     held_out = windows[3::4] or windows[-1:]
     calibrate = [w for i, w in enumerate(windows) if not any(w is h for h in held_out)]
-    return Calibration(calibrate=calibrate, held_out=held_out,
-                       digest=hashlib.blake2b(raw, digest_size=12).hexdigest())
+    return Calibration(calibrate=calibrate, held_out=held_out, digest=hashlib.blake2b(raw, digest_size=12).hexdigest())

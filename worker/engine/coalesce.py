@@ -54,8 +54,9 @@ class Coalescer(Generic[R]):
         self._thread = threading.Thread(target=self._run, name="rerankq-coalescer", daemon=True)
         self._thread.start()
 
-    def score(self, query: str, documents: Sequence[str], *, deadline: float | None = None,
-              prompt: str | None = None) -> list[R]:
+    def score(
+        self, query: str, documents: Sequence[str], *, deadline: float | None = None, prompt: str | None = None
+    ) -> list[R]:
         """Blocks until this window's scores are back; raises what the engine raised.
 
         Windows with different prompts (instructions) may be flushed together; each prompt's
@@ -124,7 +125,7 @@ class Coalescer(Generic[R]):
         self.windows_scored += len(group)
         offset = 0
         for p in group:
-            p.future.set_result(scores[offset:offset + len(p.pairs)])
+            p.future.set_result(scores[offset : offset + len(p.pairs)])
             offset += len(p.pairs)
 
     def close(self) -> None:
@@ -147,7 +148,10 @@ def shared_coalescer(engine: object, score_pairs: ScorePairs[R], settings: Setti
     with _coalescers_lock:
         coalescer = _coalescers.get(id(engine))
         if coalescer is None:
-            coalescer = Coalescer(score_pairs, max_pairs=settings.engine.coalesce_max_pairs,
-                                  max_delay_s=settings.engine.coalesce_delay_ms / 1000.0)
+            coalescer = Coalescer(
+                score_pairs,
+                max_pairs=settings.engine.coalesce_max_pairs,
+                max_delay_s=settings.engine.coalesce_delay_ms / 1000.0,
+            )
             _coalescers[id(engine)] = coalescer
         return coalescer

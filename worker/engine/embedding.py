@@ -45,8 +45,15 @@ class EmbeddingEngine(ForwardEngine):
     At load the engine's cosines on the probe are held to the library's (``EngineDisagrees``).
     """
 
-    def __init__(self, model: Any, *, settings: Settings, precision: str | None = None,
-                 token_budget: int | None = None, verify_parity: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        settings: Settings,
+        precision: str | None = None,
+        token_budget: int | None = None,
+        verify_parity: bool = True,
+    ) -> None:
         self.sentence_transformer = model
         module = model[0]
         self.tokenizer = getattr(module, "tokenizer", None) or module.processor
@@ -56,8 +63,13 @@ class EmbeddingEngine(ForwardEngine):
         dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         self.dimensions = int(dimension())
         model.eval()
-        super().__init__(device=model.device, settings=settings, precision=precision, token_budget=token_budget,
-                         verify_parity=verify_parity)
+        super().__init__(
+            device=model.device,
+            settings=settings,
+            precision=precision,
+            token_budget=token_budget,
+            verify_parity=verify_parity,
+        )
 
     def _choose_precision(self, requested: str, *, verify: bool) -> None:
         if verify and not getattr(self, "_agreed", False):
@@ -76,11 +88,17 @@ class EmbeddingEngine(ForwardEngine):
             expected = (d.float() @ q[0].float()).tolist()
             disagreement = disagreement_with(expected, self.score_pairs(window, prompt=prompt))
             if disagreement:
-                raise EngineDisagrees(f"the engine's cosines are not encode_query/encode_document's "
-                                      f"({disagreement}, prompt {'given' if prompt else 'default'}): refused")
+                raise EngineDisagrees(
+                    f"the engine's cosines are not encode_query/encode_document's "
+                    f"({disagreement}, prompt {'given' if prompt else 'default'}): refused"
+                )
         self._agreed = True
-        log.info("engine_agrees_with_library", engine="embedding", tolerance=SCORE_TOLERANCE,
-                 prompts=sorted(k for k, v in self.sentence_transformer.prompts.items() if v))
+        log.info(
+            "engine_agrees_with_library",
+            engine="embedding",
+            tolerance=SCORE_TOLERANCE,
+            prompts=sorted(k for k, v in self.sentence_transformer.prompts.items() if v),
+        )
 
     def prompt_for(self, role: Role, prompt: str | None = None) -> str | None:
         """The prompt encode_query / encode_document would apply: ``prompt`` when given, else the
@@ -91,25 +109,29 @@ class EmbeddingEngine(ForwardEngine):
         name = next((n for n in _PROMPT_NAMES[role] if n in prompts), None)
         return self.sentence_transformer._resolve_prompt(None, name)
 
-    def _prepare(self, texts: Sequence[str], role: Role, prompt: str | None) -> tuple[dict[str, list[list[int]]],
-                                                                                     dict[str, Any]]:
+    def _prepare(
+        self, texts: Sequence[str], role: Role, prompt: str | None
+    ) -> tuple[dict[str, list[list[int]]], dict[str, Any]]:
         """Token ids as encode_query / encode_document make them, unpadded, and what preprocess
         adds beside them (the prompt's length, for a pooling that leaves the prompt out)."""
         features = self.sentence_transformer.preprocess(list(texts), prompt=self.prompt_for(role, prompt), task=role)
         mask = features["attention_mask"].bool()
-        encoded = {name: [row[keep].tolist() for row, keep in zip(features[name], mask)]
-                   for name in ("input_ids", "token_type_ids") if name in features}
+        encoded = {
+            name: [row[keep].tolist() for row, keep in zip(features[name], mask)]
+            for name in ("input_ids", "token_type_ids")
+            if name in features
+        }
         extras = {k: v for k, v in features.items() if k not in ("input_ids", "token_type_ids", "attention_mask")}
         return encoded, extras
 
-    def tokenize(self, texts: Sequence[str], *, role: Role = "document",
-                 prompt: str | None = None) -> dict[str, list[list[int]]]:
+    def tokenize(
+        self, texts: Sequence[str], *, role: Role = "document", prompt: str | None = None
+    ) -> dict[str, list[list[int]]]:
         """Each text's token ids as the library makes them for its role, unpadded."""
         return self._prepare(texts, role, prompt)[0] if texts else {"input_ids": []}
 
     def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
-        return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0,
-                           left=self.left_padding)
+        return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=self.left_padding)
 
     def encode(self, texts: Sequence[str], *, role: Role = "document", prompt: str | None = None) -> Any:
         """L2-normalised embeddings, one float32 row per text, on the CPU: encode_document's
@@ -154,6 +176,10 @@ class EmbeddingEngine(ForwardEngine):
 
 def shared_embedding_engine(model_name: str, *, device: str, settings: Settings) -> EmbeddingEngine:
     """The process's bi-encoder engine for this model; members naming the same model share it."""
-    return shared("embedding", model_name, device=device, settings=settings,
-                  build=lambda: EmbeddingEngine(load_sentence_transformer(model_name, device=device),
-                                                settings=settings))
+    return shared(
+        "embedding",
+        model_name,
+        device=device,
+        settings=settings,
+        build=lambda: EmbeddingEngine(load_sentence_transformer(model_name, device=device), settings=settings),
+    )

@@ -68,7 +68,8 @@ def source_fingerprint(model_name: str, network: Any) -> dict[str, Any]:
     if local.is_dir():
         weights = sorted(
             (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-            for p in local.iterdir() if p.is_file() and _WEIGHT_FILES.match(p.name)
+            for p in local.iterdir()
+            if p.is_file() and _WEIGHT_FILES.match(p.name)
         )
         return {"model": str(local.resolve()), "weights": weights, "config": _digest(config)}
     return {"model": model_name, "revision": getattr(network.config, "_commit_hash", None), "config": _digest(config)}
@@ -166,9 +167,12 @@ def example_inputs(tokenizer: Any, network: Any) -> dict[str, Any]:
     """
     import inspect
 
-    encoded = tokenizer(["an example query", "an example query"],
-                        ["a short document", "a somewhat longer document with more words in it"],
-                        padding=True, return_tensors="pt")
+    encoded = tokenizer(
+        ["an example query", "an example query"],
+        ["a short document", "a somewhat longer document with more words in it"],
+        padding=True,
+        return_tensors="pt",
+    )
     order = list(inspect.signature(network.forward).parameters)
     names = sorted((k for k in encoded if k in ("input_ids", "attention_mask", "token_type_ids")), key=order.index)
     return {k: encoded[k] for k in names}
@@ -190,10 +194,15 @@ def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes
         torch.onnx.export(
-            clone, (), str(target), kwargs=inputs,
-            input_names=names, output_names=["logits"],
+            clone,
+            (),
+            str(target),
+            kwargs=inputs,
+            input_names=names,
+            output_names=["logits"],
             dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, "logits": {0: "batch"}},
-            opset_version=17, dynamo=False,
+            opset_version=17,
+            dynamo=False,
         )
     return [target]
 
@@ -207,8 +216,12 @@ def onnx_optimize(source: Path, directory: Path, *, level: str, config: Any) -> 
     options = FusionOptions("bert")
     options.enable_gelu_approximation = level == "O3"
     optimized = optimize_model(
-        str(source), model_type="bert", num_heads=int(config.num_attention_heads),
-        hidden_size=int(config.hidden_size), optimization_options=options, opt_level=0,
+        str(source),
+        model_type="bert",
+        num_heads=int(config.num_attention_heads),
+        hidden_size=int(config.hidden_size),
+        optimization_options=options,
+        opt_level=0,
     )
     target = directory / ONNX_FILES[level]
     optimized.save_model_to_file(str(target))
@@ -231,27 +244,48 @@ def onnx_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed]) -
     prepared = directory / "prepared.onnx"
     quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
     target = directory / ONNX_FILES["int8"]
-    quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    quantize_static(
+        str(prepared),
+        str(target),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul"],
+    )
     prepared.unlink()
     return [target]
 
 
-def onnx_artifact(model_name: str, network: Any, tokenizer: Any, *, level: str, quantization: str,
-                  calibration: Callable[[], Sequence[Feed]], calibration_digest: str | None) -> Artifact:
+def onnx_artifact(
+    model_name: str,
+    network: Any,
+    tokenizer: Any,
+    *,
+    level: str,
+    quantization: str,
+    calibration: Callable[[], Sequence[Feed]],
+    calibration_digest: str | None,
+) -> Artifact:
     directory = export_root(model_name) / "onnx"
     base = {"source": source_fingerprint(model_name, network), "tools": _versions("torch", "onnx", "onnxruntime")}
-    plain = cached(directory / ONNX_FILES["plain"], {**base, "variant": "plain"},
-                   lambda tmp: onnx_export(network, tokenizer, tmp))
+    plain = cached(
+        directory / ONNX_FILES["plain"], {**base, "variant": "plain"}, lambda tmp: onnx_export(network, tokenizer, tmp)
+    )
     if quantization == "int8":
         manifest = {**base, "variant": "int8", "from": plain.digest, "calibration": calibration_digest}
-        return cached(directory / ONNX_FILES["int8"], manifest,
-                      lambda tmp: onnx_quantize_static(plain.path, tmp, calibration()))
+        return cached(
+            directory / ONNX_FILES["int8"], manifest, lambda tmp: onnx_quantize_static(plain.path, tmp, calibration())
+        )
     if level == "O1":
         return plain
     manifest = {**base, "variant": level, "from": plain.digest}
-    return cached(directory / ONNX_FILES[level], manifest,
-                  lambda tmp: onnx_optimize(plain.path, tmp, level=level, config=network.config))
+    return cached(
+        directory / ONNX_FILES[level],
+        manifest,
+        lambda tmp: onnx_optimize(plain.path, tmp, level=level, config=network.config),
+    )
 
 
 # --- OpenVINO ----------------------------------------------------------------------------------
@@ -280,21 +314,35 @@ def openvino_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed
     import openvino as ov
 
     model = ov.Core().read_model(str(source))
-    quantized = nncf.quantize(model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(feeds))
+    quantized = nncf.quantize(
+        model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds)
+    )
     target = directory / OPENVINO_FILES["int8"]
     ov.save_model(quantized, str(target), compress_to_fp16=False)
     return [target.with_suffix(".bin"), target]
 
 
-def openvino_artifact(model_name: str, network: Any, tokenizer: Any, *, quantization: str,
-                      calibration: Callable[[], Sequence[Feed]], calibration_digest: str | None) -> Artifact:
+def openvino_artifact(
+    model_name: str,
+    network: Any,
+    tokenizer: Any,
+    *,
+    quantization: str,
+    calibration: Callable[[], Sequence[Feed]],
+    calibration_digest: str | None,
+) -> Artifact:
     directory = export_root(model_name) / "openvino"
     base = {"source": source_fingerprint(model_name, network), "tools": _versions("torch", "openvino", "nncf")}
-    plain = cached(directory / OPENVINO_FILES["plain"], {**base, "variant": "plain"},
-                   lambda tmp: openvino_export(network, tokenizer, tmp))
+    plain = cached(
+        directory / OPENVINO_FILES["plain"],
+        {**base, "variant": "plain"},
+        lambda tmp: openvino_export(network, tokenizer, tmp),
+    )
     if quantization != "int8":
         return plain
     manifest = {**base, "variant": "int8", "from": plain.digest, "calibration": calibration_digest}
-    return cached(directory / OPENVINO_FILES["int8"], manifest,
-                  lambda tmp: openvino_quantize_static(plain.path, tmp, calibration()))
+    return cached(
+        directory / OPENVINO_FILES["int8"],
+        manifest,
+        lambda tmp: openvino_quantize_static(plain.path, tmp, calibration()),
+    )

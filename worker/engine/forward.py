@@ -33,8 +33,9 @@ class ForwardEngine:
 
     tokenizer: Any
 
-    def __init__(self, *, device: Any, settings: Settings, precision: str | None, token_budget: int | None,
-                 verify_parity: bool) -> None:
+    def __init__(
+        self, *, device: Any, settings: Settings, precision: str | None, token_budget: int | None, verify_parity: bool
+    ) -> None:
         import torch
 
         self.settings = settings
@@ -74,13 +75,19 @@ class ForwardEngine:
             rho = spearman(reference, self.score_pairs(pairs))
             self.probe_spearman = rho
             if rho < MIN_SPEARMAN and enforce:
-                log.warning("precision_rejected", precision=candidate, spearman=round(rho, 4), kept="fp32",
-                            engine=type(self).__name__)
+                log.warning(
+                    "precision_rejected",
+                    precision=candidate,
+                    spearman=round(rho, 4),
+                    kept="fp32",
+                    engine=type(self).__name__,
+                )
                 self.precision = "fp32"
                 return "fp32"
             if rho < MIN_SPEARMAN:
-                log.warning("precision_below_parity", precision=candidate, spearman=round(rho, 4),
-                            engine=type(self).__name__)
+                log.warning(
+                    "precision_below_parity", precision=candidate, spearman=round(rho, 4), engine=type(self).__name__
+                )
         log.info("precision_adopted", precision=candidate, verified=reference is not None, engine=type(self).__name__)
         return candidate
 
@@ -135,8 +142,9 @@ def configure_threads(threads: int | None) -> None:
         pass  # already set (or work already ran): harmless
 
 
-def shared(kind: str, model_name: str, *, device: str, settings: Settings, build: Callable[[], E],
-           variant: Hashable = None) -> E:
+def shared(
+    kind: str, model_name: str, *, device: str, settings: Settings, build: Callable[[], E], variant: Hashable = None
+) -> E:
     """The process's engine of this kind for this model; chain members naming the same model share it.
 
     ``variant`` is whatever else makes two engines of one model differ (the cross-encoder's

@@ -52,10 +52,18 @@ class ScoringEngine(ForwardEngine):
     Runtime or OpenVINO) and precision are then held to the same scores and ranking.
     """
 
-    def __init__(self, model: Any, *, settings: Settings, precision: str | None = None,
-                 token_budget: int | None = None, verify_parity: bool = True,
-                 backend: BackendChoice | None = None, model_name: str | None = None,
-                 prefix_reuse: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        settings: Settings,
+        precision: str | None = None,
+        token_budget: int | None = None,
+        verify_parity: bool = True,
+        backend: BackendChoice | None = None,
+        model_name: str | None = None,
+        prefix_reuse: bool = True,
+    ) -> None:
         import torch
 
         self.cross_encoder = model
@@ -85,14 +93,24 @@ class ScoringEngine(ForwardEngine):
         if choice.name != "torch" and not self.exportable:
             # An export covers a sequence-classification transformer alone: a causal LM's vocabulary
             # logits, or modules after the transformer, are not in it.
-            log.warning("backend_unsupported", backend=choice.name, kept="torch", model=self.model_name,
-                        reason=self.unexportable_reason)
+            log.warning(
+                "backend_unsupported",
+                backend=choice.name,
+                kept="torch",
+                model=self.model_name,
+                reason=self.unexportable_reason,
+            )
             choice = replace(choice, name="torch")
         requested = precision or settings.engine.precision
         exported = choice.name != "torch"
         # An exported backend is adopted against torch fp32, so torch's own precision is not tried first.
-        super().__init__(device=model.device, settings=settings, precision="fp32" if exported else precision,
-                         token_budget=token_budget, verify_parity=verify_parity)
+        super().__init__(
+            device=model.device,
+            settings=settings,
+            precision="fp32" if exported else precision,
+            token_budget=token_budget,
+            verify_parity=verify_parity,
+        )
         if not exported:
             return
         try:
@@ -131,8 +149,10 @@ class ScoringEngine(ForwardEngine):
             plain = self._score(self.torch, window, prompt=prompt, reuse=False)
             disagreement = disagreement_with(expected, plain)
             if disagreement:
-                raise EngineDisagrees(f"the engine does not score this model as CrossEncoder.predict does "
-                                      f"({disagreement}, prompt {'given' if prompt else 'default'}): refused")
+                raise EngineDisagrees(
+                    f"the engine does not score this model as CrossEncoder.predict does "
+                    f"({disagreement}, prompt {'given' if prompt else 'default'}): refused"
+                )
             if self.prefix is not None:
                 reused = self._score(self.torch, window, prompt=prompt, reuse=True)
                 disagreement = disagreement_with(expected, reused)
@@ -140,8 +160,13 @@ class ScoringEngine(ForwardEngine):
                     log.warning("prefix_reuse_disabled", model=self.model_name, reason=disagreement)
                     self.prefix = None
         self._agreed = True
-        log.info("engine_agrees_with_library", model=self.model_name, causal=self.causal,
-                 prefix_reuse=self.prefix is not None, tolerance=SCORE_TOLERANCE)
+        log.info(
+            "engine_agrees_with_library",
+            model=self.model_name,
+            causal=self.causal,
+            prefix_reuse=self.prefix is not None,
+            tolerance=SCORE_TOLERANCE,
+        )
 
     # -- backend --
 
@@ -168,8 +193,14 @@ class ScoringEngine(ForwardEngine):
                 continue
             if rho >= MIN_SPEARMAN:
                 self.backend, self.precision, self.probe_spearman = candidate, precision, rho
-                log.info("backend_adopted", backend=choice.name, precision=precision, spearman=round(rho, 4),
-                         exported=candidate.exported, windows=len(windows))
+                log.info(
+                    "backend_adopted",
+                    backend=choice.name,
+                    precision=precision,
+                    spearman=round(rho, 4),
+                    exported=candidate.exported,
+                    windows=len(windows),
+                )
                 return
             log.warning("backend_below_parity", backend=choice.name, precision=precision, spearman=round(rho, 4))
             rejected.append(f"{precision} at Spearman {rho:.4f}")
@@ -186,21 +217,38 @@ class ScoringEngine(ForwardEngine):
 
         def feeds() -> list[dict[str, Any]]:
             windows = calibration.calibrate if calibration else []
-            return [{k: v.numpy() for k, v in batch.tensors.items()}
-                    for window in windows for batch in self.batches(self.tokenize(window))]
+            return [
+                {k: v.numpy() for k, v in batch.tensors.items()}
+                for window in windows
+                for batch in self.batches(self.tokenize(window))
+            ]
 
         threads = torch.get_num_threads()
         digest = calibration.digest if calibration else None
         if choice.name == "onnx":
             level = choice.onnx_optimization
-            artifact = onnx_artifact(self.model_name, self.network, self.tokenizer, level=level,
-                                     quantization=choice.quantization, calibration=feeds, calibration_digest=digest)
+            artifact = onnx_artifact(
+                self.model_name,
+                self.network,
+                self.tokenizer,
+                level=level,
+                quantization=choice.quantization,
+                calibration=feeds,
+                calibration_digest=digest,
+            )
             # A QDQ int8 graph becomes int8 kernels in the session's extended passes.
             session_level = "O2" if choice.quantization == "int8" else level
-            return OnnxBackend(artifact, precision=precision, level=session_level, device=str(self.device),
-                               threads=threads)
-        artifact = openvino_artifact(self.model_name, self.network, self.tokenizer, quantization=choice.quantization,
-                                     calibration=feeds, calibration_digest=digest)
+            return OnnxBackend(
+                artifact, precision=precision, level=session_level, device=str(self.device), threads=threads
+            )
+        artifact = openvino_artifact(
+            self.model_name,
+            self.network,
+            self.tokenizer,
+            quantization=choice.quantization,
+            calibration=feeds,
+            calibration_digest=digest,
+        )
         return OpenVINOBackend(artifact, precision=precision, device=str(self.device), threads=threads)
 
     # -- scoring --
@@ -221,15 +269,15 @@ class ScoringEngine(ForwardEngine):
         return out
 
     def batches(self, encoded: dict[str, list[list[int]]]) -> list[Batch]:
-        return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0,
-                           left=self.left_padding)
+        return pad_batches(encoded, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=self.left_padding)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> list[float]:
         """Scores as ``CrossEncoder.predict(pairs, prompt=prompt)`` gives them."""
         return self._score(self.backend, pairs, prompt=prompt, reuse=self.prefix is not None)
 
-    def _score(self, backend: Backend, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None,
-               reuse: bool = False) -> list[float]:
+    def _score(
+        self, backend: Backend, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None, reuse: bool = False
+    ) -> list[float]:
         import torch
 
         if not pairs:
@@ -261,8 +309,9 @@ class ScoringEngine(ForwardEngine):
             raw = raw.unsqueeze(-1)
         return [float(v) for v in raw[:, -1].cpu().tolist()]
 
-    def _score_shared_prefixes(self, pairs: Sequence[tuple[str, str]], encoded: dict[str, list[list[int]]],
-                               scores: list[float]) -> list[int]:
+    def _score_shared_prefixes(
+        self, pairs: Sequence[tuple[str, str]], encoded: dict[str, list[list[int]]], scores: list[float]
+    ) -> list[int]:
         """Score each query's pairs from their shared prefix; returns the pairs left for the plain batch."""
         assert self.prefix is not None
         ids = encoded["input_ids"]
@@ -278,15 +327,19 @@ class ScoringEngine(ForwardEngine):
                 continue
             cached = self.prefix.prefix_cache(rows[0][:length], self.device)
             if cached is None:
-                log.info("prefix_reuse_unavailable", model=self.model_name, reason="the model's cache is not a "
-                                                                                   "plain full-attention one")
+                log.info(
+                    "prefix_reuse_unavailable",
+                    model=self.model_name,
+                    reason="the model's cache is not a plain full-attention one",
+                )
                 self.prefix = None
                 plain.extend(members)
                 continue
             self._count_prefix(length)
             suffixes = {"input_ids": [row[length:] for row in rows]}
-            for batch in pad_batches(suffixes, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=True,
-                                     shared_width=length):
+            for batch in pad_batches(
+                suffixes, self.token_budget, pad_id=self.tokenizer.pad_token_id or 0, left=True, shared_width=length
+            ):
                 tensors = {k: v.to(self.device, non_blocking=True) for k, v in batch.tensors.items()}
                 logits = self.prefix.suffix_logits(cached, tensors["input_ids"], tensors["attention_mask"])
                 features: dict[str, Any] = {self.cross_encoder[0].module_output_name: logits}
@@ -308,10 +361,18 @@ def library_scores(cross_encoder: Any, pairs: Sequence[tuple[str, str]], *, prom
     return [float(v) for v in (values[:, -1] if values.ndim > 1 else values)]
 
 
-def shared_engine(model_name: str, *, device: str, settings: Settings,
-                  backend: BackendChoice | None = None) -> ScoringEngine:
+def shared_engine(
+    model_name: str, *, device: str, settings: Settings, backend: BackendChoice | None = None
+) -> ScoringEngine:
     """The process's cross-encoder engine for this model and backend; chain members naming both share it."""
     choice = backend or BackendChoice()
-    return shared("cross-encoder", model_name, device=device, settings=settings, variant=choice,
-                  build=lambda: ScoringEngine(load_cross_encoder(model_name, device=device), settings=settings,
-                                              backend=choice, model_name=model_name))
+    return shared(
+        "cross-encoder",
+        model_name,
+        device=device,
+        settings=settings,
+        variant=choice,
+        build=lambda: ScoringEngine(
+            load_cross_encoder(model_name, device=device), settings=settings, backend=choice, model_name=model_name
+        ),
+    )

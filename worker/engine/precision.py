@@ -64,8 +64,10 @@ def exported_precisions(choice: Any, requested: str, device: str) -> list[str]:
     resolved = resolve_precision(requested, device)
     if choice.name == "onnx":
         if requested not in ("auto", "fp32"):
-            raise BackendUnavailable(f"the onnx backend runs fp32 (or int8 by quantization), not {requested}; "
-                                     "set RERANKQ_PRECISION=auto or fp32")
+            raise BackendUnavailable(
+                f"the onnx backend runs fp32 (or int8 by quantization), not {requested}; "
+                "set RERANKQ_PRECISION=auto or fp32"
+            )
         return ["fp32"]
     if requested == "auto":
         return ["bf16", "fp32"] if resolved == "bf16" else ["fp32"]

@@ -50,8 +50,9 @@ class PrefixRunner:
         parameters = inspect.signature(network.forward).parameters
         # transformers renamed past_key_values to cache; pass whichever this model's forward names.
         self.cache_argument = "cache" if "cache" in parameters else "past_key_values"
-        self.supported = (self.cache_argument in parameters and "position_ids" in parameters
-                          and "logits_to_keep" in parameters)
+        self.supported = (
+            self.cache_argument in parameters and "position_ids" in parameters and "logits_to_keep" in parameters
+        )
         self._dynamic_cache, self._dynamic_layer = DynamicCache, DynamicLayer
 
     def prefix_cache(self, prefix: Sequence[int], device: Any) -> list[tuple[Any, Any]] | None:
@@ -60,8 +61,9 @@ class PrefixRunner:
         import torch
 
         input_ids = torch.tensor([list(prefix)], dtype=torch.long, device=device)
-        out = self.network(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=True,
-                           logits_to_keep=1)
+        out = self.network(
+            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=True, logits_to_keep=1
+        )
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         layers = getattr(cache, "layers", None)
         if not layers or any(type(layer) is not self._dynamic_layer for layer in layers):
@@ -82,6 +84,12 @@ class PrefixRunner:
         # Left padding sits between the prefix and a row's own tokens: the positions of those
         # tokens continue the prefix's, as they would without the padding.
         positions = prefix_length + (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        out = self.network(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                           logits_to_keep=1, **{self.cache_argument: cache})
+        out = self.network(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_argument: cache},
+        )
         return out.logits

@@ -100,9 +100,12 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     from worker.logs import configure_logging
 
     configure_logging(level="WARNING")
-    files = {"qrels": request.qrels or shipped("qrels.txt"), "run": request.run or shipped("run.bm25.txt"),
-             "queries": request.queries or shipped("queries.tsv"),
-             "documents": request.documents or shipped("documents.jsonl")}
+    files = {
+        "qrels": request.qrels or shipped("qrels.txt"),
+        "run": request.run or shipped("run.bm25.txt"),
+        "queries": request.queries or shipped("queries.tsv"),
+        "documents": request.documents or shipped("documents.jsonl"),
+    }
     _refuse_foreign(request.out)
     try:
         collection = load_collection(**files)
@@ -116,13 +119,23 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     depth = min(request.depth, max(len(collection.run[q]) for q in qids))
     maps: dict[str, MemberMap] = {}
     skipped: dict[str, str] = {}
-    _progress(f"calibrating on {len(qids)} queries, the top {depth} of each, members "
-              + ", ".join(f"{i}:{chain[i].provider}" for i in indexes))
+    _progress(
+        f"calibrating on {len(qids)} queries, the top {depth} of each, members "
+        + ", ".join(f"{i}:{chain[i].provider}" for i in indexes)
+    )
     with stack(env, max_depth=depth, members=indexes, device=request.device) as where:
         for index in indexes:
             label = f"{index}:{where.chain[index].provider}"
-            member_run = run_member(where.client, collection, qids, index=index, label=label, depth=depth,
-                                    timeout_s=request.timeout_s, progress=_progress)
+            member_run = run_member(
+                where.client,
+                collection,
+                qids,
+                index=index,
+                label=label,
+                depth=depth,
+                timeout_s=request.timeout_s,
+                progress=_progress,
+            )
             if member_run.failed:
                 skipped[label] = f"could not serve: {member_run.failed[0].failed}"
                 continue
@@ -132,11 +145,13 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
                 continue
             identities = member_identities(where.client).get(label, set())
             if len(identities) != 1:
-                skipped[label] = ("no worker card names its identity" if not identities
-                                  else f"workers disagree on its identity: {sorted(identities)}")
+                skipped[label] = (
+                    "no worker card names its identity"
+                    if not identities
+                    else f"workers disagree on its identity: {sorted(identities)}"
+                )
                 continue
-            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade,
-                                 unjudged=request.unjudged)  # type: ignore[arg-type]
+            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)  # type: ignore[arg-type]
             try:
                 fitted = fit_map(pairs, label=label, method=request.method)  # type: ignore[arg-type]
             except FitError as exc:
@@ -148,9 +163,12 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     if not maps:
         raise click.ClickException("no member could be calibrated; nothing written")
     calibration = CalibrationFile(
-        format=FORMAT, relevant_grade=request.relevant_grade, unjudged=request.unjudged,  # type: ignore[arg-type]
+        format=FORMAT,
+        relevant_grade=request.relevant_grade,
+        unjudged=request.unjudged,  # type: ignore[arg-type]
         fitted_on={"files": {k: str(v) for k, v in files.items()}, "queries": len(qids), "depth": depth},
-        members=maps)
+        members=maps,
+    )
     _write(request.out, calibration)
     _progress(f"wrote {request.out}")
     if as_json:
@@ -162,11 +180,26 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
 
 def render(calibration: CalibrationFile) -> str:
     header = ["member", "method", "pairs", "relevant", "breakpoints", "ECE raw", "ECE calibrated", "Brier"]
-    rows = [[m.label, m.method, str(m.fit.pairs), str(m.fit.positives), str(len(m.scores)), f"{m.fit.ece_raw:.3f}",
-             f"{m.fit.ece:.3f}", f"{m.fit.brier:.3f}"] for m in calibration.members.values()]
+    rows = [
+        [
+            m.label,
+            m.method,
+            str(m.fit.pairs),
+            str(m.fit.positives),
+            str(len(m.scores)),
+            f"{m.fit.ece_raw:.3f}",
+            f"{m.fit.ece:.3f}",
+            f"{m.fit.brier:.3f}",
+        ]
+        for m in calibration.members.values()
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in [header, *rows]]
-    title = (f"Calibration maps (errors on the pairs they were fitted on; relevant: grade >= "
-             f"{calibration.relevant_grade}, unjudged {calibration.unjudged})")
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
+    title = (
+        f"Calibration maps (errors on the pairs they were fitted on; relevant: grade >= "
+        f"{calibration.relevant_grade}, unjudged {calibration.unjudged})"
+    )
     return "\n".join([title, *lines])

@@ -114,14 +114,20 @@ def fit_map(pairs: Pairs, *, label: str, method: Method = "auto") -> MemberMap:
     """The member's map from its score to P(relevant), with its support and its error on the fit."""
     negatives = len(pairs.scores) - pairs.positives
     if pairs.positives < MIN_EACH or negatives < MIN_EACH:
-        raise FitError(f"{label}: {pairs.positives} relevant and {negatives} irrelevant pairs; "
-                       f"a map needs at least {MIN_EACH} of each")
+        raise FitError(
+            f"{label}: {pairs.positives} relevant and {negatives} irrelevant pairs; "
+            f"a map needs at least {MIN_EACH} of each"
+        )
     x = np.asarray(pairs.scores, dtype=float)
     y = np.asarray(pairs.relevant, dtype=float)
     used = chosen_method(pairs, method)
     xs, ys = _centred_isotonic(x, y) if used == "isotonic" else _platt(x, y)
     calibrated = [interpolate(xs, ys, s) for s in pairs.scores]
-    fit = Fit(pairs=len(pairs.scores), positives=pairs.positives, brier=brier(calibrated, pairs.relevant),
-              ece_raw=expected_calibration_error(pairs.scores, pairs.relevant),
-              ece=expected_calibration_error(calibrated, pairs.relevant))
+    fit = Fit(
+        pairs=len(pairs.scores),
+        positives=pairs.positives,
+        brier=brier(calibrated, pairs.relevant),
+        ece_raw=expected_calibration_error(pairs.scores, pairs.relevant),
+        ece=expected_calibration_error(calibrated, pairs.relevant),
+    )
     return MemberMap(label=label, method=used, scores=xs, probabilities=ys, fit=fit)

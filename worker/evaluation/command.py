@@ -74,23 +74,34 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--run", type=FILE, help="TREC run, the first stage: qid Q0 docid rank score tag")
 @click.option("--queries", type=FILE, help="qid<TAB>text, or JSON lines with id and text")
 @click.option("--documents", type=FILE, help="JSON lines with id, text and an optional title, or docid<TAB>text")
-@click.option("--depths", default=",".join(map(str, DEPTHS)), show_default=True, callback=_depths,
-              help="rerank the top d of the input run, for each d")
+@click.option(
+    "--depths",
+    default=",".join(map(str, DEPTHS)),
+    show_default=True,
+    callback=_depths,
+    help="rerank the top d of the input run, for each d",
+)
 @click.option("--members", help="chain member indexes to force, e.g. 0,1 (default: every member)")
 @click.option("--limit", type=click.IntRange(min=1), help="evaluate only the first N judged queries of the run")
-@click.option("--relevant-grade", type=int, default=1, show_default=True,
-              help="the lowest grade P, R and MRR count as relevant")
+@click.option(
+    "--relevant-grade", type=int, default=1, show_default=True, help="the lowest grade P, R and MRR count as relevant"
+)
 @click.option("--json", "json_path", help="write the report as JSON here ('-': stdout, no table)")
 @click.option("--plots", type=click.Path(file_okay=False, path_type=Path), help="write PNG plots into this folder")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="seconds to wait for one query")
-@click.option("--device", default="cpu", type=click.Choice(["cpu", "gpu"]), show_default=True,
-              help="the private worker's device")
-@click.option("--long-documents", type=click.Choice(["excerpt", "passages"]),
-              help="the streams' long_documents option; with no files named, the shipped long-document collection "
-                   "(collection/long: 1,300-2,400 words a document, the judged part early, in the middle or late)  "
-                   "[default: the deployment's, excerpt]")
-def evaluate_command(qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None,
-                     **options: Any) -> int:
+@click.option(
+    "--device", default="cpu", type=click.Choice(["cpu", "gpu"]), show_default=True, help="the private worker's device"
+)
+@click.option(
+    "--long-documents",
+    type=click.Choice(["excerpt", "passages"]),
+    help="the streams' long_documents option; with no files named, the shipped long-document collection "
+    "(collection/long: 1,300-2,400 words a document, the judged part early, in the middle or late)  "
+    "[default: the deployment's, excerpt]",
+)
+def evaluate_command(
+    qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None, **options: Any
+) -> int:
     """Measure whether reranking improves a first-stage run, at what depth and latency.
 
     With no files named it evaluates the collection the project ships (engineering
@@ -98,8 +109,9 @@ def evaluate_command(qrels: Path | None, run: Path | None, queries: Path | None,
     chain member is forced in turn through the real queue, at each rerank depth, and
     compared with the input run itself: nDCG, P@k, R@k and MRR by ir-measures.
     """
-    qrels, run, queries, documents = collection_files(qrels, run, queries, documents,
-                                                      long_documents=options.get("long_documents"))
+    qrels, run, queries, documents = collection_files(
+        qrels, run, queries, documents, long_documents=options.get("long_documents")
+    )
     args = Arguments(qrels=qrels, run=run, queries=queries, documents=documents, **options)
 
     from producer.errors import ConfigError, ValidationError
@@ -118,27 +130,34 @@ def evaluate_command(qrels: Path | None, run: Path | None, queries: Path | None,
         return 1
 
 
-def collection_files(qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None, *,
-                     long_documents: str | None) -> tuple[Path, Path, Path, Path]:
+def collection_files(
+    qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None, *, long_documents: str | None
+) -> tuple[Path, Path, Path, Path]:
     """The files named, or with none the shipped collection: with ``--long-documents``, its
     long-document collection (``collection/long``)."""
     given = [qrels, run, queries, documents]
     if any(given) and not all(given):
-        raise click.UsageError("--qrels, --run, --queries and --documents go together "
-                               "(or none, for the shipped collection)")
+        raise click.UsageError(
+            "--qrels, --run, --queries and --documents go together (or none, for the shipped collection)"
+        )
     if any(given):
         return qrels, run, queries, documents  # type: ignore[return-value]
     folder = "long/" if long_documents else ""
-    return (shipped(folder + "qrels.txt"), shipped(folder + "run.bm25.txt"), shipped(folder + "queries.tsv"),
-            shipped(folder + "documents.jsonl"))
+    return (
+        shipped(folder + "qrels.txt"),
+        shipped(folder + "run.bm25.txt"),
+        shipped(folder + "queries.tsv"),
+        shipped(folder + "documents.jsonl"),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the evaluation on ``argv``; 0 when done, 2 on bad input or settings, 1 when the queue did not answer."""
     from producer.command_line import Host, run_command
 
-    return run_command(evaluate_command, sys.argv[1:] if argv is None else argv,
-                       prog_name="python -m worker.evaluation", host=Host())
+    return run_command(
+        evaluate_command, sys.argv[1:] if argv is None else argv, prog_name="python -m worker.evaluation", host=Host()
+    )
 
 
 def _evaluate(args: Arguments, collection: Any) -> int:
@@ -162,7 +181,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
             raise ConfigError("--members", f"comma-separated member indexes, got {args.members!r}") from None
         if any(not 0 <= i < len(chain) for i in members):
             raise ConfigError("--members", f"the chain has members 0..{len(chain) - 1}")
-    qids = collection.evaluated[:args.limit] if args.limit else collection.evaluated
+    qids = collection.evaluated[: args.limit] if args.limit else collection.evaluated
     run_depth = max(len(collection.run[q]) for q in qids)
     depths = sorted({min(d, run_depth) for d in args.depths})
     input_rankings = {q: [r.docid for r in collection.run[q]] for q in qids}
@@ -170,36 +189,62 @@ def _evaluate(args: Arguments, collection: Any) -> int:
 
     runs, scores, reported = {}, {}, []
     load_before = os.getloadavg()[0]
-    progress(f"evaluating {len(qids)} queries, depths {depths}, members "
-             + ", ".join(f"{i}:{chain[i].provider}" for i in members))
+    progress(
+        f"evaluating {len(qids)} queries, depths {depths}, members "
+        + ", ".join(f"{i}:{chain[i].provider}" for i in members)
+    )
     with stack(env, max_depth=max(depths), members=members, device=args.device) as where:
         for index in members:
             label = f"{index}:{where.chain[index].provider}"
             entry: dict[str, Any] = {"label": label, "provider": where.chain[index].provider}
             reported.append(entry)
             for depth in sorted(depths, reverse=True):
-                run = run_member(where.client, collection, qids, index=index, label=label, depth=depth,
-                                 timeout_s=args.timeout, progress=progress, long_documents=args.long_documents)
+                run = run_member(
+                    where.client,
+                    collection,
+                    qids,
+                    index=index,
+                    label=label,
+                    depth=depth,
+                    timeout_s=args.timeout,
+                    progress=progress,
+                    long_documents=args.long_documents,
+                )
                 if len(run.queries) < len(qids):  # the member failed its first query
                     entry["reason"] = run.queries[0].failed
                     progress(f"{label}: unavailable ({entry['reason']})")
                     break
                 runs[(label, depth)] = run
-                scores[(label, depth)] = evaluate(collection.qrels, {q.qid: q.ranking for q in run.queries},
-                                                  relevant_grade=args.relevant_grade)
-        stack_notes = {"private": where.private,
-                       "pair_cache": load_settings(env).chain.pair_cache
-                       if where.private and "RERANKQ_PAIR_CACHE" in env else (False if where.private else None),
-                       "worker_log": str(where.log_path) if where.log_path else None,
-                       "load_average_1m_at_start": round(load_before, 2), **environment_notes(env)}
+                scores[(label, depth)] = evaluate(
+                    collection.qrels, {q.qid: q.ranking for q in run.queries}, relevant_grade=args.relevant_grade
+                )
+        stack_notes = {
+            "private": where.private,
+            "pair_cache": load_settings(env).chain.pair_cache
+            if where.private and "RERANKQ_PAIR_CACHE" in env
+            else (False if where.private else None),
+            "worker_log": str(where.log_path) if where.log_path else None,
+            "load_average_1m_at_start": round(load_before, 2),
+            **environment_notes(env),
+        }
 
     report = build_report(
-        collection={"files": {k: str(getattr(args, k)) for k in ("qrels", "run", "queries", "documents")},
-                    "queries_evaluated": len(qids), "documents": len(collection.documents),
-                    "judgements": sum(len(j) for q, j in collection.qrels.items() if q in input_rankings),
-                    "run_depth": run_depth, "long_documents": args.long_documents or "excerpt"},
-        relevant_grade=args.relevant_grade, depths=depths, input_scores=input_scores, members=reported,
-        runs=runs, scores=scores, stack=stack_notes)
+        collection={
+            "files": {k: str(getattr(args, k)) for k in ("qrels", "run", "queries", "documents")},
+            "queries_evaluated": len(qids),
+            "documents": len(collection.documents),
+            "judgements": sum(len(j) for q, j in collection.qrels.items() if q in input_rankings),
+            "run_depth": run_depth,
+            "long_documents": args.long_documents or "excerpt",
+        },
+        relevant_grade=args.relevant_grade,
+        depths=depths,
+        input_scores=input_scores,
+        members=reported,
+        runs=runs,
+        scores=scores,
+        stack=stack_notes,
+    )
     if args.plots:
         for path in write_plots(report, args.plots):
             progress(f"wrote {path}")

@@ -42,8 +42,9 @@ class Scores:
     per_query: dict[str, dict[str, float]]  # measure -> qid -> value
 
 
-def evaluate(qrels: Mapping[str, Mapping[str, int]], rankings: Mapping[str, Sequence[str]], *,
-             relevant_grade: int = 1) -> Scores:
+def evaluate(
+    qrels: Mapping[str, Mapping[str, int]], rankings: Mapping[str, Sequence[str]], *, relevant_grade: int = 1
+) -> Scores:
     """Every measure for these rankings (qid -> document ids, best first), over their queries.
 
     Every ranked query must be judged and rank something: trec_eval leaves a query with an

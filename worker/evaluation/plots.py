@@ -35,16 +35,26 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
     for colour, member in zip(COLOURS, served):
         values = [member["depths"][str(d)]["mean"]["nDCG@10"] for d in depths]
         keeps_input = all(abs(v - baseline) < 5e-4 for v in values)
-        ax.plot(depths, values, marker="o", color=colour,
-                label=member["label"] + (" (keeps the input order)" if keeps_input else ""))
+        ax.plot(
+            depths,
+            values,
+            marker="o",
+            color=colour,
+            label=member["label"] + (" (keeps the input order)" if keeps_input else ""),
+        )
         if keeps_input:
             continue  # its numbers are the input run's, on the dashed line
         for d, v in zip(depths, values):
-            ax.annotate(f"{v:.3f}", (d, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8,
-                        color=colour)
+            ax.annotate(
+                f"{v:.3f}", (d, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8, color=colour
+            )
     over = report["over_fetch"]
-    ax.axvline(over["depth"], color="#999999", linestyle=":",
-               label=f"over-fetch rule for k={over['keep']}: max(25, 4k) = {over['depth']}")
+    ax.axvline(
+        over["depth"],
+        color="#999999",
+        linestyle=":",
+        label=f"over-fetch rule for k={over['keep']}: max(25, 4k) = {over['depth']}",
+    )
     ax.set_xscale("log")
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.minorticks_off()
@@ -59,8 +69,10 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7.5, 5.2), dpi=120)
     ax.axhline(baseline, color=INPUT_COLOUR, linestyle="--", label=f"input run ({baseline:.3f}, no reranking)")
     for colour, member in zip(COLOURS, served):
-        points = [(member["depths"][str(d)]["latency"]["total_ms"].get("p50"),
-                   member["depths"][str(d)]["mean"]["nDCG@10"], d) for d in depths]
+        points = [
+            (member["depths"][str(d)]["latency"]["total_ms"].get("p50"), member["depths"][str(d)]["mean"]["nDCG@10"], d)
+            for d in depths
+        ]
         points = [p for p in points if p[0] is not None]
         if not points:
             continue
@@ -69,8 +81,14 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
         if max(xs) < 2 * min(xs):
             # Points this close would print over each other: one label for the lot.
             x, y, _ = points[-1]
-            ax.annotate(f"d={points[0][2]}..{points[-1][2]}", (x, y), textcoords="offset points", xytext=(6, 6),
-                        fontsize=8, color=colour)
+            ax.annotate(
+                f"d={points[0][2]}..{points[-1][2]}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=8,
+                color=colour,
+            )
             continue
         for x, y, d in points:
             ax.annotate(f"d={d}", (x, y), textcoords="offset points", xytext=(5, -12), fontsize=8, color=colour)
@@ -85,8 +103,10 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
 
     full = str(report["full_depth"])
     labels = ["input run", *(m["label"] for m in served)]
-    series = [list(report["input_run"]["per_query"]["nDCG@10"].values()),
-              *(list(m["depths"][full]["per_query"]["nDCG@10"].values()) for m in served)]
+    series = [
+        list(report["input_run"]["per_query"]["nDCG@10"].values()),
+        *(list(m["depths"][full]["per_query"]["nDCG@10"].values()) for m in served),
+    ]
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
     # No fliers: every query is drawn as a point over the box anyway.
     ax.boxplot(series, tick_labels=labels, showmeans=True, showfliers=False, widths=0.5)
@@ -117,8 +137,14 @@ def _reliability(plt: Any, members: list[tuple[str, Mapping[str, Any]]], path: P
             if summary is None:
                 continue
             points = summary["bins"]
-            ax.plot([b["predicted"] for b in points], [b["observed"] for b in points], linestyle=style, marker="o",
-                    color=colour, label=f"{member['label']} {name} (ECE {summary['ece']:.3f})")
+            ax.plot(
+                [b["predicted"] for b in points],
+                [b["observed"] for b in points],
+                linestyle=style,
+                marker="o",
+                color=colour,
+                label=f"{member['label']} {name} (ECE {summary['ece']:.3f})",
+            )
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("predicted: mean score in the bin (10 bins)")

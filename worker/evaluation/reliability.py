@@ -38,8 +38,15 @@ def bins(scores: Sequence[float], relevant: Sequence[bool], *, n_bins: int = BIN
         mask = which == b
         n = int(mask.sum())
         if n:
-            out.append(Bin(low=b / n_bins, high=(b + 1) / n_bins, pairs=n, predicted=float(p[mask].mean()),
-                           observed=float(y[mask].mean())))
+            out.append(
+                Bin(
+                    low=b / n_bins,
+                    high=(b + 1) / n_bins,
+                    pairs=n,
+                    predicted=float(p[mask].mean()),
+                    observed=float(y[mask].mean()),
+                )
+            )
     return out
 
 
@@ -60,6 +67,10 @@ def brier(scores: Sequence[float], relevant: Sequence[bool]) -> float:
 
 def summary(scores: Sequence[float], relevant: Sequence[bool]) -> dict[str, object]:
     """ECE and the reliability points, as the report keeps them."""
-    return {"ece": expected_calibration_error(scores, relevant),
-            "bins": [{"low": b.low, "high": b.high, "pairs": b.pairs, "predicted": b.predicted,
-                      "observed": b.observed} for b in bins(scores, relevant)]}
+    return {
+        "ece": expected_calibration_error(scores, relevant),
+        "bins": [
+            {"low": b.low, "high": b.high, "pairs": b.pairs, "predicted": b.predicted, "observed": b.observed}
+            for b in bins(scores, relevant)
+        ],
+    }

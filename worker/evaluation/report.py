@@ -50,16 +50,27 @@ def calibration_of(run: MemberRun, relevant_grade: int) -> dict[str, Any] | None
         return None  # a passthrough member: its seeded scores are fusion ranks, not relevance
     relevant = [p.grade is not None and p.grade >= relevant_grade for p in pairs]
     calibrated = all(p.calibrated for p in pairs)
-    return {"pairs": len(pairs), "positives": sum(relevant), "calibrated": calibrated,
-            "partly_calibrated": not calibrated and any(p.calibrated for p in pairs),
-            "raw": summary([p.raw for p in pairs], relevant),
-            "served": summary([p.score for p in pairs], relevant) if calibrated else None}
+    return {
+        "pairs": len(pairs),
+        "positives": sum(relevant),
+        "calibrated": calibrated,
+        "partly_calibrated": not calibrated and any(p.calibrated for p in pairs),
+        "raw": summary([p.raw for p in pairs], relevant),
+        "served": summary([p.score for p in pairs], relevant) if calibrated else None,
+    }
 
 
-def build_report(*, collection: Mapping[str, Any], relevant_grade: int, depths: Sequence[int],
-                 input_scores: Scores, members: Sequence[Mapping[str, Any]],
-                 runs: Mapping[tuple[str, int], MemberRun], scores: Mapping[tuple[str, int], Scores],
-                 stack: Mapping[str, Any]) -> dict[str, Any]:
+def build_report(
+    *,
+    collection: Mapping[str, Any],
+    relevant_grade: int,
+    depths: Sequence[int],
+    input_scores: Scores,
+    members: Sequence[Mapping[str, Any]],
+    runs: Mapping[tuple[str, int], MemberRun],
+    scores: Mapping[tuple[str, int], Scores],
+    stack: Mapping[str, Any],
+) -> dict[str, Any]:
     """``members``: each member's label and provider, and its reason when it could not serve."""
     report_members = []
     for member in members:
@@ -126,53 +137,99 @@ def render(report: Mapping[str, Any]) -> str:
             continue
         at = member["depths"][full]
         versus = at["ndcg10_vs_input_run"]
-        rows.append([member["label"], *(f"{at['mean'][m]:.3f}" for m in NAMES), _spread(at),
-                     f"{versus['better']}/{versus['same']}/{versus['worse']}"])
-    blocks.append(_table(
-        f"Reranking the top {full} of the input run ({n_queries} queries; P, R and MRR count grade >= {grade} "
-        "as relevant)",
-        ["", *NAMES, "nDCG@10 per query min/med/max", "vs input +/=/-"], rows))
+        rows.append(
+            [
+                member["label"],
+                *(f"{at['mean'][m]:.3f}" for m in NAMES),
+                _spread(at),
+                f"{versus['better']}/{versus['same']}/{versus['worse']}",
+            ]
+        )
+    blocks.append(
+        _table(
+            f"Reranking the top {full} of the input run ({n_queries} queries; P, R and MRR count grade >= {grade} "
+            "as relevant)",
+            ["", *NAMES, "nDCG@10 per query min/med/max", "vs input +/=/-"],
+            rows,
+        )
+    )
 
     depths = [str(d) for d in report["depths"]]
     sweep = [["input run", *([f"{report['input_run']['mean']['nDCG@10']:.3f}"] * len(depths))]]
     for member in _served(report):
         sweep.append([member["label"], *(f"{member['depths'][d]['mean']['nDCG@10']:.3f}" for d in depths)])
     over = report["over_fetch"]
-    blocks.append(_table(
-        f"Depth sweep: nDCG@10 when reranking the top d of the input run (the over-fetch rule reranks "
-        f"max(25, 4k) = {over['depth']} to keep k = {over['keep']})",
-        ["", *(f"d={d}" for d in depths)], sweep))
+    blocks.append(
+        _table(
+            f"Depth sweep: nDCG@10 when reranking the top d of the input run (the over-fetch rule reranks "
+            f"max(25, 4k) = {over['depth']} to keep k = {over['keep']})",
+            ["", *(f"d={d}" for d in depths)],
+            sweep,
+        )
+    )
 
     timing = []
     for member in _served(report):
         for d in depths:
             at = member["depths"][d]
             lat = at["latency"]
-            timing.append([member["label"], d, *(_ms(lat[part], p) for part in ("total_ms", "queue_ms", "scoring_ms")
-                                                  for p in ("p50", "p95")),
-                           f"{at['provider_calls_per_query']:.2f}", str(len(at["failed_queries"]))])
-    blocks.append(_table(
-        "Latency per query, ms (one query at a time; queue = message sent to the worker starting it, "
-        "scoring = worker start to commit)",
-        ["", "depth", "total p50", "total p95", "queue p50", "queue p95", "scoring p50", "scoring p95",
-         "calls/query", "failed"], timing))
+            timing.append(
+                [
+                    member["label"],
+                    d,
+                    *(_ms(lat[part], p) for part in ("total_ms", "queue_ms", "scoring_ms") for p in ("p50", "p95")),
+                    f"{at['provider_calls_per_query']:.2f}",
+                    str(len(at["failed_queries"])),
+                ]
+            )
+    blocks.append(
+        _table(
+            "Latency per query, ms (one query at a time; queue = message sent to the worker starting it, "
+            "scoring = worker start to commit)",
+            [
+                "",
+                "depth",
+                "total p50",
+                "total p95",
+                "queue p50",
+                "queue p95",
+                "scoring p50",
+                "scoring p95",
+                "calls/query",
+                "failed",
+            ],
+            timing,
+        )
+    )
     calibrated = [m for m in _served(report) if "calibration" in m]
     if calibrated:
-        blocks.append(_table(
-            f"Calibration: ECE (10 bins) of the scores as probabilities of relevance, reranking the top {full} "
-            f"(grade >= {grade} relevant, unjudged not)",
-            ["", "pairs", "relevant", "ECE raw", "ECE calibrated"],
-            [[m["label"], str(m["calibration"]["pairs"]), str(m["calibration"]["positives"]),
-              f"{m['calibration']['raw']['ece']:.3f}",
-              f"{m['calibration']['served']['ece']:.3f}" if m["calibration"]["served"] else
-              ("partly calibrated" if m["calibration"]["partly_calibrated"] else "not calibrated")]
-             for m in calibrated]))
+        blocks.append(
+            _table(
+                f"Calibration: ECE (10 bins) of the scores as probabilities of relevance, reranking the top {full} "
+                f"(grade >= {grade} relevant, unjudged not)",
+                ["", "pairs", "relevant", "ECE raw", "ECE calibrated"],
+                [
+                    [
+                        m["label"],
+                        str(m["calibration"]["pairs"]),
+                        str(m["calibration"]["positives"]),
+                        f"{m['calibration']['raw']['ece']:.3f}",
+                        f"{m['calibration']['served']['ece']:.3f}"
+                        if m["calibration"]["served"]
+                        else ("partly calibrated" if m["calibration"]["partly_calibrated"] else "not calibrated"),
+                    ]
+                    for m in calibrated
+                ],
+            )
+        )
     stack = report["stack"]
-    blocks.append(f"{'private redis-server and worker' if stack.get('private') else 'configured Redis and workers'}"
-                  f"; pair-score cache {'off' if stack.get('pair_cache') is False else 'as configured'}"
-                  f"; precision {stack.get('precision')}; torch threads {stack.get('torch_threads')}; "
-                  f"{stack.get('cpu_count')} CPUs, load average {stack.get('load_average_1m_at_start')} at the start "
-                  f"and {stack.get('load_average_1m')} at the end (latency is this machine's, as busy as that)")
+    blocks.append(
+        f"{'private redis-server and worker' if stack.get('private') else 'configured Redis and workers'}"
+        f"; pair-score cache {'off' if stack.get('pair_cache') is False else 'as configured'}"
+        f"; precision {stack.get('precision')}; torch threads {stack.get('torch_threads')}; "
+        f"{stack.get('cpu_count')} CPUs, load average {stack.get('load_average_1m_at_start')} at the start "
+        f"and {stack.get('load_average_1m')} at the end (latency is this machine's, as busy as that)"
+    )
     return "\n\n".join(blocks)
 
 

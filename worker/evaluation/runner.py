@@ -98,18 +98,39 @@ def candidates_for(collection: Collection, qid: str, depth: int) -> list[dict[st
     out: list[dict[str, object]] = []
     for ranked in collection.run[qid][:depth]:
         document = collection.documents[ranked.docid]
-        out.append({"id": ranked.docid, "text": document.text, "source": "run", "fusion_score": ranked.score,
-                    "heading_path": [document.title] if document.title else []})
+        out.append(
+            {
+                "id": ranked.docid,
+                "text": document.text,
+                "source": "run",
+                "fusion_score": ranked.score,
+                "heading_path": [document.title] if document.title else [],
+            }
+        )
     return out
 
 
-def rerank_query(client: RerankClient, collection: Collection, qid: str, *, depth: int, profile: str,
-                 timeout_s: float, long_documents: str | None = None) -> QueryRun:
+def rerank_query(
+    client: RerankClient,
+    collection: Collection,
+    qid: str,
+    *,
+    depth: int,
+    profile: str,
+    timeout_s: float,
+    long_documents: str | None = None,
+) -> QueryRun:
     candidates = candidates_for(collection, qid, depth)
     started = time.perf_counter()
     # The streams are the evaluation's own: they need not outlive it by much.
-    stream = client.open(collection.queries[qid], candidates, window_size=len(candidates), chain=profile, ttl_s=900,
-                         long_documents=long_documents)
+    stream = client.open(
+        collection.queries[qid],
+        candidates,
+        window_size=len(candidates),
+        chain=profile,
+        ttl_s=900,
+        long_documents=long_documents,
+    )
     sent_at = time.time()
     page = client.pull(stream, 0, len(candidates), timeout=timeout_s)
     total_ms = (time.perf_counter() - started) * 1000
@@ -123,28 +144,55 @@ def rerank_query(client: RerankClient, collection: Collection, qid: str, *, dept
     failed = (result.reason or "failed") if any(isinstance(d, Failed) for d in result.decisions) else None
     began = result.began_at
     judged = collection.qrels.get(qid, {})
-    scored = [ScoredPair(docid=d.id, score=d.score, raw=d.raw_score if d.raw_score is not None else d.score,
-                         calibrated=d.calibrated, grade=judged.get(d.id))
-              for d in result.decisions
-              if isinstance(d, (Ranked, Filtered)) and not result.passthrough and math.isfinite(d.score)]
+    scored = [
+        ScoredPair(
+            docid=d.id,
+            score=d.score,
+            raw=d.raw_score if d.raw_score is not None else d.score,
+            calibrated=d.calibrated,
+            grade=judged.get(d.id),
+        )
+        for d in result.decisions
+        if isinstance(d, (Ranked, Filtered)) and not result.passthrough and math.isfinite(d.score)
+    ]
     return QueryRun(
-        qid=qid, ranking=reranked + rest, total_ms=total_ms,
+        qid=qid,
+        ranking=reranked + rest,
+        total_ms=total_ms,
         queue_ms=(began - sent_at) * 1000 if began is not None else None,
         scoring_ms=(result.committed_at - began) * 1000 if began is not None else None,
-        served_by=result.served_by, failed=failed, scored=scored,
+        served_by=result.served_by,
+        failed=failed,
+        scored=scored,
     )
 
 
-def run_member(client: RerankClient, collection: Collection, qids: Sequence[str], *, index: int, label: str,
-               depth: int, timeout_s: float, progress: Callable[[str], None],
-               long_documents: str | None = None) -> MemberRun:
+def run_member(
+    client: RerankClient,
+    collection: Collection,
+    qids: Sequence[str],
+    *,
+    index: int,
+    label: str,
+    depth: int,
+    timeout_s: float,
+    progress: Callable[[str], None],
+    long_documents: str | None = None,
+) -> MemberRun:
     """Every query through member ``index`` alone. A member that fails the first query is
     not tried on the rest (it cannot start, or cannot serve): its reason is what is reported."""
     run = MemberRun(label=label, depth=depth)
     before = client.store.counters().get(f"provider_calls:{label}", 0)
     for n, qid in enumerate(qids, start=1):
-        query = rerank_query(client, collection, qid, depth=depth, profile=profile_name(index), timeout_s=timeout_s,
-                             long_documents=long_documents)
+        query = rerank_query(
+            client,
+            collection,
+            qid,
+            depth=depth,
+            profile=profile_name(index),
+            timeout_s=timeout_s,
+            long_documents=long_documents,
+        )
         run.queries.append(query)
         if n == 1 and query.failed is not None:
             break
@@ -189,8 +237,10 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
             env.setdefault("RERANKQ_PAIR_CACHE", "false")
             env.setdefault("RERANKQ_MAX_WINDOW_SIZE", str(max(256, max_depth)))
             # One window holds a query's whole depth, every passage of it too.
-            env.setdefault("RERANKQ_MAX_WINDOW_PASSAGE_TOKENS",
-                           str(max(1_048_576, max_depth * DEFAULT_MAX_PASSAGES * REMOTE_PASSAGE_TOKENS)))
+            env.setdefault(
+                "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS",
+                str(max(1_048_576, max_depth * DEFAULT_MAX_PASSAGES * REMOTE_PASSAGE_TOKENS)),
+            )
             for index in members:
                 env[f"RERANKQ_CHAIN_{profile_name(index).upper()}"] = str(index)
             log_path = Path(tempfile.mkdtemp(prefix="rerankq-eval-")) / "worker.log"
@@ -207,7 +257,10 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
 
 def environment_notes(env: dict[str, str]) -> dict[str, object]:
     """What the latencies depend on, for the report: the machine, and how busy it was."""
-    return {"cpu_count": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
-            "precision": env.get("RERANKQ_PRECISION", "auto"),
-            "worker_processes": env.get("RERANKQ_WORKER_PROCESSES", "1"),
-            "torch_threads": env.get("RERANKQ_TORCH_THREADS", "cores / processes")}
+    return {
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "precision": env.get("RERANKQ_PRECISION", "auto"),
+        "worker_processes": env.get("RERANKQ_WORKER_PROCESSES", "1"),
+        "torch_threads": env.get("RERANKQ_TORCH_THREADS", "cores / processes"),
+    }

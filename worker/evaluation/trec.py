@@ -162,8 +162,9 @@ class Collection:
 
 def load_collection(*, qrels: Path, run: Path, queries: Path, documents: Path) -> Collection:
     """All four files, checked against each other: every run query has text, every run document exists."""
-    collection = Collection(qrels=read_qrels(qrels), run=read_run(run), queries=read_queries(queries),
-                            documents=read_documents(documents))
+    collection = Collection(
+        qrels=read_qrels(qrels), run=read_run(run), queries=read_queries(queries), documents=read_documents(documents)
+    )
     for qid, ranked in collection.run.items():
         if qid not in collection.queries:
             raise InputError(f"{run}: query {qid} has no text in {queries}")

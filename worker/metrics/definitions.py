@@ -47,62 +47,122 @@ class WorkerMetrics(Recorder):
         self.device = device_kind(device)
         self.pool = pool
         d = ["device"]
-        self.committed = Counter("rerankq_windows_committed", "Windows committed, by the member that served them "
-                                 "(none for a failed window) and outcome (ranked, failed, poisoned)",
-                                 ["device", "member", "outcome"], registry=None)
-        self.queue_wait = Histogram("rerankq_window_queue_wait_seconds",
-                                    "Admitted to first begun: how long a window waited for a worker", d,
-                                    buckets=QUEUE_BUCKETS, registry=None)
-        self.scoring = Histogram("rerankq_window_scoring_seconds",
-                                 "Begun to ready to commit: documents, cache, provider chain, decisions", d,
-                                 buckets=WINDOW_BUCKETS, registry=None)
-        self.commit = Histogram("rerankq_window_commit_seconds", "The commit script's round trip", d,
-                                buckets=COMMIT_BUCKETS, registry=None)
-        self.latency = Histogram("rerankq_window_latency_seconds", "Admitted to committed", d,
-                                 buckets=QUEUE_BUCKETS, registry=None)
-        self.attempts_again = Counter("rerankq_window_attempts_again",
-                                      "Deliveries that began a window already attempted (attempts beyond the first)",
-                                      d, registry=None)
-        self.pairs = Counter("rerankq_pairs_scored", "(query, document) pairs sent to a member's provider",
-                             ["device", "member"], registry=None)
-        self.padding = Histogram("rerankq_batch_padding_ratio", "Share of a forward batch's tokens that are padding",
-                                 d, buckets=PADDING_BUCKETS, registry=None)
-        self.requests = Counter("rerankq_provider_requests",
-                                "Provider calls (windows or cache misses sent to a member)",
-                                ["member"], registry=None)
-        self.errors = Counter("rerankq_provider_errors", "Provider calls that failed, by reason", ["member", "reason"],
-                              registry=None)
-        self.request_seconds = Histogram("rerankq_provider_request_seconds",
-                                         "A provider call, retries and Retry-After waits included", ["member"],
-                                         buckets=WINDOW_BUCKETS, registry=None)
-        self.retries = Counter("rerankq_provider_retries", "Requests a remote member retried (429, 5xx)",
-                               ["member", "reason"], registry=None)
-        self.retry_wait = Histogram("rerankq_provider_retry_wait_seconds",
-                                    "Waits before a retry; source retry_after when the server's Retry-After set it",
-                                    ["member", "source"], buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
-                                    registry=None)
-        self.failovers = Counter("rerankq_failovers", "Members skipped by the chain, by reason", ["member", "reason"],
-                                 registry=None)
-        self.cache_hits = Counter("rerankq_pair_cache_hits", "Pair scores served from the cache", ["member"],
-                                  registry=None)
-        self.cache_misses = Counter("rerankq_pair_cache_misses", "Pair scores the cache did not hold", ["member"],
-                                    registry=None)
-        self.refused = Counter("rerankq_task_messages_refused",
-                               "Queue messages the worker refused and dropped: not a rerankq task message "
-                               "(reason: envelope, headers, task, eta, content, body, arguments)", ["device", "reason"],
-                               registry=None)
-        self.redelivered = Counter("rerankq_windows_redelivered", "Windows the sweep re-sent (no message was queued)",
-                                   registry=None)
-        self.info = Gauge("rerankq_worker_info", "What a worker process runs (value 1)",
-                          ["version", "device", "model", "precision", "torch_threads", "pool"],
-                          multiprocess_mode="livemax", registry=None)
+        self.committed = Counter(
+            "rerankq_windows_committed",
+            "Windows committed, by the member that served them "
+            "(none for a failed window) and outcome (ranked, failed, poisoned)",
+            ["device", "member", "outcome"],
+            registry=None,
+        )
+        self.queue_wait = Histogram(
+            "rerankq_window_queue_wait_seconds",
+            "Admitted to first begun: how long a window waited for a worker",
+            d,
+            buckets=QUEUE_BUCKETS,
+            registry=None,
+        )
+        self.scoring = Histogram(
+            "rerankq_window_scoring_seconds",
+            "Begun to ready to commit: documents, cache, provider chain, decisions",
+            d,
+            buckets=WINDOW_BUCKETS,
+            registry=None,
+        )
+        self.commit = Histogram(
+            "rerankq_window_commit_seconds", "The commit script's round trip", d, buckets=COMMIT_BUCKETS, registry=None
+        )
+        self.latency = Histogram(
+            "rerankq_window_latency_seconds", "Admitted to committed", d, buckets=QUEUE_BUCKETS, registry=None
+        )
+        self.attempts_again = Counter(
+            "rerankq_window_attempts_again",
+            "Deliveries that began a window already attempted (attempts beyond the first)",
+            d,
+            registry=None,
+        )
+        self.pairs = Counter(
+            "rerankq_pairs_scored",
+            "(query, document) pairs sent to a member's provider",
+            ["device", "member"],
+            registry=None,
+        )
+        self.padding = Histogram(
+            "rerankq_batch_padding_ratio",
+            "Share of a forward batch's tokens that are padding",
+            d,
+            buckets=PADDING_BUCKETS,
+            registry=None,
+        )
+        self.requests = Counter(
+            "rerankq_provider_requests",
+            "Provider calls (windows or cache misses sent to a member)",
+            ["member"],
+            registry=None,
+        )
+        self.errors = Counter(
+            "rerankq_provider_errors", "Provider calls that failed, by reason", ["member", "reason"], registry=None
+        )
+        self.request_seconds = Histogram(
+            "rerankq_provider_request_seconds",
+            "A provider call, retries and Retry-After waits included",
+            ["member"],
+            buckets=WINDOW_BUCKETS,
+            registry=None,
+        )
+        self.retries = Counter(
+            "rerankq_provider_retries",
+            "Requests a remote member retried (429, 5xx)",
+            ["member", "reason"],
+            registry=None,
+        )
+        self.retry_wait = Histogram(
+            "rerankq_provider_retry_wait_seconds",
+            "Waits before a retry; source retry_after when the server's Retry-After set it",
+            ["member", "source"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            registry=None,
+        )
+        self.failovers = Counter(
+            "rerankq_failovers", "Members skipped by the chain, by reason", ["member", "reason"], registry=None
+        )
+        self.cache_hits = Counter(
+            "rerankq_pair_cache_hits", "Pair scores served from the cache", ["member"], registry=None
+        )
+        self.cache_misses = Counter(
+            "rerankq_pair_cache_misses", "Pair scores the cache did not hold", ["member"], registry=None
+        )
+        self.refused = Counter(
+            "rerankq_task_messages_refused",
+            "Queue messages the worker refused and dropped: not a rerankq task message "
+            "(reason: envelope, headers, task, eta, content, body, arguments)",
+            ["device", "reason"],
+            registry=None,
+        )
+        self.redelivered = Counter(
+            "rerankq_windows_redelivered", "Windows the sweep re-sent (no message was queued)", registry=None
+        )
+        self.info = Gauge(
+            "rerankq_worker_info",
+            "What a worker process runs (value 1)",
+            ["version", "device", "model", "precision", "torch_threads", "pool"],
+            multiprocess_mode="livemax",
+            registry=None,
+        )
         # Labelled, so the main process of a prefork worker, which never scores, writes no value.
-        self.ready = Gauge("rerankq_worker_process_ready",
-                           "1 when this pool process can score (a scoring member started on its device)", d,
-                           multiprocess_mode="liveall", registry=None)
-        self.started = Gauge("rerankq_chain_member_started",
-                             "1 when a chain member started in every live pool process, 0 when one has not",
-                             ["member"], multiprocess_mode="livemin", registry=None)
+        self.ready = Gauge(
+            "rerankq_worker_process_ready",
+            "1 when this pool process can score (a scoring member started on its device)",
+            d,
+            multiprocess_mode="liveall",
+            registry=None,
+        )
+        self.started = Gauge(
+            "rerankq_chain_member_started",
+            "1 when a chain member started in every live pool process, 0 when one has not",
+            ["member"],
+            multiprocess_mode="livemin",
+            registry=None,
+        )
 
         # Children bound once: a window's reports are on the hot path (benchmarked in
         # ops/bench/metrics.py), and a label lookup costs as much as the write it precedes.
@@ -117,8 +177,11 @@ class WorkerMetrics(Recorder):
     def _member_children(self, member: str) -> tuple[Any, Any, Any]:
         children = self._member.get(member)
         if children is None:
-            children = self._member[member] = (self.requests.labels(member), self.pairs.labels(self.device, member),
-                                               self.request_seconds.labels(member))
+            children = self._member[member] = (
+                self.requests.labels(member),
+                self.pairs.labels(self.device, member),
+                self.request_seconds.labels(member),
+            )
         return children
 
     def window_begun(self, *, attempt: int, admitted_at_ms: int) -> None:
@@ -131,8 +194,9 @@ class WorkerMetrics(Recorder):
     def window_scored(self, seconds: float) -> None:
         self._scoring.observe(seconds)
 
-    def window_committed(self, *, member: str | None, outcome: str, commit_s: float, admitted_at_ms: int,
-                         written: bool) -> None:
+    def window_committed(
+        self, *, member: str | None, outcome: str, commit_s: float, admitted_at_ms: int, written: bool
+    ) -> None:
         self._commit.observe(commit_s)
         if not written:
             return

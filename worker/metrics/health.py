@@ -56,9 +56,12 @@ class WorkerHealth:
         ready, members = read_readiness(self.directory)
         consumer = self._consumer_connected()
         ok = consumer and len(ready) >= self.processes and all(ready.values())
-        return ok, {"consumer": consumer, "processes_expected": self.processes,
-                    "processes_ready": {str(pid): value for pid, value in sorted(ready.items())},
-                    "members_started": members}
+        return ok, {
+            "consumer": consumer,
+            "processes_expected": self.processes,
+            "processes_ready": {str(pid): value for pid, value in sorted(ready.items())},
+            "members_started": members,
+        }
 
 
 def read_readiness(directory: Path) -> tuple[dict[int, bool], dict[str, bool]]:

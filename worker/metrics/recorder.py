@@ -18,8 +18,9 @@ class Recorder:
     def window_scored(self, seconds: float) -> None:
         """A window's documents were assembled, scored through the chain and decided."""
 
-    def window_committed(self, *, member: str | None, outcome: str, commit_s: float, admitted_at_ms: int,
-                         written: bool) -> None:
+    def window_committed(
+        self, *, member: str | None, outcome: str, commit_s: float, admitted_at_ms: int, written: bool
+    ) -> None:
         """A commit call returned; ``written`` when this call committed the window."""
 
     def provider_called(self, member: str, pairs: int) -> None:

@@ -59,9 +59,11 @@ class BreakerCollector(Collector):
             states = [s.decode() if s else "closed" for s in pipe.execute()]
         except (redis.RedisError, OSError):
             return  # no figure rather than a wrong one; /healthz says Redis is down
-        family = GaugeMetricFamily("rerankq_breaker_state",
-                                   "A remote member's circuit breaker, shared by every worker process (one-hot)",
-                                   labels=["member", "state"])
+        family = GaugeMetricFamily(
+            "rerankq_breaker_state",
+            "A remote member's circuit breaker, shared by every worker process (one-hot)",
+            labels=["member", "state"],
+        )
         for (label, _), state in zip(self.members, states):
             for candidate in BREAKER_STATES:
                 family.add_metric([label, candidate], 1 if state == candidate else 0)
@@ -89,8 +91,12 @@ def start_server(settings: Settings, port: int, directory: Path, health: WorkerH
         merged.register(readiness)
         return merged
 
-    return MetricsServer(settings.metrics.host, port, {
-        "/metrics": metrics_route(registry),
-        "/healthz": check_route(health.healthz),
-        "/readyz": check_route(health.readyz),
-    }).start()
+    return MetricsServer(
+        settings.metrics.host,
+        port,
+        {
+            "/metrics": metrics_route(registry),
+            "/healthz": check_route(health.healthz),
+            "/readyz": check_route(health.readyz),
+        },
+    ).start()

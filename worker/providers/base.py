@@ -148,8 +148,9 @@ def cache_identity(kind: str, **parts: object) -> str:
 #: Told of each retry a provider makes within one call: (reason, seconds it will wait, whether
 #: the wait came from the server's ``Retry-After``). The metering layer sets it around a call,
 #: so a provider reports retries without knowing its place in the chain or whether metrics are on.
-retry_listener: ContextVar[Callable[[str, float, bool], None] | None] = ContextVar("rerankq_retry_listener",
-                                                                                  default=None)
+retry_listener: ContextVar[Callable[[str, float, bool], None] | None] = ContextVar(
+    "rerankq_retry_listener", default=None
+)
 
 
 def announce_retry(reason: str, wait_s: float, *, from_retry_after: bool) -> None:

@@ -66,8 +66,14 @@ class CohereProvider:
         # The endpoint already holds the API version (or the URL given as is); the version
         # also changes the body (return_documents, max_tokens_per_doc), so it is named too.
         self.cache_identity = cache_identity(
-            self.kind, url=self.endpoint, api_version=member.api_version, model=member.model, top_n=member.top_n,
-            max_tokens_per_doc=member.max_tokens_per_doc, scale=self.scale)
+            self.kind,
+            url=self.endpoint,
+            api_version=member.api_version,
+            model=member.model,
+            top_n=member.top_n,
+            max_tokens_per_doc=member.max_tokens_per_doc,
+            scale=self.scale,
+        )
         self.client = RemoteClient(member, not_found=not_found)
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
@@ -87,8 +93,9 @@ class CohereProvider:
         n = len(request.documents)
         if n == 0:
             return []
-        answer = self.client.post_json(self.endpoint, self.payload(request), self.client.headers(request),
-                                       deadline=deadline)
+        answer = self.client.post_json(
+            self.endpoint, self.payload(request), self.client.headers(request), deadline=deadline
+        )
         if not isinstance(answer, dict):
             raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
         results = answer.get("results", answer.get("data"))

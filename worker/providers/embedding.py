@@ -48,9 +48,13 @@ def packaged_model() -> tuple[str, str]:
         package = importlib.import_module(PACKAGED_EMBEDDING_MODULE)
     except ImportError:
         raise ProviderStartError(
-            "model_load", f"no model named and the {PACKAGED_DISTRIBUTION} package is not installed",
-            remedy=Remedy("model", "set {variable} to a sentence-transformers model (a hub name or a local path), "
-                                   "or install rerankq[worker], which brings the packaged model"),
+            "model_load",
+            f"no model named and the {PACKAGED_DISTRIBUTION} package is not installed",
+            remedy=Remedy(
+                "model",
+                "set {variable} to a sentence-transformers model (a hub name or a local path), "
+                "or install rerankq[worker], which brings the packaged model",
+            ),
         ) from None
     # The folder differs between installs; the package version names the weights.
     return str(package.get_model_path()), f"{PACKAGED_DISTRIBUTION}=={metadata.version(PACKAGED_DISTRIBUTION)}"
@@ -70,17 +74,23 @@ class EmbeddingProvider:
     def check_config(member: MemberSettings) -> None:
         """What can be wrong before the model loads (MemberConfigError naming the field)."""
         if member.scale is not None:
-            raise MemberConfigError("scale", f"{member.scale!r} given; an embedding member's scores are cosine "
-                                             "similarities, read on the 'cosine' scale: unset it")
+            raise MemberConfigError(
+                "scale",
+                f"{member.scale!r} given; an embedding member's scores are cosine "
+                "similarities, read on the 'cosine' scale: unset it",
+            )
         check_device(member)
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         from worker.engine.embedding import shared_embedding_engine
 
         if member.scale is not None:
-            raise ProviderStartError("scale", f"{member.scale!r} given; an embedding member's scores are cosine "
-                                              "similarities, read on the 'cosine' scale",
-                                     remedy=Remedy("scale", "unset {variable}"))
+            raise ProviderStartError(
+                "scale",
+                f"{member.scale!r} given; an embedding member's scores are cosine "
+                "similarities, read on the 'cosine' scale",
+                remedy=Remedy("scale", "unset {variable}"),
+            )
         if member.model:
             path, self.model_name = member.model, member.model
         else:
@@ -93,16 +103,28 @@ class EmbeddingProvider:
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
         # As for `local`: the last digits of a score differ between precisions and devices.
-        self.cache_identity = cache_identity(self.kind, model=self.model_name, precision=self.engine.precision,
-                                             device=device.split(":")[0], scale=self.scale)
-        self.coalescer = (shared_coalescer(self.engine, self.engine.score_and_embed, settings)
-                          if settings.engine.coalesce else None)
+        self.cache_identity = cache_identity(
+            self.kind,
+            model=self.model_name,
+            precision=self.engine.precision,
+            device=device.split(":")[0],
+            scale=self.scale,
+        )
+        self.coalescer = (
+            shared_coalescer(self.engine, self.engine.score_and_embed, settings) if settings.engine.coalesce else None
+        )
         # The embeddings of the window this thread scored last, for embed(): a window's
         # task asks for them right after its scores, so they are not computed twice.
         self._last = threading.local()
-        log.info("model_loaded", model=self.model_name, device=device, scale=self.scale,
-                 precision=self.engine.precision, dimensions=self.engine.dimensions,
-                 coalesce=self.coalescer is not None)
+        log.info(
+            "model_loaded",
+            model=self.model_name,
+            device=device,
+            scale=self.scale,
+            precision=self.engine.precision,
+            dimensions=self.engine.dimensions,
+            coalesce=self.coalescer is not None,
+        )
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         if self.vector_cache is not None:

@@ -41,8 +41,11 @@ _REQUEST_FIELDS = frozenset({"query", "documents", "model", "top_n"})
 def instruction_field(member: MemberSettings) -> str | None:
     field = member.instruction_field or None
     if field is not None and (not _FIELD_NAME.match(field) or field in _REQUEST_FIELDS):
-        raise MemberConfigError("instruction_field", "must be a JSON field name (letters, digits, _) other than"
-                                f" {', '.join(sorted(_REQUEST_FIELDS))}; got {field!r}")
+        raise MemberConfigError(
+            "instruction_field",
+            "must be a JSON field name (letters, digits, _) other than"
+            f" {', '.join(sorted(_REQUEST_FIELDS))}; got {field!r}",
+        )
     return field
 
 
@@ -68,10 +71,15 @@ class HttpProvider:
         self.answers_subsets = member.top_n is not None
         # Named only when set, so the identity of a member without one is what it always was.
         sends = {"instruction_field": self.instruction_field} if self.instruction_field else {}
-        self.cache_identity = cache_identity(self.kind, url=self.endpoint, model=member.model, top_n=member.top_n,
-                                             scale=self.scale, **sends)
-        self.client = RemoteClient(member, not_found=Remedy(
-            "url", "check {variable}: it is POSTed to as given, so it must be the full URL of the rerank endpoint"))
+        self.cache_identity = cache_identity(
+            self.kind, url=self.endpoint, model=member.model, top_n=member.top_n, scale=self.scale, **sends
+        )
+        self.client = RemoteClient(
+            member,
+            not_found=Remedy(
+                "url", "check {variable}: it is POSTed to as given, so it must be the full URL of the rerank endpoint"
+            ),
+        )
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         n = len(request.documents)

@@ -86,20 +86,35 @@ class LocalProvider:
         # device (an export by its digest, which names its options and calibration). The
         # scale changes how the number is read, so it is named too.
         backend = self.engine.backend
-        self.cache_identity = cache_identity(self.kind, model=self.model_name, backend=backend.name,
-                                             precision=self.engine.precision, artifact=backend.artifact,
-                                             device=device.split(":")[0], scale=self.scale)
-        self.coalescer = shared_coalescer(self.engine, self.engine.score_pairs,
-                                          settings) if settings.engine.coalesce else None
-        log.info("model_loaded", model=self.model_name, device=device, scale=self.scale, backend=backend.name,
-                 precision=self.engine.precision, coalesce=self.coalescer is not None)
+        self.cache_identity = cache_identity(
+            self.kind,
+            model=self.model_name,
+            backend=backend.name,
+            precision=self.engine.precision,
+            artifact=backend.artifact,
+            device=device.split(":")[0],
+            scale=self.scale,
+        )
+        self.coalescer = (
+            shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.engine.coalesce else None
+        )
+        log.info(
+            "model_loaded",
+            model=self.model_name,
+            device=device,
+            scale=self.scale,
+            backend=backend.name,
+            precision=self.engine.precision,
+            coalesce=self.coalescer is not None,
+        )
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         try:
             # The stream's instruction is the model's prompt, as CrossEncoder.predict(prompt=...) takes it.
             if self.coalescer is not None:
-                scores = self.coalescer.score(request.query, list(request.documents), deadline=deadline,
-                                              prompt=request.instruction)
+                scores = self.coalescer.score(
+                    request.query, list(request.documents), deadline=deadline, prompt=request.instruction
+                )
             else:
                 scores = self.engine.score(request.query, list(request.documents), prompt=request.instruction)
         except CoalesceTimeout as exc:
@@ -118,16 +133,29 @@ def backend_start_error(exc: Exception, model_name: str, choice: BackendChoice) 
     from worker.engine.parity import EngineDisagrees
 
     if isinstance(exc, EngineDisagrees):
-        return ProviderStartError("engine_disagrees", f"{model_name}: {exc}",
-                                  remedy=Remedy("model", "point {variable} at a model the engine runs as the library "
-                                                         "does, or serve this one from a remote member"))
+        return ProviderStartError(
+            "engine_disagrees",
+            f"{model_name}: {exc}",
+            remedy=Remedy(
+                "model",
+                "point {variable} at a model the engine runs as the library "
+                "does, or serve this one from a remote member",
+            ),
+        )
     if isinstance(exc, BackendRefused):
-        return ProviderStartError("backend_refused", f"{model_name}: {exc}",
-                                  remedy=Remedy("backend", "set {variable}=torch, or drop the quantization"))
+        return ProviderStartError(
+            "backend_refused",
+            f"{model_name}: {exc}",
+            remedy=Remedy("backend", "set {variable}=torch, or drop the quantization"),
+        )
     if isinstance(exc, BackendUnavailable):
-        return ProviderStartError("backend_unavailable", f"{model_name}: {exc}",
-                                  remedy=Remedy("backend", "install it or set {variable}=torch"))
+        return ProviderStartError(
+            "backend_unavailable",
+            f"{model_name}: {exc}",
+            remedy=Remedy("backend", "install it or set {variable}=torch"),
+        )
     if isinstance(exc, CalibrationError):
-        return ProviderStartError("calibration", str(exc),
-                                  remedy=Remedy("calibration", "fix the file {variable} names"))
+        return ProviderStartError(
+            "calibration", str(exc), remedy=Remedy("calibration", "fix the file {variable} names")
+        )
     return ProviderStartError("model_load", f"{model_name} ({choice.name}): {type(exc).__name__}: {exc}")

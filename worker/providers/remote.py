@@ -79,8 +79,11 @@ def check_base_url(url: str | None, *, required: bool = True) -> str | None:
         raise MemberConfigError("url", f"must be an http:// or https:// URL with a host, got {public_url(url)!r}")
     if parts.username is not None or parts.password is not None:
         # httpx turns user:password@ into Basic auth, silently replacing the Bearer API key.
-        raise MemberConfigError("url", f"must not carry credentials (user:password@); give the key as the"
-                                f" member's API_KEY and the URL as {public_url(url)!r}")
+        raise MemberConfigError(
+            "url",
+            f"must not carry credentials (user:password@); give the key as the"
+            f" member's API_KEY and the URL as {public_url(url)!r}",
+        )
     return url.rstrip("/")
 
 
@@ -99,8 +102,11 @@ def check_member_numbers(member: MemberSettings) -> None:
 def refuse_instruction_field(member: MemberSettings, api: str) -> None:
     """A member whose API has no instruction field refuses the setting rather than ignore it."""
     if member.instruction_field:
-        raise MemberConfigError("instruction_field", f"{api} has no instruction field; an endpoint that takes"
-                                " one is served by provider http, which sends it in the field named here")
+        raise MemberConfigError(
+            "instruction_field",
+            f"{api} has no instruction field; an endpoint that takes"
+            " one is served by provider http, which sends it in the field named here",
+        )
 
 
 def retry_after_s(value: str | None) -> float | None:
@@ -204,21 +210,22 @@ class RemoteClient:
             try:
                 response = self._http.post(url, json=payload, headers=dict(headers), timeout=timeout)
             except httpx.TimeoutException as exc:
-                raise ProviderUnavailable("timeout",
-                                          f"{type(exc).__name__} after {remaining:.2f}s: POST {where}") from None
+                raise ProviderUnavailable(
+                    "timeout", f"{type(exc).__name__} after {remaining:.2f}s: POST {where}"
+                ) from None
             except httpx.ConnectError as exc:
                 raise ProviderUnavailable("connect_error", self.scrub(f"POST {where}: {exc}")) from None
             except httpx.HTTPError as exc:
-                raise ProviderUnavailable("http_error",
-                                          self.scrub(f"{type(exc).__name__}: POST {where}: {exc}")) from None
+                raise ProviderUnavailable(
+                    "http_error", self.scrub(f"{type(exc).__name__}: POST {where}: {exc}")
+                ) from None
 
             status = response.status_code
             if 200 <= status < 300:
                 return self._parse(response, where)
             reason = f"http_{status}"
             detail = f"POST {where} answered {status} ({error_summary(response)})"
-            log.debug("provider_error_body", url=where, status=status,
-                      body=self.scrub(response.text)[:BODY_SNIPPET])
+            log.debug("provider_error_body", url=where, status=status, body=self.scrub(response.text)[:BODY_SNIPPET])
             remedy = self.not_found if status == 404 else None
             if status not in RETRYABLE_STATUS or attempt >= self.member.max_retries:
                 raise ProviderUnavailable(reason, detail, remedy=remedy)
@@ -303,6 +310,6 @@ def check_subset_size(scores: list[float | None], n_documents: int, top_n: int |
     if present == n_documents:
         return
     if top_n is None or present != top_n:
-        raise UnusableResponse("wrong_count", f"{present} results for {n_documents} documents"
-                               + (f" (top_n {top_n})" if top_n else ""))
-
+        raise UnusableResponse(
+            "wrong_count", f"{present} results for {n_documents} documents" + (f" (top_n {top_n})" if top_n else "")
+        )

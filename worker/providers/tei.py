@@ -49,19 +49,25 @@ class TeiProvider:
         # TEI scores each pair on its own (and batches across requests itself), so the
         # client-side batch size changes no score and stays out of the identity. The model
         # is the server's; MODEL is named anyway, as the operator's label for what it serves.
-        self.cache_identity = cache_identity(self.kind, url=self.endpoint, model=member.model, scale=self.scale,
-                                             raw_scores=self._raw_scores, truncate=TRUNCATE)
-        self.client = RemoteClient(member, not_found=Remedy(
-            "url", "check {variable}: TEI serves POST /rerank at the root of its base URL"))
+        self.cache_identity = cache_identity(
+            self.kind,
+            url=self.endpoint,
+            model=member.model,
+            scale=self.scale,
+            raw_scores=self._raw_scores,
+            truncate=TRUNCATE,
+        )
+        self.client = RemoteClient(
+            member, not_found=Remedy("url", "check {variable}: TEI serves POST /rerank at the root of its base URL")
+        )
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         documents = list(request.documents)
         headers = self.client.headers(request)
         scores: list[float | None] = []
         for start in range(0, len(documents), self.batch_size):
-            batch = documents[start:start + self.batch_size]
-            payload = {"query": request.query, "texts": batch, "raw_scores": self._raw_scores,
-                       "truncate": TRUNCATE}
+            batch = documents[start : start + self.batch_size]
+            payload = {"query": request.query, "texts": batch, "raw_scores": self._raw_scores, "truncate": TRUNCATE}
             answer = self.client.post_json(self.endpoint, payload, headers, deadline=deadline)
             batch_scores = scores_from_pairs(answer, len(batch), score_field="score")
             check_subset_size(batch_scores, len(batch), None)

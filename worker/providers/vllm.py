@@ -53,8 +53,11 @@ def endpoint_url(base: str, endpoint: str) -> str:
     last = base.rsplit("/", 1)[-1]
     if last in _ENDPOINT_NAMES:
         if last != endpoint:
-            raise MemberConfigError("url", f"ends in /{last} but the member's endpoint is {endpoint}: set the"
-                                    f" member's ENDPOINT={last}, or give the server's base URL")
+            raise MemberConfigError(
+                "url",
+                f"ends in /{last} but the member's endpoint is {endpoint}: set the"
+                f" member's ENDPOINT={last}, or give the server's base URL",
+            )
         return base
     return f"{base}/{endpoint}"
 
@@ -66,8 +69,11 @@ def instruction_field(member: MemberSettings) -> str | None:
     if member.instruction_field == "":
         return None
     if member.instruction_field != INSTRUCTION_FIELD:
-        raise MemberConfigError("instruction_field", f"vLLM's protocol names it {INSTRUCTION_FIELD!r}; leave it"
-                                " unset, or set it empty for a server whose model takes no instruction")
+        raise MemberConfigError(
+            "instruction_field",
+            f"vLLM's protocol names it {INSTRUCTION_FIELD!r}; leave it"
+            " unset, or set it empty for a server whose model takes no instruction",
+        )
     return INSTRUCTION_FIELD
 
 
@@ -84,9 +90,12 @@ class VllmProvider:
         if member.endpoint == "score" and member.top_n is not None:
             raise MemberConfigError("top_n", "vLLM's score API answers every pair; top_n is for endpoint=rerank")
         if member.truncate_prompt_tokens is not None and not (
-                member.truncate_prompt_tokens == -1 or member.truncate_prompt_tokens > 0):
-            raise MemberConfigError("truncate_prompt_tokens", "must be positive, or -1 for the model's limit;"
-                                    f" got {member.truncate_prompt_tokens}")
+            member.truncate_prompt_tokens == -1 or member.truncate_prompt_tokens > 0
+        ):
+            raise MemberConfigError(
+                "truncate_prompt_tokens",
+                f"must be positive, or -1 for the model's limit; got {member.truncate_prompt_tokens}",
+            )
         instruction_field(member)
         check_member_numbers(member)
         return endpoint
@@ -102,12 +111,25 @@ class VllmProvider:
         self._raw = self.scale == "logit"
         self.answers_subsets = member.top_n is not None
         self.cache_identity = cache_identity(
-            self.kind, url=self.endpoint, endpoint=self.endpoint_kind, model=member.model, top_n=member.top_n,
-            truncate_prompt_tokens=member.truncate_prompt_tokens, max_tokens_per_doc=member.max_tokens_per_doc,
-            scale=self.scale, raw=self._raw, instruction_field=self.instruction_field)
-        self.client = RemoteClient(member, not_found=Remedy(
-            "url", "check {variable}: vLLM serves POST /rerank and /score under its base URL"
-                   " (http://host:8000), for a model it serves as a reranker"))
+            self.kind,
+            url=self.endpoint,
+            endpoint=self.endpoint_kind,
+            model=member.model,
+            top_n=member.top_n,
+            truncate_prompt_tokens=member.truncate_prompt_tokens,
+            max_tokens_per_doc=member.max_tokens_per_doc,
+            scale=self.scale,
+            raw=self._raw,
+            instruction_field=self.instruction_field,
+        )
+        self.client = RemoteClient(
+            member,
+            not_found=Remedy(
+                "url",
+                "check {variable}: vLLM serves POST /rerank and /score under its base URL"
+                " (http://host:8000), for a model it serves as a reranker",
+            ),
+        )
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
         documents = list(request.documents)
@@ -134,8 +156,9 @@ class VllmProvider:
         n = len(request.documents)
         if n == 0:
             return []
-        answer = self.client.post_json(self.endpoint, self.payload(request), self.client.headers(request),
-                                       deadline=deadline)
+        answer = self.client.post_json(
+            self.endpoint, self.payload(request), self.client.headers(request), deadline=deadline
+        )
         if not isinstance(answer, dict):
             raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
         if self.endpoint_kind == "rerank":

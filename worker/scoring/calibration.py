@@ -159,8 +159,13 @@ ScoreMap = Callable[[float], float]
 class Calibrations:
     """The maps a worker applies: the default file's, and a chain profile's own where it has one."""
 
-    def __init__(self, default: CalibrationFile | None, profiles: Mapping[str, CalibrationFile] | None = None,
-                 *, paths: Mapping[str | None, str] | None = None) -> None:
+    def __init__(
+        self,
+        default: CalibrationFile | None,
+        profiles: Mapping[str, CalibrationFile] | None = None,
+        *,
+        paths: Mapping[str | None, str] | None = None,
+    ) -> None:
         self.default = default
         self.profiles = dict(profiles or {})
         self.paths = dict(paths or {})
@@ -171,10 +176,15 @@ class Calibrations:
         """None when no file is configured (nothing is calibrated, nothing logged)."""
         from producer.settings import calibration_profile_variable
 
-        default = read_file(settings.chain.calibration,
-                            variable="RERANKQ_CALIBRATION") if settings.chain.calibration else None
-        profiles = {name: read_file(path, variable=calibration_profile_variable(name))
-                    for name, path in settings.chain.calibration_profiles.items()}
+        default = (
+            read_file(settings.chain.calibration, variable="RERANKQ_CALIBRATION")
+            if settings.chain.calibration
+            else None
+        )
+        profiles = {
+            name: read_file(path, variable=calibration_profile_variable(name))
+            for name, path in settings.chain.calibration_profiles.items()
+        }
         if default is None and not profiles:
             return None
         paths: dict[str | None, str] = {name: path for name, path in settings.chain.calibration_profiles.items()}
@@ -202,7 +212,13 @@ class Calibrations:
             self._said.add(said)
             fitted_for = [i for i, m in calibration.members.items() if m.label == label]
             reason = "identity_changed" if fitted_for else "no_map"
-            log.warning("member_uncalibrated", member=label, reason=reason, identity=identity or None,
-                        fitted_for=fitted_for[0] if fitted_for else None, file=self.paths.get(which),
-                        profile=which)
+            log.warning(
+                "member_uncalibrated",
+                member=label,
+                reason=reason,
+                identity=identity or None,
+                fitted_for=fitted_for[0] if fitted_for else None,
+                file=self.paths.get(which),
+                profile=which,
+            )
         return None

@@ -123,12 +123,30 @@ def decide(
         passage = passages[i] if passages is not None else None
         decision: Decision
         if reason:
-            decision = Filtered(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                                served_by=served_by, reason=reason, raw_score=raw, calibrated=raw is not None,
-                                passage=passage)
+            decision = Filtered(
+                id=c.id,
+                index=index,
+                document=documents[i],
+                score=score,
+                final_score=final,
+                served_by=served_by,
+                reason=reason,
+                raw_score=raw,
+                calibrated=raw is not None,
+                passage=passage,
+            )
         else:
-            decision = Ranked(id=c.id, index=index, document=documents[i], score=score, final_score=final,
-                              served_by=served_by, raw_score=raw, calibrated=raw is not None, passage=passage)
+            decision = Ranked(
+                id=c.id,
+                index=index,
+                document=documents[i],
+                score=score,
+                final_score=final,
+                served_by=served_by,
+                raw_score=raw,
+                calibrated=raw is not None,
+                passage=passage,
+            )
         # Uncalibrated, equal final scores keep fusion order, as they always have.
         scored.append((final, raw if raw is not None else 0.0, i, decision))
     scored.sort(key=lambda item: (-item[0], -item[1], item[2]))

@@ -16,8 +16,18 @@ from worker.scoring.boosts import effective_time
 # Fixed English names: strftime's %B follows the process locale, and the text a
 # model scores must not depend on which host's locale the worker started under.
 _MONTHS = (
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 ELLIPSIS = "\u2026"
 # Of the room left for the text, this much goes before the first query-term match,

@@ -40,8 +40,10 @@ _PAIR_SPECIAL_TOKENS = 4
 _SINGLE_SPECIAL_TOKENS = 2
 
 # Han, kana, hangul: scripts written without spaces between words.
-_WORDS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]|"
-                    r"[^\s\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+_WORDS = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]|"
+    r"[^\s\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,15 @@ def tokenizer_offsets(tokenizer: Any) -> Offsets:
     def offsets(text: str) -> list[tuple[int, int]]:
         with lock:
             # verbose=False: a whole document is longer than the model reads, and is meant to be.
-            encoded = own(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False,
-                          return_attention_mask=False, return_token_type_ids=False, verbose=False)
+            encoded = own(
+                text,
+                add_special_tokens=False,
+                return_offsets_mapping=True,
+                truncation=False,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+                verbose=False,
+            )
         # A token with an empty span (one added by normalisation) marks no place in the text.
         return [(int(a), int(b)) for a, b in encoded["offset_mapping"] if b > a]
 
@@ -105,8 +114,9 @@ def engine_cutter(engine: Any, *, reads_query: bool) -> Cutter:
     with _cutters_lock:
         cutter = _cutters.get(key)
         if cutter is None:
-            cutter = _cutters[key] = Cutter(offsets=tokenizer_offsets(engine.tokenizer),
-                                            max_length=int(engine.max_length), reads_query=reads_query)
+            cutter = _cutters[key] = Cutter(
+                offsets=tokenizer_offsets(engine.tokenizer), max_length=int(engine.max_length), reads_query=reads_query
+            )
         return cutter
 
 
@@ -161,8 +171,9 @@ def chain_cutter(members: Sequence[Any] | None) -> Cutter:
 # -- cutting ------------------------------------------------------------------
 
 
-def cut(text: str, offsets: list[tuple[int, int]], *, tokens: int, stride: int,
-        max_passages: int) -> list[tuple[int, int]]:
+def cut(
+    text: str, offsets: list[tuple[int, int]], *, tokens: int, stride: int, max_passages: int
+) -> list[tuple[int, int]]:
     """Spans of ``text``, each of ``tokens`` tokens, ``stride`` tokens apart, the first
     ``max_passages``. A text that fits in one passage is one span: the whole text."""
     if len(offsets) <= tokens:
@@ -203,8 +214,9 @@ class Aggregated:
     best: int
 
 
-def aggregate(scores: Sequence[float | None], how: PassageAggregate, *, top_k: int,
-              normalise: Callable[[float], float]) -> Aggregated | None:
+def aggregate(
+    scores: Sequence[float | None], how: PassageAggregate, *, top_k: int, normalise: Callable[[float], float]
+) -> Aggregated | None:
     """One document's score from its passages' scores; None when the member left every passage
     out (``top_n``), or ``first`` and it left the first out.
 
@@ -234,9 +246,9 @@ class WindowPassages:
     def texts(self) -> list[str]:
         return [p.text for passages in self.per_candidate for p in passages]
 
-    def aggregate(self, scores: Sequence[float | None], spec: StreamSpec, scale: Scale,
-                  normalise: Callable[[float, str], float]) -> tuple[list[float | None], list[PassageSpan | None],
-                                                                     list[str | None]]:
+    def aggregate(
+        self, scores: Sequence[float | None], spec: StreamSpec, scale: Scale, normalise: Callable[[float, str], float]
+    ) -> tuple[list[float | None], list[PassageSpan | None], list[str | None]]:
         """Per candidate: its score (None: omitted, or no text), its best passage's span and
         normalised score, and that passage's text."""
         out_scores: list[float | None] = []
@@ -244,10 +256,15 @@ class WindowPassages:
         best_texts: list[str | None] = []
         pos = 0
         for passages in self.per_candidate:
-            mine = scores[pos:pos + len(passages)]
+            mine = scores[pos : pos + len(passages)]
             pos += len(passages)
-            result = aggregate(mine, spec.passage_aggregate, top_k=spec.passage_top_k,
-                               normalise=lambda s: normalise(s, scale)) if passages else None
+            result = (
+                aggregate(
+                    mine, spec.passage_aggregate, top_k=spec.passage_top_k, normalise=lambda s: normalise(s, scale)
+                )
+                if passages
+                else None
+            )
             if result is None:
                 out_scores.append(None)
                 spans.append(None)
@@ -264,8 +281,9 @@ def window_passages(candidates: Sequence[Candidate], spec: StreamSpec, cutter: C
     return WindowPassages(per_candidate=[split(c, spec.query, cutter, spec) for c in candidates])
 
 
-def scored_passages(passages: WindowPassages, outcome: Any, spec: StreamSpec,
-                    documents: list[str]) -> list[PassageSpan | None] | None:
+def scored_passages(
+    passages: WindowPassages, outcome: Any, spec: StreamSpec, documents: list[str]
+) -> list[PassageSpan | None] | None:
     """Turn a chain outcome over a window's passages into one over its candidates, in place:
     each candidate's aggregated score, its document the best passage as scored (what was
     scored is what a reader gets back). Returns each candidate's best passage span; None when

@@ -27,30 +27,78 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="where decisions go as jobs complete; what it already holds is not run again")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "trec"]), default="jsonl", show_default=True,
-              help="jsonl: one line per job with every field of every row; trec: qid Q0 docid rank score tag")
-@click.option("--queries", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="INPUT is a TREC run: its queries (TSV qid<TAB>query, or JSONL)")
-@click.option("--docs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="INPUT is a TREC run: its documents (JSONL {id|_id, text, title?, ...} or TSV id<TAB>text)")
-@click.option("--depth", type=click.IntRange(min=1), default=None,
-              help="rerank the top K candidates of each job  [default: the over-fetch rule for --keep, max(25, 4k); "
-                   "depth 40 without --keep]")
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="where decisions go as jobs complete; what it already holds is not run again",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "trec"]),
+    default="jsonl",
+    show_default=True,
+    help="jsonl: one line per job with every field of every row; trec: qid Q0 docid rank score tag",
+)
+@click.option(
+    "--queries",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="INPUT is a TREC run: its queries (TSV qid<TAB>query, or JSONL)",
+)
+@click.option(
+    "--docs",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="INPUT is a TREC run: its documents (JSONL {id|_id, text, title?, ...} or TSV id<TAB>text)",
+)
+@click.option(
+    "--depth",
+    type=click.IntRange(min=1),
+    default=None,
+    help="rerank the top K candidates of each job  [default: the over-fetch rule for --keep, max(25, 4k); "
+    "depth 40 without --keep]",
+)
 @stream_option_flags()
-@click.option("--max-in-flight", type=click.IntRange(min=1), default=64, show_default=True,
-              help="streams open at once; the next job is read when one completes")
-@click.option("--on-error", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
-              help="a bad line stops the run, or is skipped, counted and listed at the end")
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="streams open at once; the next job is read when one completes",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(["stop", "skip"]),
+    default="stop",
+    show_default=True,
+    help="a bad line stops the run, or is skipped, counted and listed at the end",
+)
 @click.option("--tag", default="rerankq", show_default=True, help="the TREC run tag")
-@click.option("--progress-every", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="seconds between progress lines when stdout is not a terminal")
+@click.option(
+    "--progress-every",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="seconds between progress lines when stdout is not a terminal",
+)
 @click.option("--quiet", is_flag=True, help="no progress display")
 @json_option("print the summary as one JSON document (progress lines go to stderr)")
-def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, docs: Path | None, depth: int | None,
-           max_in_flight: int, on_error: str, tag: str, progress_every: float, quiet: bool, as_json: bool,
-           **flags: Any) -> int:
+def submit(
+    input_path: Path,
+    out_path: Path,
+    fmt: str,
+    queries: Path | None,
+    docs: Path | None,
+    depth: int | None,
+    max_in_flight: int,
+    on_error: str,
+    tag: str,
+    progress_every: float,
+    quiet: bool,
+    as_json: bool,
+    **flags: Any,
+) -> int:
     """Batch reranking: open a stream per job of INPUT, at most --max-in-flight at once, and
     write each job's decisions to --out as it completes.
 
@@ -83,8 +131,7 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
     # (say, after the workers' model changed) instead of reading the streams of an earlier run.
     paths = [p.resolve() for p in (input_path, queries, docs, out_path) if p is not None]
     # The lane is no part of a job (a retried open keeps its first lane), so none of the run.
-    identity = run_id or run_identity(paths, {**{k: v for k, v in open_options.items() if k != "lane"},
-                                              "depth": depth})
+    identity = run_id or run_identity(paths, {**{k: v for k, v in open_options.items() if k != "lane"}, "depth": depth})
 
     from worker.cli.common import client
     from worker.cli.submit.jobs import count_lines, jsonl_jobs
@@ -116,15 +163,22 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
             jobs = jsonl_jobs(input_path)
         if fmt == "trec":
             jobs = trec_safe(jobs)
-        plan = Plan(open_options=open_options, depth=depth, max_in_flight=max_in_flight,
-                    on_error=on_error, run_id=identity, default_window_size=rerank.settings.streams.window_size)
+        plan = Plan(
+            open_options=open_options,
+            depth=depth,
+            max_in_flight=max_in_flight,
+            on_error=on_error,
+            run_id=identity,
+            default_window_size=rerank.settings.streams.window_size,
+        )
         tally = Tally(total=total)
         try:
             output.open()
         except OutputError as exc:
             raise click.ClickException(str(exc)) from None
-        runner = Runner(rerank, jobs, output, ledger, plan, tally,
-                        display(as_json=as_json, every_s=progress_every, quiet=quiet))
+        runner = Runner(
+            rerank, jobs, output, ledger, plan, tally, display(as_json=as_json, every_s=progress_every, quiet=quiet)
+        )
         try:
             outcome = runner.run()
         finally:
@@ -132,8 +186,9 @@ def submit(input_path: Path, out_path: Path, fmt: str, queries: Path | None, doc
             ledger.close()
             if lookup is not None:
                 lookup.close()
-    return summarise(outcome, tally, out_path, identity, as_json=as_json,
-                     in_flight=len(runner.in_flight) + len(runner.opening))
+    return summarise(
+        outcome, tally, out_path, identity, as_json=as_json, in_flight=len(runner.in_flight) + len(runner.opening)
+    )
 
 
 def run_identity(paths: list[Path], options: dict[str, Any]) -> str:
@@ -149,15 +204,20 @@ def trec_safe(jobs: Iterator[Any]) -> Iterator[Any]:
     for item in jobs:
         if isinstance(item, Job):
             if any(ch.isspace() for ch in item.id):
-                item = BadLine(file=item.file, line=item.line, field="id",
-                               message="has whitespace: not with --format trec")
+                item = BadLine(
+                    file=item.file, line=item.line, field="id", message="has whitespace: not with --format trec"
+                )
             else:
                 for i, candidate in enumerate(item.candidates):
                     cid = candidate.get("id") if isinstance(candidate, dict) else None
                     if isinstance(cid, str) and any(ch.isspace() for ch in cid):
                         field = f"candidates[{i}].id"
-                        item = BadLine(file=item.file, line=item.line_of(field), field=field,
-                                       message="has whitespace: not with --format trec")
+                        item = BadLine(
+                            file=item.file,
+                            line=item.line_of(field),
+                            field=field,
+                            message="has whitespace: not with --format trec",
+                        )
                         break
         yield item
 
@@ -180,25 +240,51 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
     elif outcome.fatal or outcome.stopped_at or tally.failed or tally.skipped:
         status = 1
     if as_json:
-        print_json({
-            "status": status, "run_id": run_id, "output": str(out_path), "elapsed_s": round(elapsed, 3),
-            "jobs": {"total": tally.total, "done": tally.done, "resumed": tally.resumed, "failed": tally.failed,
-                     "skipped": tally.skipped, "in_flight": in_flight, "per_s": round(tally.done / elapsed, 2)},
-            "windows": {"total": tally.windows_total, "committed": tally.windows_committed},
-            "pairs": tally.pairs, "failovers": tally.failovers,
-            "bad_lines": [{"file": b.file, "line": b.line, "field": b.field, "message": b.message}
-                          for b in ([outcome.stopped_at] if outcome.stopped_at else [])
-                          + sorted(outcome.bad_lines, key=lambda b: (b.file, b.line))],
-            "failed_jobs": outcome.failed_jobs, "interrupted": outcome.interrupted, "error": outcome.fatal,
-            "resume": resume_command() if status else None,
-        })
+        print_json(
+            {
+                "status": status,
+                "run_id": run_id,
+                "output": str(out_path),
+                "elapsed_s": round(elapsed, 3),
+                "jobs": {
+                    "total": tally.total,
+                    "done": tally.done,
+                    "resumed": tally.resumed,
+                    "failed": tally.failed,
+                    "skipped": tally.skipped,
+                    "in_flight": in_flight,
+                    "per_s": round(tally.done / elapsed, 2),
+                },
+                "windows": {"total": tally.windows_total, "committed": tally.windows_committed},
+                "pairs": tally.pairs,
+                "failovers": tally.failovers,
+                "bad_lines": [
+                    {"file": b.file, "line": b.line, "field": b.field, "message": b.message}
+                    for b in ([outcome.stopped_at] if outcome.stopped_at else [])
+                    + sorted(outcome.bad_lines, key=lambda b: (b.file, b.line))
+                ],
+                "failed_jobs": outcome.failed_jobs,
+                "interrupted": outcome.interrupted,
+                "error": outcome.fatal,
+                "resume": resume_command() if status else None,
+            }
+        )
         return status
     say = click.echo
-    ended = "interrupted" if outcome.interrupted else "stopped" if outcome.fatal or outcome.stopped_at else \
-        "finished, with problems listed below" if status else "done"
-    say(f"{ended}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
+    ended = (
+        "interrupted"
+        if outcome.interrupted
+        else "stopped"
+        if outcome.fatal or outcome.stopped_at
+        else "finished, with problems listed below"
+        if status
+        else "done"
+    )
+    say(
+        f"{ended}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
         f"({tally.done / elapsed:.1f} jobs/s); {tally.resumed} were there from an earlier run; {tally.failed} failed, "
-        f"{tally.skipped} skipped; {tally.windows_committed} windows, {tally.failovers} failovers; run id {run_id}")
+        f"{tally.skipped} skipped; {tally.windows_committed} windows, {tally.failovers} failovers; run id {run_id}"
+    )
     if tally.failovers:
         from worker.cli.plain import served_summary
 
@@ -210,12 +296,20 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
     for job in outcome.failed_jobs:
         say(f"  failed job {job['id']} ({job['at']}): {job['reason']}")
     if outcome.stopped_at is not None:
-        say(f"bad line, run stopped: {outcome.stopped_at}\nFix it (or pass --on-error skip) and run the same "
-            "command again: the jobs written are kept.", err=True)
+        say(
+            f"bad line, run stopped: {outcome.stopped_at}\nFix it (or pass --on-error skip) and run the same "
+            "command again: the jobs written are kept.",
+            err=True,
+        )
     if outcome.fatal:
-        say(f"error: {outcome.fatal}\nRun the same command again once it is fixed: nothing is opened or scored "
-            "twice.", err=True)
+        say(
+            f"error: {outcome.fatal}\nRun the same command again once it is fixed: nothing is opened or scored twice.",
+            err=True,
+        )
     if outcome.interrupted:
-        say(f"interrupted: {in_flight} streams still in flight keep scoring in the workers; the next run collects "
-            f"them without scoring them again. Resume with:\n  {resume_command()}", err=True)
+        say(
+            f"interrupted: {in_flight} streams still in flight keep scoring in the workers; the next run collects "
+            f"them without scoring them again. Resume with:\n  {resume_command()}",
+            err=True,
+        )
     return status

@@ -29,10 +29,10 @@ from producer.options import StreamOptions, description, option_types
 #: What an option means to submit where it differs from open's, and its default here.
 SUBMIT_HELP = {
     "idempotency_key": "the run's key: each job's idempotency key is a digest of it and the job id, so the same "
-                       "command run again opens nothing twice (a job line's own idempotency_key is used as it is)  "
-                       "[default: a digest of the input and output paths and the job options]",
+    "command run again opens nothing twice (a job line's own idempotency_key is used as it is)  "
+    "[default: a digest of the input and output paths and the job options]",
     "first_windows": "windows each job admits and sends when it opens; the rest follow at once  "
-                     "[default: every window of the job]",
+    "[default: every window of the job]",
 }
 SUBMIT_DEFAULTS: dict[str, Any] = {"lane": "batch"}
 #: Names kept for the flags as they were first spelled.
@@ -52,8 +52,9 @@ def _unwrap(annotation: Any) -> tuple[Any, dict[str, Any]]:
         if typing.get_origin(annotation) is Annotated:
             for meta in annotation.__metadata__:
                 if isinstance(meta, Meta):
-                    limits.update({k: getattr(meta, k) for k in ("ge", "le", "gt", "lt")
-                                   if getattr(meta, k) is not None})
+                    limits.update(
+                        {k: getattr(meta, k) for k in ("ge", "le", "gt", "lt") if getattr(meta, k) is not None}
+                    )
             annotation = typing.get_args(annotation)[0]
             continue
         if typing.get_origin(annotation) in (Union, types.UnionType):

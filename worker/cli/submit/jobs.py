@@ -108,5 +108,4 @@ def jsonl_jobs(path: Path) -> Iterator[Job | BadLine]:
                 yield BadLine(file=name, line=number, field="id", message=str(exc))
                 continue
             options = {f: getattr(line, f) for f in JOB_OPTIONS if getattr(line, f) is not None}
-            yield Job(id=job_id, query=line.query, candidates=line.candidates, options=options, file=name,
-                      line=number)
+            yield Job(id=job_id, query=line.query, candidates=line.candidates, options=options, file=name, line=number)

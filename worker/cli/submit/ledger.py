@@ -15,9 +15,11 @@ from pathlib import Path
 class Ledger:
     def __init__(self, scratch: Path) -> None:
         self.db = sqlite3.connect(scratch / "ledger.sqlite")
-        self.db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
-                              "CREATE TABLE seen (id TEXT PRIMARY KEY, place TEXT) WITHOUT ROWID;"
-                              "CREATE TABLE done (id TEXT PRIMARY KEY) WITHOUT ROWID;")
+        self.db.executescript(
+            "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
+            "CREATE TABLE seen (id TEXT PRIMARY KEY, place TEXT) WITHOUT ROWID;"
+            "CREATE TABLE done (id TEXT PRIMARY KEY) WITHOUT ROWID;"
+        )
         self.done_count = 0
 
     def add_done(self, ids: Iterable[str]) -> None:

@@ -54,9 +54,11 @@ class Lookup:
         self.files = {"query": queries, "document": documents}
         self.jsonl = {kind: is_jsonl(path) for kind, path in self.files.items()}
         self.db = sqlite3.connect(scratch / "lookup.sqlite")
-        self.db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
-                              "CREATE TABLE entries (kind TEXT, id TEXT, offset INTEGER, length INTEGER, "
-                              "PRIMARY KEY (kind, id)) WITHOUT ROWID;")
+        self.db.executescript(
+            "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
+            "CREATE TABLE entries (kind TEXT, id TEXT, offset INTEGER, length INTEGER, "
+            "PRIMARY KEY (kind, id)) WITHOUT ROWID;"
+        )
         self._handles = {kind: open(path, "rb") for kind, path in self.files.items()}
         for kind in self.files:
             self._index(kind)
@@ -95,8 +97,9 @@ class Lookup:
             return None
 
     def _read(self, kind: str, entry_id: str) -> bytes | None:
-        found = self.db.execute("SELECT offset, length FROM entries WHERE kind = ? AND id = ?",
-                                (kind, entry_id)).fetchone()
+        found = self.db.execute(
+            "SELECT offset, length FROM entries WHERE kind = ? AND id = ?", (kind, entry_id)
+        ).fetchone()
         if found is None:
             return None
         handle = self._handles[kind]
@@ -121,7 +124,7 @@ class Lookup:
             entry = self._json(raw, "query", qid)
             text = entry.get("query", entry.get("text"))
             if not isinstance(text, str):
-                raise ValueError(f"query {qid!r} in {self.files['query']} has no \"query\" or \"text\" string")
+                raise ValueError(f'query {qid!r} in {self.files["query"]} has no "query" or "text" string')
             return text
         parts = raw.decode().rstrip("\r\n").split("\t")
         return parts[-1] if len(parts) >= 2 else ""

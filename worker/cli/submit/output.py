@@ -102,23 +102,30 @@ class Output:
 
     def _check_path(self) -> None:
         if self.path.is_symlink() and not self.path.exists():
-            raise OutputError(f"--out {self.path} is a symbolic link to {os.readlink(self.path)}, which does not "
-                              "exist; point --out at a file")
+            raise OutputError(
+                f"--out {self.path} is a symbolic link to {os.readlink(self.path)}, which does not "
+                "exist; point --out at a file"
+            )
         if self.path.exists() and not self.path.is_file():
             raise OutputError(f"--out {self.path} is not a regular file; point --out at a file")
 
     def _foreign(self, number: int, what: str) -> OutputError:
-        return OutputError(f"{self.path}:{number} {what}: --out holds a file this command did not write, and it "
-                           "is left as it is; choose another --out")
+        return OutputError(
+            f"{self.path}:{number} {what}: --out holds a file this command did not write, and it "
+            "is left as it is; choose another --out"
+        )
 
     def _trec_line(self, number: int, line: bytes) -> str:
         parts = line.split()
         if len(parts) != 6 or parts[1] != b"Q0" or not (parts[3].isdigit() and parts[4].isdigit()):
             raise self._foreign(number, "is not a line of rerankq submit's TREC run (qid Q0 docid rank score tag)")
         if parts[5].decode(errors="replace") != self.tag:
-            raise self._foreign(number, f"ends in run tag {parts[5].decode(errors='replace')[:40]!r}, not "
-                                        f"--tag {self.tag!r} (a run this command wrote with another --tag resumes "
-                                        "with that --tag)")
+            raise self._foreign(
+                number,
+                f"ends in run tag {parts[5].decode(errors='replace')[:40]!r}, not "
+                f"--tag {self.tag!r} (a run this command wrote with another --tag resumes "
+                "with that --tag)",
+            )
         return parts[0].decode()
 
     def _check_torn(self, tail: bytes, *, whole_lines: bool) -> None:
@@ -130,14 +137,21 @@ class Output:
             parts = tail.split()
             ending = tail[-1:].isspace()
             fields = [(p, i == len(parts) - 1 and not ending) for i, p in enumerate(parts)]
-            ours = len(parts) <= 6 and (whole_lines or len(parts) >= 3) and all(
-                _trec_field_ok(index, value, partial, self.tag.encode()) for index, (value,
-                                                                                     partial) in enumerate(fields))
+            ours = (
+                len(parts) <= 6
+                and (whole_lines or len(parts) >= 3)
+                and all(
+                    _trec_field_ok(index, value, partial, self.tag.encode())
+                    for index, (value, partial) in enumerate(fields)
+                )
+            )
         if not ours:
             where = "its last line" if whole_lines else "it has no complete line, and what it holds"
-            raise OutputError(f"{self.path}: {where} does not begin like a line of rerankq submit's "
-                              f"{self.fmt.upper()} output: --out holds a file this command did not write, and it "
-                              "is left as it is; choose another --out")
+            raise OutputError(
+                f"{self.path}: {where} does not begin like a line of rerankq submit's "
+                f"{self.fmt.upper()} output: --out holds a file this command did not write, and it "
+                "is left as it is; choose another --out"
+            )
 
     def open(self) -> Output:
         self._check_path()
@@ -151,13 +165,19 @@ class Output:
     def write_job(self, job_id: str, query: str, page: Page, extra: dict[str, Any]) -> int:
         """Append one completed job; returns the rows written."""
         if self.fmt == "jsonl":
-            record = {"id": job_id, "stream": page.stream_id, "query": query, **extra,
-                      "rows": [row_json(row) for row in page.rows]}
+            record = {
+                "id": job_id,
+                "stream": page.stream_id,
+                "query": query,
+                **extra,
+                "rows": [row_json(row) for row in page.rows],
+            }
             data = _encode(record) + b"\n"
         else:
             n = len(page.rows)
-            data = "".join(f"{job_id} Q0 {row.id} {row.rank} {n - row.rank + 1} {self.tag}\n"
-                           for row in page.rows).encode()
+            data = "".join(
+                f"{job_id} Q0 {row.id} {row.rank} {n - row.rank + 1} {self.tag}\n" for row in page.rows
+            ).encode()
         self._write_all(data)
         return len(page.rows)
 

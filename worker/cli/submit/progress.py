@@ -12,16 +12,16 @@ from typing import Any, TextIO
 @dataclass
 class Tally:
     total: int
-    resumed: int = 0          # jobs the output held before this run
-    opened: int = 0           # streams opened (or found opened) by this run
-    done: int = 0             # jobs written by this run
-    failed: int = 0           # jobs with a failed window, or that could not finish
-    lost: int = 0             # of those, jobs that could not finish (not in the output)
-    skipped: int = 0          # bad lines skipped
+    resumed: int = 0  # jobs the output held before this run
+    opened: int = 0  # streams opened (or found opened) by this run
+    done: int = 0  # jobs written by this run
+    failed: int = 0  # jobs with a failed window, or that could not finish
+    lost: int = 0  # of those, jobs that could not finish (not in the output)
+    skipped: int = 0  # bad lines skipped
     in_flight: int = 0
-    windows_total: int = 0    # windows of every stream this run opened
+    windows_total: int = 0  # windows of every stream this run opened
     windows_committed: int = 0
-    pairs: int = 0            # candidates in committed windows
+    pairs: int = 0  # candidates in committed windows
     failovers: int = 0
     #: Windows per member that served them (from the pages written).
     served: Counter[str] = field(default_factory=Counter)
@@ -44,10 +44,12 @@ class Tally:
 
     def line(self) -> str:
         eta = self.eta_s()
-        return (f"jobs {self.resumed + self.done}/{self.total} done ({self.failed} failed, {self.skipped} skipped"
-                + (f", {self.resumed} from an earlier run" if self.resumed else "")
-                + f"), {self.in_flight} in flight; windows {self.windows_committed}/{self.windows_total} committed; "
-                f"{self.pairs / self.elapsed:.0f} pairs/s; {self.failovers} failovers; eta {clock(eta)}")
+        return (
+            f"jobs {self.resumed + self.done}/{self.total} done ({self.failed} failed, {self.skipped} skipped"
+            + (f", {self.resumed} from an earlier run" if self.resumed else "")
+            + f"), {self.in_flight} in flight; windows {self.windows_committed}/{self.windows_total} committed; "
+            f"{self.pairs / self.elapsed:.0f} pairs/s; {self.failovers} failovers; eta {clock(eta)}"
+        )
 
 
 def clock(seconds: float | None) -> str:
@@ -92,10 +94,15 @@ class RichDisplay:
     def __init__(self, stream: TextIO, *, console: Any = None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
         self.progress = Progress(
-            BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(), TextColumn("jobs"),
-            TextColumn("eta {task.fields[eta]}"), TextColumn("{task.fields[detail]}"),
-            console=console or Console(file=stream), transient=False,
+            BarColumn(bar_width=BAR_WIDTH),
+            MofNCompleteColumn(),
+            TextColumn("jobs"),
+            TextColumn("eta {task.fields[eta]}"),
+            TextColumn("{task.fields[detail]}"),
+            console=console or Console(file=stream),
+            transient=False,
         )
         self.task: Any = None
 
@@ -105,18 +112,19 @@ class RichDisplay:
         return self
 
     def update(self, tally: Tally) -> None:
-        detail = (f"{tally.in_flight} in flight · {tally.windows_committed}/{tally.windows_total} windows · "
-                  f"{tally.pairs / tally.elapsed:.0f} pairs/s · {tally.failed} failed · {tally.skipped} skipped · "
-                  f"{tally.failovers} failovers")
+        detail = (
+            f"{tally.in_flight} in flight · {tally.windows_committed}/{tally.windows_total} windows · "
+            f"{tally.pairs / tally.elapsed:.0f} pairs/s · {tally.failed} failed · {tally.skipped} skipped · "
+            f"{tally.failovers} failovers"
+        )
         eta = clock(tally.eta_s())
         # What the columns before the detail take (rich puts one space between columns); the
         # detail gets the rest, so rich never has to squeeze the bar, N/M or the ETA.
         lead = BAR_WIDTH + 1 + 2 * len(str(tally.total)) + 1 + 1 + len("jobs") + 1 + len(f"eta {eta}") + 1
         room = self.progress.console.width - lead
         if len(detail) > room:
-            detail = detail[:max(0, room - 1)].rstrip(" ·") + "…" if room > 1 else ""
-        self.progress.update(self.task, total=tally.total, completed=tally.resumed + tally.done, detail=detail,
-                             eta=eta)
+            detail = detail[: max(0, room - 1)].rstrip(" ·") + "…" if room > 1 else ""
+        self.progress.update(self.task, total=tally.total, completed=tally.resumed + tally.done, detail=detail, eta=eta)
 
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(None, None, None)

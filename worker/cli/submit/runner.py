@@ -95,8 +95,16 @@ class Outcome:
 
 
 class Runner:
-    def __init__(self, rerank: Any, jobs: Iterator[Job | BadLine], output: Output, ledger: Ledger, plan: Plan,
-                 tally: Tally, display: Any) -> None:
+    def __init__(
+        self,
+        rerank: Any,
+        jobs: Iterator[Job | BadLine],
+        output: Output,
+        ledger: Ledger,
+        plan: Plan,
+        tally: Tally,
+        display: Any,
+    ) -> None:
         self.rerank = rerank
         self.jobs = jobs
         self.output = output
@@ -172,8 +180,12 @@ class Runner:
     # -- opening -----------------------------------------------------------------
 
     def _fill(self) -> None:
-        while (len(self.in_flight) + len(self.opening) < self.plan.max_in_flight and not self.exhausted
-               and self.outcome.stopped_at is None and not self._stopping()):
+        while (
+            len(self.in_flight) + len(self.opening) < self.plan.max_in_flight
+            and not self.exhausted
+            and self.outcome.stopped_at is None
+            and not self._stopping()
+        ):
             item = next(self.jobs, None)
             if item is None:
                 self.exhausted = True
@@ -186,9 +198,15 @@ class Runner:
                 continue
             earlier = self.ledger.first_seen(item.id, f"{item.file}:{item.line}")
             if earlier is not None:
-                self._bad(BadLine(file=item.file, line=item.line, field="id",
-                                  message=f"job {item.id!r} was already read at {earlier}; job ids must be unique"
-                                          " (a TREC run must keep each query's lines together: sort -s -k1,1)"))
+                self._bad(
+                    BadLine(
+                        file=item.file,
+                        line=item.line,
+                        field="id",
+                        message=f"job {item.id!r} was already read at {earlier}; job ids must be unique"
+                        " (a TREC run must keep each query's lines together: sort -s -k1,1)",
+                    )
+                )
                 continue
             self._open(item)
 
@@ -220,8 +238,14 @@ class Runner:
             stream = opening.result()
         except TooShallow as exc:
             # The command line's words for the opt-out, not the Python argument's.
-            self._bad(BadLine(file=job.file, line=job.line, field=exc.field,
-                              message=exc.message_for('--allow-shallow (or "allow_shallow": true in the job)')))
+            self._bad(
+                BadLine(
+                    file=job.file,
+                    line=job.line,
+                    field=exc.field,
+                    message=exc.message_for('--allow-shallow (or "allow_shallow": true in the job)'),
+                )
+            )
             return
         except ValidationError as exc:
             root = re.split(r"[.\[]", exc.field, maxsplit=1)[0]
@@ -231,16 +255,21 @@ class Runner:
                 self._bad(BadLine(file=job.file, line=job.line_of(exc.field), field=exc.field, message=exc.message))
             return
         except IdempotencyConflict:
-            self._bad(BadLine(file=job.file, line=job.line, field="id",
-                              message=f"job {job.id!r} was opened by an earlier run of this command with another "
-                                      "query or candidates; its output is in the stream already opened. Give this "
-                                      "input another --run-id to rerank the changed job"))
+            self._bad(
+                BadLine(
+                    file=job.file,
+                    line=job.line,
+                    field="id",
+                    message=f"job {job.id!r} was opened by an earlier run of this command with another "
+                    "query or candidates; its output is in the stream already opened. Give this "
+                    "input another --run-id to rerank the changed job",
+                )
+            )
             return
         except StoreError as exc:
             self.outcome.fatal = store_trouble(exc)
             return
-        self.in_flight[stream] = Flight(job_id=job.id, query=job.query, place=f"{job.file}:{job.line}",
-                                        windows=windows)
+        self.in_flight[stream] = Flight(job_id=job.id, query=job.query, place=f"{job.file}:{job.line}", windows=windows)
         self.tally.opened += 1
         self.tally.in_flight = len(self.in_flight)
         self.tally.windows_total += windows
@@ -280,21 +309,27 @@ class Runner:
                     continue
                 page = self.rerank.pull(stream_id, 0, progress.n_candidates, timeout=0)
             except StreamNotFound:
-                self._fail(stream_id, flight, "the stream expired before it completed (raise --ttl-s, or "
-                                              "RERANKQ_STREAM_TTL_S); the next run opens it again")
+                self._fail(
+                    stream_id,
+                    flight,
+                    "the stream expired before it completed (raise --ttl-s, or "
+                    "RERANKQ_STREAM_TTL_S); the next run opens it again",
+                )
                 finished += 1
                 continue
             except StoreError as exc:
                 self.outcome.fatal = store_trouble(exc)
                 return finished
-            self.output.write_job(flight.job_id, flight.query, page,
-                                  {"failed_windows": progress.failed, "failovers": progress.failovers})
+            self.output.write_job(
+                flight.job_id, flight.query, page, {"failed_windows": progress.failed, "failovers": progress.failovers}
+            )
             self._note_servers(stream_id, page, progress.failovers)
             self.tally.done += 1
             if progress.failed:
                 self.tally.failed += 1
-                self._list_failed(flight, stream_id, f"{progress.failed} window(s) failed; see rerankq status "
-                                                     f"{stream_id}")
+                self._list_failed(
+                    flight, stream_id, f"{progress.failed} window(s) failed; see rerankq status {stream_id}"
+                )
             del self.in_flight[stream_id]
             finished += 1
         self.tally.in_flight = len(self.in_flight)
@@ -317,11 +352,18 @@ class Runner:
         self.tally.windows_total += progress.n_windows - flight.windows
         self.tally.windows_committed += progress.committed - flight.committed
         self.tally.failovers += progress.failovers - flight.failovers
-        pairs = progress.n_candidates if progress.complete else \
-            min(progress.n_candidates, progress.committed * progress.window_size)
+        pairs = (
+            progress.n_candidates
+            if progress.complete
+            else min(progress.n_candidates, progress.committed * progress.window_size)
+        )
         self.tally.pairs += pairs - flight.pairs
-        flight.windows, flight.committed, flight.failovers, flight.pairs = \
-            progress.n_windows, progress.committed, progress.failovers, pairs
+        flight.windows, flight.committed, flight.failovers, flight.pairs = (
+            progress.n_windows,
+            progress.committed,
+            progress.failovers,
+            pairs,
+        )
 
     def _fail(self, stream_id: str, flight: Flight, reason: str) -> None:
         del self.in_flight[stream_id]
@@ -332,5 +374,6 @@ class Runner:
 
     def _list_failed(self, flight: Flight, stream_id: str, reason: str) -> None:
         if len(self.outcome.failed_jobs) < LIST_LIMIT:
-            self.outcome.failed_jobs.append({"id": flight.job_id, "stream": stream_id, "at": flight.place,
-                                             "reason": reason})
+            self.outcome.failed_jobs.append(
+                {"id": flight.job_id, "stream": stream_id, "at": flight.place, "reason": reason}
+            )

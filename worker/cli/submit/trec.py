@@ -47,8 +47,12 @@ def trec_jobs(run: Path, lookup: Lookup, *, depth: int) -> Iterator[Job | BadLin
             if not parts:
                 continue
             if len(parts) != 6:
-                yield BadLine(file=name, line=number, field="line",
-                              message=f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}")
+                yield BadLine(
+                    file=name,
+                    line=number,
+                    field="line",
+                    message=f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}",
+                )
                 continue
             qid, _, docid, rank_text, score_text, _ = parts
             try:
@@ -82,8 +86,9 @@ def _job(group: _Group, lookup: Lookup, depth: int, name: str) -> Job | BadLine:
     except ValueError as exc:
         return BadLine(file=name, line=group.line, field="query", message=str(exc))
     if query is None:
-        return BadLine(file=name, line=group.line, field="query",
-                       message=f"no query {group.qid!r} in {lookup.files['query']}")
+        return BadLine(
+            file=name, line=group.line, field="query", message=f"no query {group.qid!r} in {lookup.files['query']}"
+        )
     candidates, lines = [], []
     for negative_score, _, line, docid in sorted(group.entries)[:depth]:
         try:
@@ -91,9 +96,11 @@ def _job(group: _Group, lookup: Lookup, depth: int, name: str) -> Job | BadLine:
         except ValueError as exc:
             return BadLine(file=name, line=line, field="docid", message=str(exc))
         if document is None:
-            return BadLine(file=name, line=line, field="docid",
-                           message=f"no document {docid!r} in {lookup.files['document']}")
+            return BadLine(
+                file=name, line=line, field="docid", message=f"no document {docid!r} in {lookup.files['document']}"
+            )
         candidates.append({**document, "id": docid, "fusion_score": -negative_score})
         lines.append(line)
-    return Job(id=job_id, query=query, candidates=candidates, options={}, file=name, line=group.line,
-               candidate_lines=lines)
+    return Job(
+        id=job_id, query=query, candidates=candidates, options={}, file=name, line=group.line, candidate_lines=lines
+    )
