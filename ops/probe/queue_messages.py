@@ -91,7 +91,7 @@ def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
             ),
         ),
         ("body-invalid-json", replace(template, body=b"{not json")),
-        ("body-pickle", replace(template, content_type="application/x-python-serialize")),
+        ("content-python-serialize", replace(template, content_type="application/x-python-serialize")),
         ("headers-timelimit", template.with_headers(timelimit=[1])),
         ("headers-no-id", template.with_headers(id=None)),
         ("task-celery.accumulate", template.with_headers([[1, 2], {}, NO_EMBED], task="celery.accumulate")),
