@@ -38,17 +38,14 @@ from producer.validation import (
 from producer.wire import (
     Boosts,
     Candidate,
-    Failed,
-    Filtered,
     Lane,
-    Omitted,
     Page,
-    Ranked,
     StreamProgress,
     StreamSpec,
     StreamStatus,
     WindowState,
     WindowStatus,
+    committed_window_status,
     encode,
 )
 
@@ -453,24 +450,7 @@ class RerankClient:
                     WindowStatus(window=window, start=start, end=end, state=state, attempts=attempts.get(window, 0))
                 )
                 continue
-            kinds = [type(d) for d in result.decisions]
-            windows.append(
-                WindowStatus(
-                    window=window,
-                    start=start,
-                    end=end,
-                    state="committed",
-                    attempts=result.attempts,
-                    served_by=result.served_by,
-                    ranked=kinds.count(Ranked),
-                    filtered=kinds.count(Filtered),
-                    omitted=kinds.count(Omitted),
-                    failed=kinds.count(Failed),
-                    reason=result.reason,
-                    failovers=list(result.failovers),
-                    instruction_ignored_by=result.instruction_ignored_by,
-                )
-            )
+            windows.append(committed_window_status(result))
         return StreamStatus(
             stream_id=stream_id,
             n_candidates=snapshot.n_candidates,

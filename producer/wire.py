@@ -305,6 +305,26 @@ class WindowStatus(Base, frozen=True):
     instruction_ignored_by: str | None = None
 
 
+def committed_window_status(result: WindowResult) -> WindowStatus:
+    """A committed window's status, counted from its decisions (the client's and the gateway's)."""
+    kinds = [type(d) for d in result.decisions]
+    return WindowStatus(
+        window=result.window,
+        start=result.start,
+        end=result.end,
+        state="committed",
+        attempts=result.attempts,
+        served_by=result.served_by,
+        ranked=kinds.count(Ranked),
+        filtered=kinds.count(Filtered),
+        omitted=kinds.count(Omitted),
+        failed=kinds.count(Failed),
+        reason=result.reason,
+        failovers=list(result.failovers),
+        instruction_ignored_by=result.instruction_ignored_by,
+    )
+
+
 class StreamStatus(Base, frozen=True):
     stream_id: str
     n_candidates: int

@@ -36,14 +36,9 @@ from producer.pages import build_page
 from producer.store import BLOCK_CHUNK_S, Snapshot, Store
 from producer.validation import check_stream_id
 from producer.wire import (
-    Failed,
-    Filtered,
-    Omitted,
     Page,
-    Ranked,
     StreamStatus,
-    WindowResult,
-    WindowStatus,
+    committed_window_status,
     spec_decoder,
     window_result_decoder,
 )
@@ -76,26 +71,6 @@ def async_redis(url: str, config: GatewaySettings) -> redis.asyncio.Redis:
         url, max_connections=config.redis_max_connections, pool_timeout_s=config.redis_pool_timeout_s
     )
     return client
-
-
-def window_status(result: WindowResult) -> WindowStatus:
-    kinds = [type(d) for d in result.decisions]
-    start, end = result.start, result.end
-    return WindowStatus(
-        window=result.window,
-        start=start,
-        end=end,
-        state="committed",
-        attempts=result.attempts,
-        served_by=result.served_by,
-        ranked=kinds.count(Ranked),
-        filtered=kinds.count(Filtered),
-        omitted=kinds.count(Omitted),
-        failed=kinds.count(Failed),
-        reason=result.reason,
-        failovers=list(result.failovers),
-        instruction_ignored_by=result.instruction_ignored_by,
-    )
 
 
 class QueueBridge:
@@ -316,7 +291,7 @@ class QueueBridge:
                 for (entry_id, _), raw in zip(entries, await pipe.execute(), strict=True):
                     last = entry_id
                     if raw is not None:
-                        summary = window_status(window_result_decoder.decode(raw))
+                        summary = committed_window_status(window_result_decoder.decode(raw))
                         yield "commit", entry_id.decode(), msgspec.json.encode(summary)
                 heartbeat_due = time.monotonic() + self.heartbeat_s
             elif block is not None and time.monotonic() >= heartbeat_due - HEARTBEAT_SLACK_S:
