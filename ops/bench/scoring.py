@@ -18,6 +18,14 @@ so its speed and parity are both seen, with the resident memory of a process tha
 loads only it (measured in a subprocess each). int8 is calibrated on windows drawn
 like the timed ones but not among them.
 
+The bench model's head is ``--head trained`` (the default: distilled from the packaged
+bi-encoder, ``ops/bench/trained_reranker.py``, so scores separate relevant from irrelevant
+as a real reranker's do) or ``--head random`` (as initialised: scores nearly tied within a
+window, the worst case for a quantised backend's parity). The default engine's pairs/s is
+also set against the fastest backend row at parity in the same run (``auto_vs_fastest``),
+and ``auto``'s own measured decision, where the engine keeps one, is in ``--json`` as
+``auto_choice``.
+
 A causal-LM reranker row follows (``ops/bench/causal.py``): a Qwen3-0.6B-shaped model with
 random weights, CrossEncoder.predict against the engine without and with prefix reuse, with
 parity and the tokens each runs per pair (``--causal-layers``; ``--quick`` runs 4 of the 28;
@@ -45,6 +53,7 @@ from typing import Any
 
 from ops.bench.causal import run_causal
 from ops.bench.common import (
+    HEADS,
     ROOT,
     SIZES,
     bench_model,
@@ -141,6 +150,8 @@ class Subject:
         self.reference = reference
         self.rates: list[float] = []
         self.scores: list[list[float]] = []
+        #: The engine behind the subject, where there is one (its ``auto_decision``, when it measured).
+        self.engine: Any = None
 
     @property
     def backend_key(self) -> str | None:
@@ -254,10 +265,46 @@ def embedding_subject(settings: Any, device: str) -> Subject:
     )
 
 
+def auto_against_fastest(engine_pairs_per_s: float, backends: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The default engine's pairs/s over the fastest backend row at parity in the same run
+    (the engine's own row included); None when no row is at parity."""
+    at_parity = {key: b for key, b in backends.items() if b["at_parity"]}
+    if not at_parity:
+        return None
+    fastest = max(at_parity, key=lambda key: at_parity[key]["pairs_per_s"])
+    return {"fastest": fastest, "ratio": engine_pairs_per_s / at_parity[fastest]["pairs_per_s"]}
+
+
+def auto_choice(engine: Any) -> dict[str, Any] | None:
+    """What ``auto`` measured and chose, where the engine keeps it (``auto_decision``)."""
+    decision = getattr(engine, "auto_decision", None)
+    if decision is None:
+        return None
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            return value
+        return str(value)
+
+    return {"chosen": plain(getattr(decision, "chosen", None)), "table": plain(getattr(decision, "table", None))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a CrossEncoder directory (default: a MiniLM-L6-sized bench model)")
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm", help="bench model size when no --model")
+    parser.add_argument(
+        "--head",
+        choices=HEADS,
+        default="trained",
+        help="the MiniLM bench model's head: trained (distilled, real scores) or random (nearly tied: the worst case)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--precision", default="auto", help="the engine's precision setting (as RERANKQ_PRECISION)")
     parser.add_argument(
@@ -297,7 +344,7 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 3)
     threads = cpu_quota()
     configure_threads(threads)
-    model_path = args.model or str(bench_model(args.size))
+    model_path = args.model or str(bench_model(args.size, args.head))
     overrides: dict[str, Any] = {"precision": args.precision}
     if args.token_budget:
         overrides["token_budget"] = args.token_budget
@@ -377,7 +424,9 @@ def main() -> None:
         def executed(window: Pairs) -> list[int]:
             return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
 
-        return Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
+        subject = Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
+        subject.engine = engine
+        return subject
 
     baseline = Subject(
         "CrossEncoder.predict",
@@ -547,6 +596,15 @@ def main() -> None:
     if best_name:
         print(f"\nfastest at parity (Spearman >= {MIN_SPEARMAN}): {best_name}, {best['ratio']:.2f}x predict")
     main_figures = results[engine.name]
+    auto_vs_fastest = auto_against_fastest(main_figures["pairs_per_s"], backends)
+    measured = auto_choice(engine.engine)
+    if measured is not None:
+        print(f"auto's measured decision: {json.dumps(measured)}")
+    if auto_vs_fastest is not None:
+        print(
+            f"default engine against the fastest backend/precision at parity in this run "
+            f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
+        )
     embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
     print(
         f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
@@ -568,6 +626,9 @@ def main() -> None:
             "baseline_mfu": results[baseline.name]["mfu"],
             "best_at_parity": best_name,
             "engine_backend": args.backend,
+            "auto_choice": measured,
+            "auto_vs_fastest": auto_vs_fastest,
+            "head": None if args.model else args.head,
             "backends": backends,
             "embedding_pairs_per_s": results[embedding.name]["pairs_per_s"],
             "embedding_vs_engine": embedding_vs_engine,

@@ -1,0 +1,243 @@
+"""The quality cost of a precision or backend, measured: nDCG@10 of the shipped collection.
+
+Each candidate reranks the BM25 top ``--depth`` (100) of the shipped collection's 32 queries
+in process (one window a query, documents read as the worker reads them) and its nDCG@10 is
+set against the fp32 torch reference of the same model: the difference, and whether it stays
+under ``MAX_NDCG_LOSS`` (0.005), the bar a precision must clear before ``auto`` may adopt it.
+Also each candidate's least and mean Spearman per query against the reference's scores.
+
+Models: the ``embedding`` member (the packaged all-MiniLM-L6-v2, by the embedding engine)
+and the bench cross-encoder with real scores (``ops/bench/trained_reranker.py``, by the
+scoring engine), the latter also against its teacher (the bi-encoder): how closely it ranks
+like it, on queries it was never trained on. Candidates come from ``candidates()``; a
+backend the embedding engine does not offer here is left out, not failed. Static int8 is
+calibrated on in-domain windows made from generated queries, not the evaluated ones.
+
+    python -m ops.bench.quantization_quality [--depth 100] [--json out.json]
+
+Forced candidates skip the engine's parity probe: this measures what each would give, not
+whether the probe would let it through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ops.bench.collection import ShippedCollection, ndcg_at_10, rerank, shipped_collection
+from ops.bench.common import bench_model, cpu_quota, print_table, write_json
+
+#: The largest nDCG@10 a precision may lose against fp32 and still be adopted.
+MAX_NDCG_LOSS = 0.005
+
+Pairs = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run one model: the member, its backend and precision (``int8``: static, calibrated)."""
+
+    model: str  # "embedding" or "cross-encoder"
+    backend: str  # torch, onnx or openvino
+    precision: str  # fp32, bf16 or int8
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.backend} {self.precision}"
+
+    @property
+    def reference(self) -> bool:
+        return self.backend == "torch" and self.precision == "fp32"
+
+
+def candidates(*, embedding_backends: Sequence[str], exported: Sequence[str], native_bf16: bool) -> list[Candidate]:
+    """What each model could run at here, its fp32 torch reference first: torch bf16; and on each
+    exported backend installed (``exported``) fp32 and static int8, with OpenVINO bf16 where the
+    CPU has native bf16. The embedding member gets the exported ones only where its engine
+    offers them (``embedding_backends``)."""
+    out: list[Candidate] = []
+    for model, backends in (("embedding", embedding_backends), ("cross-encoder", ("torch", *exported))):
+        out += [Candidate(model, "torch", "fp32"), Candidate(model, "torch", "bf16")]
+        for backend in exported:
+            if backend not in backends:
+                continue
+            out += [Candidate(model, backend, "fp32"), Candidate(model, backend, "int8")]
+            if backend == "openvino" and native_bf16:
+                out.append(Candidate(model, backend, "bf16"))
+    return out
+
+
+def verdict(ndcg: float, reference: float) -> tuple[float, bool]:
+    """The difference to the reference's nDCG@10, and whether the loss is within MAX_NDCG_LOSS."""
+    difference = ndcg - reference
+    return difference, -difference < MAX_NDCG_LOSS
+
+
+def _calibration_file(collection: ShippedCollection, *, windows: int = 8, size: int = 25) -> str:
+    """Windows of generated queries (never the evaluated ones) over the collection's documents."""
+    import random
+
+    from ops.bench.trained_reranker import SEED, generated_queries
+
+    ids = sorted(collection.documents)
+    queries = generated_queries([collection.parts[d] for d in ids])
+    rng = random.Random(SEED + 1)
+    handle = tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="rerankq-calibration-", delete=False)
+    with handle:
+        for query, source in rng.sample(queries, windows):
+            others = rng.sample([d for d in ids if d != ids[source]], size - 1)
+            documents = [collection.documents[d] for d in [ids[source], *others]]
+            handle.write(json.dumps({"query": query, "documents": documents}) + "\n")
+    return handle.name
+
+
+def embedding_backends() -> list[str]:
+    """The backends the embedding engine takes here: torch, and the exported ones once its
+    constructor has a ``backend`` (it may not yet)."""
+    from worker.engine.embedding import EmbeddingEngine
+
+    if "backend" in inspect.signature(EmbeddingEngine.__init__).parameters:
+        return ["torch", "onnx", "openvino"]
+    return ["torch"]
+
+
+def scorer(candidate: Candidate, *, settings: Any, model_path: str, calibration: str) -> Callable[[Pairs], list[float]]:
+    from worker.engine import BackendChoice, ScoringEngine, load_cross_encoder
+
+    choice = BackendChoice(
+        candidate.backend,
+        quantization="int8" if candidate.precision == "int8" else "none",
+        calibration=calibration if candidate.precision == "int8" else None,
+    )
+    precision = "bf16" if candidate.precision == "bf16" else "fp32"
+    if candidate.model == "embedding":
+        from worker.engine.embedding import EmbeddingEngine
+        from worker.engine.loading import load_sentence_transformer
+        from worker.providers.embedding import packaged_model
+
+        extra: dict[str, Any] = {} if candidate.backend == "torch" else {"backend": choice}
+        engine: Any = EmbeddingEngine(
+            load_sentence_transformer(packaged_model()[0], device="cpu"),
+            settings=settings,
+            precision=precision,
+            verify_parity=False,
+            **extra,
+        )
+    else:
+        engine = ScoringEngine(
+            load_cross_encoder(model_path, device="cpu"),
+            settings=settings,
+            precision=precision,
+            verify_parity=False,
+            backend=choice,
+            model_name=model_path,
+        )
+    return engine.score_pairs  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depth", type=int, default=100, help="rerank each query's BM25 top DEPTH")
+    parser.add_argument("--model", help="the cross-encoder directory (default: the trained bench model)")
+    parser.add_argument("--only", help="comma-separated labels' substrings to run, e.g. 'embedding,int8'")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+
+    from producer.settings import load_settings
+    from worker.engine import configure_threads
+    from worker.engine.parity import spearman
+    from worker.engine.precision import cpu_has_native_bf16
+
+    configure_threads(cpu_quota())
+    settings = load_settings({})
+    model_path = args.model or str(bench_model())
+    collection = shipped_collection()
+    calibration = _calibration_file(collection)
+    exported = [name for name in ("onnx", "openvino") if importlib.util.find_spec(name + "runtime" * (name == "onnx"))]
+    chosen = candidates(embedding_backends=embedding_backends(), exported=exported, native_bf16=cpu_has_native_bf16())
+    if args.only:
+        wanted = args.only.split(",")
+        chosen = [c for c in chosen if c.reference or any(w in c.label for w in wanted)]
+
+    bm25 = ndcg_at_10(collection, {q: collection.run[q] for q in collection.evaluated})
+    results: dict[str, dict[str, Any]] = {}
+    references: dict[str, tuple[float, dict[str, list[float]]]] = {}
+    try:
+        for candidate in chosen:
+            start = time.perf_counter()
+            try:
+                score = scorer(candidate, settings=settings, model_path=model_path, calibration=calibration)
+            except Exception as exc:  # a backend that cannot run here is reported, not fatal
+                print(f"{candidate.label}: unavailable ({type(exc).__name__}: {exc})", flush=True)
+                continue
+            rankings, scores = rerank(collection, score, depth=args.depth)
+            ndcg = ndcg_at_10(collection, rankings)
+            if candidate.reference:
+                references[candidate.model] = (ndcg, scores)
+            reference_ndcg, reference_scores = references[candidate.model]
+            rhos = [spearman(reference_scores[q], scores[q]) for q in scores]
+            difference, holds = verdict(ndcg, reference_ndcg)
+            results[candidate.label] = {
+                "model": candidate.model,
+                "backend": candidate.backend,
+                "precision": candidate.precision,
+                "ndcg10": ndcg,
+                "ndcg10_vs_fp32": difference,
+                "within_bar": holds,
+                "spearman_min": min(rhos),
+                "spearman_mean": statistics.fmean(rhos),
+                "seconds": time.perf_counter() - start,
+                "scores": scores,
+            }
+            print(f"{candidate.label}: nDCG@10 {ndcg:.4f} ({difference:+.4f}), {time.perf_counter() - start:.0f}s")
+    finally:
+        os.unlink(calibration)
+
+    teacher = results.get("embedding torch fp32")
+    student = results.get("cross-encoder torch fp32")
+    agreement = None
+    if teacher and student:
+        rhos = [spearman(teacher["scores"][q], student["scores"][q]) for q in student["scores"]]
+        agreement = {"spearman_mean": statistics.fmean(rhos), "spearman_min": min(rhos)}
+    print_table(
+        f"nDCG@10 of the shipped collection, BM25 top {args.depth} reranked (BM25 alone: {bm25:.4f}); "
+        f"bar: lose under {MAX_NDCG_LOSS} against the model's torch fp32",
+        ["candidate", "nDCG@10", "vs fp32", "under bar", "spearman min", "spearman mean"],
+        [
+            [
+                label,
+                f"{r['ndcg10']:.4f}",
+                f"{r['ndcg10_vs_fp32']:+.4f}",
+                "yes" if r["within_bar"] else "no",
+                f"{r['spearman_min']:.4f}",
+                f"{r['spearman_mean']:.4f}",
+            ]
+            for label, r in results.items()
+        ],
+    )
+    if agreement:
+        print(
+            f"\nthe trained cross-encoder against its teacher (the bi-encoder), per query: Spearman mean "
+            f"{agreement['spearman_mean']:.3f}, least {agreement['spearman_min']:.3f}"
+        )
+    for r in results.values():
+        del r["scores"]
+    write_json(
+        args.json_path,
+        {"depth": args.depth, "bm25_ndcg10": bm25, "model": model_path, "candidates": results, "teacher": agreement},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
