@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ops.bench.collection import ShippedCollection, ndcg_at_10, rerank, shipped_collection
-from ops.bench.common import bench_model, cpu_quota, print_table, write_json
+from ops.bench.common import bench_model, print_table, write_json
 
 #: The largest nDCG@10 a precision may lose against fp32 and still be adopted.
 MAX_NDCG_LOSS = 0.005
@@ -150,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=100, help="rerank each query's BM25 top DEPTH")
     parser.add_argument("--model", help="the cross-encoder directory (default: the trained bench model)")
     parser.add_argument("--only", help="comma-separated labels' substrings to run, e.g. 'embedding,int8'")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch/runtime threads (quality does not depend on them)"
+    )
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
 
@@ -158,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from worker.engine.parity import spearman
     from worker.engine.precision import cpu_has_native_bf16
 
-    configure_threads(cpu_quota())
+    # Quality does not depend on the thread count, and on a shared machine one thread is the quickest.
+    configure_threads(args.threads)
     settings = load_settings({})
     model_path = args.model or str(bench_model())
     collection = shipped_collection()
