@@ -12,11 +12,11 @@ What was chosen, and why:
   read as the worker reads them (title as heading, then the text): the bench's domain, and
   the only judged text here, so the result can be checked against judgements.
 - **Queries** are generated from the documents, never the collection's own 32 questions:
-  those are held out, so the check below (Spearman to the teacher, nDCG@10 against the
-  judgements) is on queries the student never saw. Three kinds per document: its title's
+  those are held out, so ``python -m ops.bench.quantization_quality`` (Spearman to the
+  teacher, nDCG@10 against the judgements) checks it on queries it never saw. Three kinds per document: its title's
   last part ("Upstream failover"; two words or more), each sentence of six words or more
   (lower-cased, as typed), and a 4-7 word span of each sentence of eight or more (a keyword
-  query). About 850 queries.
+  query). About 800 queries.
 - **Pairs**: for each query, the document it came from (the positive), the four documents
   the teacher ranks highest among the rest (hard negatives: the lexical traps and the
   neighbouring topics, where a reranker earns its keep) and three drawn at random (easy
@@ -28,14 +28,17 @@ What was chosen, and why:
   about -11 to +10), so a quantised backend's errors of a few hundredths do not decide the
   order the way they do with a random head, whose scores tie within ~0.01.
 - **Training**: mean squared error on the logit, AdamW (encoder 5e-5, head 1e-3, the head
-  starting from nothing), linear warm-up and decay, batches of 32, ``STEPS`` steps (about
-  two passes over the pairs), dropout as the model's config has it, seed 0 for the query
-  spans, the negatives, the order and the initial head. The number of steps is fixed, not
-  the time, so every host builds the same model (up to the float summation order of its
-  thread count).
+  starting from nothing), linear warm-up and decay, ``STEPS`` (160) batches of 16 pairs of
+  similar length, the embeddings and the first two layers frozen (they carry vocabulary and
+  syntax, and skipping their backward pass halves a step): about 2,560 of the 6,400 pairs,
+  what a few minutes of one CPU thread allow. One thread, because then every host sums in
+  the same order and builds the same weights, and on a shared 2-core machine two threads of
+  backward waited on each other more than they gained (10 s a step against 2.6 s). Seed 0
+  for the spans, the negatives, the batches and the initial head; the number of steps is
+  fixed, not the time.
 
 The model is built once into the bench cache and reused; ``build.json`` beside it records
-the build's time, the pairs, the final loss and the held-out check.
+the build's time, the pairs and the final loss.
 """
 
 from __future__ import annotations
