@@ -11,7 +11,8 @@ and the bench cross-encoder with real scores (``ops/bench/trained_reranker.py``,
 scoring engine), the latter also against its teacher (the bi-encoder): how closely it ranks
 like it, on queries it was never trained on. Candidates come from ``candidates()``; a
 backend the embedding engine does not offer here is left out, not failed. Static int8 is
-calibrated on in-domain windows made from generated queries, not the evaluated ones.
+calibrated on the windows ``ops.bench.scoring`` calibrates on (random vocabulary words, none of
+the evaluated pairs), so it is the same export as that benchmark's int8 rows and is reused.
 
     python -m ops.bench.quantization_quality [--depth 100] [--json out.json]
 
@@ -24,17 +25,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
-import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ops.bench.collection import ShippedCollection, ndcg_at_10, rerank, shipped_collection
+from ops.bench.collection import ndcg_at_10, rerank, shipped_collection
 from ops.bench.common import bench_model, print_table, write_json
 
 #: The largest nDCG@10 a precision may lose against fp32 and still be adopted.
@@ -83,22 +81,17 @@ def verdict(ndcg: float, reference: float) -> tuple[float, bool]:
     return difference, -difference < MAX_NDCG_LOSS
 
 
-def _calibration_file(collection: ShippedCollection, *, windows: int = 8, size: int = 25) -> str:
-    """Windows of generated queries (never the evaluated ones) over the collection's documents."""
-    import random
+def bench_calibration(model_path: str) -> str:
+    """The calibration file ``ops.bench.scoring`` writes for this model (the same windows, so the
+    same digest): int8 is then the export whose parity that benchmark reports, and reused."""
+    from ops.bench.common import realistic_pairs, windows_of
+    from ops.bench.scoring import write_calibration
+    from worker.engine import load_cross_encoder
 
-    from ops.bench.trained_reranker import SEED, generated_queries
-
-    ids = sorted(collection.documents)
-    queries = generated_queries([collection.parts[d] for d in ids])
-    rng = random.Random(SEED + 1)
-    handle = tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="rerankq-calibration-", delete=False)
-    with handle:
-        for query, source in rng.sample(queries, windows):
-            others = rng.sample([d for d in ids if d != ids[source]], size - 1)
-            documents = [collection.documents[d] for d in [ids[source], *others]]
-            handle.write(json.dumps({"query": query, "documents": documents}) + "\n")
-    return handle.name
+    module = load_cross_encoder(model_path, device="cpu")[0]
+    max_tokens = int(module.max_seq_length or 512)
+    pairs = realistic_pairs(n_windows=8, window_size=25, tokenizer=module.processor, max_tokens=max_tokens, seed=7)
+    return write_calibration(windows_of(pairs, 25))
 
 
 def embedding_backends() -> list[str]:
@@ -166,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings({})
     model_path = args.model or str(bench_model())
     collection = shipped_collection()
-    calibration = _calibration_file(collection)
+    calibration = bench_calibration(model_path)
     exported = [name for name in ("onnx", "openvino") if importlib.util.find_spec(name + "runtime" * (name == "onnx"))]
     chosen = candidates(embedding_backends=embedding_backends(), exported=exported, native_bf16=cpu_has_native_bf16())
     if args.only:
@@ -176,36 +169,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     bm25 = ndcg_at_10(collection, {q: collection.run[q] for q in collection.evaluated})
     results: dict[str, dict[str, Any]] = {}
     references: dict[str, tuple[float, dict[str, list[float]]]] = {}
-    try:
-        for candidate in chosen:
-            start = time.perf_counter()
-            try:
-                score = scorer(candidate, settings=settings, model_path=model_path, calibration=calibration)
-            except Exception as exc:  # a backend that cannot run here is reported, not fatal
-                print(f"{candidate.label}: unavailable ({type(exc).__name__}: {exc})", flush=True)
-                continue
-            rankings, scores = rerank(collection, score, depth=args.depth)
-            ndcg = ndcg_at_10(collection, rankings)
-            if candidate.reference:
-                references[candidate.model] = (ndcg, scores)
-            reference_ndcg, reference_scores = references[candidate.model]
-            rhos = [spearman(reference_scores[q], scores[q]) for q in scores]
-            difference, holds = verdict(ndcg, reference_ndcg)
-            results[candidate.label] = {
-                "model": candidate.model,
-                "backend": candidate.backend,
-                "precision": candidate.precision,
-                "ndcg10": ndcg,
-                "ndcg10_vs_fp32": difference,
-                "within_bar": holds,
-                "spearman_min": min(rhos),
-                "spearman_mean": statistics.fmean(rhos),
-                "seconds": time.perf_counter() - start,
-                "scores": scores,
-            }
-            print(f"{candidate.label}: nDCG@10 {ndcg:.4f} ({difference:+.4f}), {time.perf_counter() - start:.0f}s")
-    finally:
-        os.unlink(calibration)
+    for candidate in chosen:
+        start = time.perf_counter()
+        try:
+            score = scorer(candidate, settings=settings, model_path=model_path, calibration=calibration)
+        except Exception as exc:  # a backend that cannot run here is reported, not fatal
+            print(f"{candidate.label}: unavailable ({type(exc).__name__}: {exc})", flush=True)
+            continue
+        rankings, scores = rerank(collection, score, depth=args.depth)
+        ndcg = ndcg_at_10(collection, rankings)
+        if candidate.reference:
+            references[candidate.model] = (ndcg, scores)
+        reference_ndcg, reference_scores = references[candidate.model]
+        rhos = [spearman(reference_scores[q], scores[q]) for q in scores]
+        difference, holds = verdict(ndcg, reference_ndcg)
+        results[candidate.label] = {
+            "model": candidate.model,
+            "backend": candidate.backend,
+            "precision": candidate.precision,
+            "ndcg10": ndcg,
+            "ndcg10_vs_fp32": difference,
+            "within_bar": holds,
+            "spearman_min": min(rhos),
+            "spearman_mean": statistics.fmean(rhos),
+            "seconds": time.perf_counter() - start,
+            "scores": scores,
+        }
+        print(f"{candidate.label}: nDCG@10 {ndcg:.4f} ({difference:+.4f}), {time.perf_counter() - start:.0f}s")
 
     teacher = results.get("embedding torch fp32")
     student = results.get("cross-encoder torch fp32")
