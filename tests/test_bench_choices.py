@@ -66,7 +66,7 @@ def test_every_model_gets_its_fp32_reference_first_and_exports_only_where_offere
 
 def test_the_bar_is_a_loss_under_half_a_point_of_ndcg():
     assert verdict(0.878 - MAX_NDCG_LOSS / 2, 0.878)[1]
-    assert not verdict(0.878 - 2 * MAX_NDCG_LOSS, 0.878)[1]
+    assert not verdict(0.878 - 0.006, 0.878)[1]
     assert verdict(0.9, 0.878) == (0.9 - 0.878, True)  # a gain holds
 
 
