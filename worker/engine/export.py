@@ -190,6 +190,11 @@ def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
     clone = export_copy(network, eager_attention=True)
     inputs = example_inputs(tokenizer, clone)
     names = list(inputs)
+    # A classifier gives one logit row per pair; a bare encoder (a bi-encoder's transformer)
+    # gives per-token states first, their sequence axis as dynamic as the inputs'.
+    with torch.no_grad():
+        produced = list(clone(**inputs).keys())
+    outputs = {n: {0: "batch", 1: "sequence"} if n == "last_hidden_state" else {0: "batch"} for n in produced}
     target = directory / ONNX_FILES["plain"]
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes
@@ -199,8 +204,8 @@ def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
             str(target),
             kwargs=inputs,
             input_names=names,
-            output_names=["logits"],
-            dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, "logits": {0: "batch"}},
+            output_names=list(outputs),
+            dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, **outputs},
             opset_version=17,
             dynamo=False,
         )
