@@ -23,7 +23,7 @@ from worker.engine.autotune import AUTO_TIMING_S, AutoDecision, Candidate, decid
 from worker.engine.backend import Backend
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window
-from worker.engine.forward import ForwardEngine, release_weights, shared
+from worker.engine.forward import ForwardEngine, release_weights, return_freed_memory, shared
 from worker.engine.loading import load_sentence_transformer
 from worker.engine.parity import SCORE_TOLERANCE, EngineDisagrees, disagreement_with
 from worker.engine.precision import cpu_has_native_bf16, library_probe, probe_pairs
@@ -181,6 +181,7 @@ class EmbeddingEngine(ForwardEngine):
             timing_s=timing_s,
         )
         self.backend, self.precision, self.auto_decision = backend, precision, decision
+        return_freed_memory()  # the candidates not chosen
         self.probe_spearman = next(m.spearman_min for m in decision.table if m.candidate == decision.chosen)
         log.info(
             "backend_chosen",

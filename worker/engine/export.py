@@ -181,6 +181,24 @@ def example_inputs(tokenizer: Any, network: Any) -> dict[str, Any]:
 # --- ONNX --------------------------------------------------------------------------------------
 
 
+def token_states(encoder: Any) -> Any:
+    """The encoder as a module of the token inputs alone, giving its last hidden states: what
+    the TorchScript exporter traces (an encoder's own forward takes cache arguments it fills
+    in twice)."""
+    import torch
+
+    class TokenStates(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
+            kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+
+    return TokenStates().eval()
+
+
 def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
     """torch's TorchScript-based ONNX exporter: the graph ONNX Runtime's fusions recognise."""
     import warnings
@@ -188,13 +206,15 @@ def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
     import torch
 
     clone = export_copy(network, eager_attention=True)
+    # A classifier gives one logit row per pair; a bare encoder (a bi-encoder's transformer)
+    # gives a state per token, its sequence axis as dynamic as the inputs'.
+    if clone.base_model is clone:
+        clone = token_states(clone)
+        outputs = {"last_hidden_state": {0: "batch", 1: "sequence"}}
+    else:
+        outputs = {"logits": {0: "batch"}}
     inputs = example_inputs(tokenizer, clone)
     names = list(inputs)
-    # A classifier gives one logit row per pair; a bare encoder (a bi-encoder's transformer)
-    # gives per-token states first, their sequence axis as dynamic as the inputs'.
-    with torch.no_grad():
-        produced = list(clone(**inputs).keys())
-    outputs = {n: {0: "batch", 1: "sequence"} if n == "last_hidden_state" else {0: "batch"} for n in produced}
     target = directory / ONNX_FILES["plain"]
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes

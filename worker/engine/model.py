@@ -25,7 +25,7 @@ from worker.engine.autotune import AUTO_TIMING_S, AutoDecision, Candidate, decid
 from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, auto_backend, require_package
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window, read_calibration
-from worker.engine.forward import ForwardEngine, configure_threads, release_weights, shared
+from worker.engine.forward import ForwardEngine, configure_threads, release_weights, return_freed_memory, shared
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, SCORE_TOLERANCE, EngineDisagrees, disagreement_with, spearman
 from worker.engine.precision import cpu_has_native_bf16, exported_precisions, library_probe, probe_pairs
@@ -239,6 +239,7 @@ class ScoringEngine(ForwardEngine):
             timing_s=timing_s,
         )
         self.backend, self.precision, self.auto_decision = backend, precision, decision
+        return_freed_memory()  # the candidates not chosen
         self.probe_spearman = next(m.spearman_min for m in decision.table if m.candidate == decision.chosen)
         log.info(
             "backend_chosen",
