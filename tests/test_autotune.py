@@ -159,3 +159,90 @@ def test_processes_starting_together_measure_once(fresh):
 
     assert sorted(results) == [False, True]
     assert len(kept(fresh)) == 1
+
+
+def test_an_engine_serving_an_export_releases_the_torch_weights_and_scores_as_before(model_dir):
+    engine = ScoringEngine(
+        load_cross_encoder(str(model_dir), device="cpu"),
+        settings=load_settings({}, precision="fp32"),
+        backend=BackendChoice("onnx"),
+        model_name=str(model_dir),
+    )
+    window = [("payment gateway outage", d) for d in ("restart the gateway pods", "coffee machine", "tls certificate")]
+    before = engine.score_pairs(window)
+
+    assert engine.release_unused()
+
+    assert all(p.device.type == "meta" for p in engine.network.parameters())  # the weights are gone
+    assert engine.score_pairs(window) == before  # tokenising needs none of them
+
+
+# --- the embedding member ---
+
+
+@pytest.fixture(scope="module")
+def bi_encoder_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """A tiny bi-encoder: the tiny model's encoder under mean pooling, saved as sentence-transformers saves one."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    encoder = Transformer(str(model_dir))
+    model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_embedding_dimension(), "mean")], device="cpu")
+    directory = tmp_path_factory.mktemp("autotune-embedding") / "model"
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def start_embedding(model: Path, **env: str):
+    from worker.engine.embedding import EmbeddingEngine
+    from worker.engine.loading import load_sentence_transformer
+
+    return EmbeddingEngine(
+        load_sentence_transformer(str(model), device="cpu"),
+        settings=load_settings(env),
+        model_name=str(model),
+        auto_timing_s=QUICK,
+    )
+
+
+def test_the_embedding_member_measures_its_exports_keeps_the_decision_and_reuses_it(bi_encoder_dir):
+    first = start_embedding(bi_encoder_dir)
+
+    decision = first.auto_decision
+    assert decision is not None and not decision.reused
+    rows = {(m.candidate.backend, m.candidate.precision): m for m in decision.table}
+    assert {("torch", "fp32"), ("onnx", "fp32"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "int8")} <= set(
+        rows
+    )
+    # An fp32 export of the transformer, pooled by the model's own modules, gives torch's cosines.
+    assert rows["onnx", "fp32"].at_parity and rows["openvino", "fp32"].at_parity
+    assert (
+        decision.chosen == max((m for m in decision.table if m.at_parity), key=lambda m: m.pairs_per_s or 0).candidate
+    )
+
+    second = start_embedding(bi_encoder_dir)
+    assert second.auto_decision is not None and second.auto_decision.reused
+    assert second.auto_decision.table == decision.table
+    assert (second.backend and second.backend.name, second.precision) == (
+        decision.chosen.backend if decision.chosen.backend != "torch" else None,
+        decision.chosen.precision,
+    )
+    assert start_embedding(bi_encoder_dir, RERANKQ_PRECISION="fp32").auto_decision is None
+
+
+def test_an_embedding_engine_on_an_export_gives_the_library_cosines_after_releasing_torch(bi_encoder_dir):
+    from worker.engine.autotune import Candidate, shipped_calibration
+
+    engine = start_embedding(bi_encoder_dir, RERANKQ_PRECISION="fp32")
+    st = engine.sentence_transformer
+    query, documents = "payment gateway outage", ["restart the gateway pods", "coffee machine", "tls certificate"]
+    q = st.encode_query([query], convert_to_tensor=True, normalize_embeddings=True)
+    d = st.encode_document(documents, convert_to_tensor=True, normalize_embeddings=True)
+    expected = (d @ q[0]).tolist()
+    engine.backend = engine._load_exported(Candidate("openvino", "fp32"), shipped_calibration(25))
+
+    assert engine.release_unused()
+
+    assert all(p.device.type == "meta" for p in engine.network.parameters())
+    assert engine.score(query, documents) == pytest.approx(expected, abs=1e-5)
