@@ -52,9 +52,13 @@ class Artifact:
 
 
 def export_root(model_name: str) -> Path:
-    """Beside the model when it is a writable local directory, else under the user's cache."""
+    """Beside the model when it is a writable local directory, else under the user's cache.
+
+    A model installed as a package (the packaged bi-encoder, under site-packages) is not
+    written beside: files there outlive an uninstall and may be shared by environments."""
     local = Path(model_name)
-    if local.is_dir() and os.access(local, os.W_OK):
+    installed = {"site-packages", "dist-packages"} & set(local.resolve().parts)
+    if local.is_dir() and os.access(local, os.W_OK) and not installed:
         return local
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "--", model_name).strip("-") or "model"
     return Path.home() / ".cache" / "rerankq" / "exports" / safe
