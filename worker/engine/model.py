@@ -166,7 +166,7 @@ class ScoringEngine(ForwardEngine):
             and requested == "auto"
             and verify
             and self.torch.device.type == "cpu"
-            and (self.exportable)
+            and self.exportable
         )
 
     def auto_candidates(self) -> list[Candidate]:
