@@ -216,22 +216,28 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     # The embedding member embedded each distinct passage once (the excerpts too).
     pair_hits, hits, embedded = counts()
     assert hits == 0 and embedded > 2 * len(items)
-    # The pair cache keys passages like documents: the same stream again asks the model nothing.
+    # The pair cache keys passages like documents: the same stream again asks the model nothing,
+    # and the best passages' embeddings kept for MMR are read from the embedding cache.
     again = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     assert [(r.id, r.score, r.passage) for r in again.rows] == [(r.id, r.score, r.passage) for r in passages.rows]
-    assert counts()[0] - pair_hits > len(items) and counts()[1:] == (0, embedded)
+    assert counts()[0] - pair_hits > len(items) and counts()[1:] == (len(items), embedded)
+    reread = client.store.load_embeddings(again.stream_id, [0])
+    first = client.store.load_embeddings(passages.stream_id, [0])
+    assert sorted(reread) == sorted(first) == [0, 1]
+    assert all(reread[i] == pytest.approx(first[i], abs=1e-6) for i in first)
 
     # Another query over the same documents: no pair is cached, every passage's vector is.
     other = "which region does checkout fail over to"
     kept = client.pull(client.open(other, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     _, hits, embedded_now = counts()
-    assert kept.complete and embedded_now == embedded and hits == embedded - len(items)  # less the excerpts
+    passage_texts = embedded - len(items)  # less the excerpts
+    assert kept.complete and embedded_now == embedded and hits == len(items) + passage_texts
     # Scored from kept vectors as from fresh ones: another tenant's cache is its own, so its
     # stream embeds everything again, and gets the same scores and spans.
     fresh = client.pull(
         client.open(other, items, window_size=2, long_documents="passages", tenant="acme"), 0, 2, timeout=120
     )
-    assert counts()[1:] == (hits, embedded + hits)
+    assert counts()[1:] == (hits, embedded + passage_texts)
     assert [(r.id, r.passage.start) for r in kept.rows] == [(r.id, r.passage.start) for r in fresh.rows]
     assert [r.score for r in kept.rows] == pytest.approx([r.score for r in fresh.rows], abs=1e-5)
 
