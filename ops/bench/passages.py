@@ -157,7 +157,7 @@ def load_windows(n_windows: int, depth: int) -> list[Window]:
     ]
 
 
-def start_subjects(redis_url: str) -> list[Subject]:
+def start_subjects(redis_url: str, torch_threads: int | None) -> list[Subject]:
     from producer import RerankClient
     from producer.settings import load_settings
     from worker.runtime import Runtime
@@ -170,6 +170,7 @@ def start_subjects(redis_url: str) -> list[Subject]:
             RERANKQ_DEVICE="cpu",
             RERANKQ_PAIR_CACHE="true",
             RERANKQ_MAX_WINDOW_SIZE="256",
+            **({"RERANKQ_TORCH_THREADS": str(torch_threads)} if torch_threads else {}),
             **extra,
         )
         settings = load_settings(env)
@@ -194,14 +195,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--windows", type=int, default=None, help="queries (one window each)")
     parser.add_argument("--depth", type=int, default=None, help="documents per window (a query's BM25 top)")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="as RERANKQ_TORCH_THREADS (default: the worker's, cores / processes); on a host busy with "
+        "other work, 1 keeps a small forward from waiting on threads the host cannot run",
+    )
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
-    n_windows = args.windows or (3 if args.quick else 8)
-    depth = args.depth or (8 if args.quick else 20)
+    n_windows = args.windows or (2 if args.quick else 6)
+    depth = args.depth or (4 if args.quick else 10)
     rounds = args.rounds or (2 if args.quick else 3)
     MEMBERS["local"]["RERANKQ_RERANKER_MODEL"] = str(bench_model())
-    # The worker's INFO lines per window would be most of this run's output.
-    logging.getLogger("rerankq").setLevel(logging.WARNING)
+    from worker.logs import configure_logging
+
+    # A worker's logging, warnings and up: its INFO line per window would be most of the output.
+    configure_logging(level="WARNING")
+    # No worker consumes the queue the streams are published to: their windows are run here.
+    logging.getLogger("rerankq.producer").setLevel(logging.ERROR)
 
     from worker.embedded.redis_server import EmbeddedRedis
 
@@ -209,9 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     server = EmbeddedRedis().start()
     subjects: list[Subject] = []
     try:
-        subjects = start_subjects(server.url)
-        for subject in subjects:  # one window unmeasured: first calls, allocator, caches of the libraries
-            subject.window(windows[0])
+        subjects = start_subjects(server.url, args.torch_threads)
+        warm_up = Window(windows[0].query, windows[0].other_query, windows[0].candidates[:1])
+        for subject in subjects:  # unmeasured: first calls, allocator, the libraries' own caches
+            subject.window(warm_up)
         for r in range(rounds):
             order = subjects if r % 2 == 0 else subjects[::-1]
             totals = {s.name: defaultdict(Tally) for s in subjects}
@@ -259,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
                 "embedding_cache_hit_rate": embedding_hit,
             }
     print_table(
-        f"{len(windows)} windows of {depth} long documents, {rounds} alternated rounds, CPU "
+        f"{len(windows)} windows of {depth} long documents, {rounds} alternated rounds, CPU, torch threads "
+        f"{args.torch_threads or 'the worker default'} "
         "(rates: median over rounds; hit rates: over all rounds)",
         [
             "member",
@@ -284,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
             ratio_rows.append([subject.name, label, round(ratio, 2)])
             figures[subject.name][f"docs_per_s_ratio: {label}"] = ratio
     print_table("ratios of documents/s (median of per-round ratios)", ["member", "ratio", "x"], ratio_rows)
-    figures["windows"], figures["depth"], figures["rounds"] = len(windows), depth, rounds
+    figures.update(windows=len(windows), depth=depth, rounds=rounds, torch_threads=args.torch_threads)
     write_json(args.json_path, figures)
 
 
