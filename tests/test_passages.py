@@ -241,6 +241,17 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     assert [(r.id, r.passage.start) for r in kept.rows] == [(r.id, r.passage.start) for r in fresh.rows]
     assert [r.score for r in kept.rows] == pytest.approx([r.score for r in fresh.rows], abs=1e-5)
 
+    # A tenant's stream the pair cache answers reads that tenant's kept vectors (texts, under
+    # another heading, that no stream without the tenant sent).
+    runbook = [{**item, "heading_path": ["Runbook"]} for item in items]
+    for _ in range(2):  # the second is answered by the pair cache
+        before = counts()
+        page = client.pull(
+            client.open(other, runbook, window_size=2, long_documents="passages", tenant="acme"), 0, 2, timeout=120
+        )
+        assert page.complete
+    assert counts()[1:] == (before[1] + len(items), before[2])
+
 
 def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kept(
     start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], server: Callable[..., Any]
