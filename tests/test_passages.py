@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from metrics_helpers import scrape, total
 from rerank_servers import expected_score
 
 from producer import RerankClient, ValidationError
@@ -17,6 +18,7 @@ from producer.settings import Settings
 from producer.validation import check_spec
 from producer.wire import Candidate, StreamSpec
 from worker.cli.render import row_json
+from worker.embedded.redis_server import free_port
 from worker.scoring.documents import header, is_boundary
 from worker.scoring.passages import Cutter, aggregate, cut, fallback_cutter, split, word_offsets
 
@@ -170,9 +172,16 @@ EMBEDDING_ONLY = {"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MO
 
 
 def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_without_and_embeds_each_passage_once(
-    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
+    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], tmp_path: Any
 ) -> None:
-    start_worker(env=EMBEDDING_ONLY)
+    metrics_port = free_port()
+    start_worker(
+        env={
+            **EMBEDDING_ONLY,
+            "RERANKQ_METRICS_PORT": str(metrics_port),
+            "RERANKQ_METRICS_DIR": str(tmp_path / "metrics"),
+        }
+    )
     client = make_client()
     # Both open on a paragraph that names a "payment", so an excerpt of each starts there and
     # reads the same filler; only one of them holds the answer, 2,000 characters on.
@@ -251,6 +260,10 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
         )
         assert page.complete
     assert counts()[1:] == (before[1] + len(items), before[2])
+    # The worker's metrics count the embedding cache as the store does.
+    samples = scrape(metrics_port)
+    assert total(samples, "rerankq_embedding_cache_hits_total", member="0:embedding") == counts()[1]
+    assert total(samples, "rerankq_embedding_cache_misses_total", member="0:embedding") == counts()[2]
 
 
 def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kept(
