@@ -151,13 +151,19 @@ class EmbeddingProvider:
         """The embeddings of the window just scored, for ``embed``."""
         self._last.vectors = vectors
 
-    def embed(self, documents: list[str]) -> list[list[float]]:
-        """Each document's normalised embedding: from the window just scored, else computed now
-        (a window the pair cache answered was not scored here)."""
+    def embed(self, documents: list[str], *, tenant: str | None = None) -> list[list[float]]:
+        """Each document's normalised embedding: from the window just scored, else (a window the
+        pair cache answered was not scored here) the embedding cache's under the window's
+        ``tenant``, else computed now."""
         known: dict[str, list[float]] = getattr(self._last, "vectors", {})
-        missing = list(dict.fromkeys(d for d in documents if d not in known))
-        fresh = dict(zip(missing, self.engine.encode(missing).tolist())) if missing else {}
         self._last.vectors = {}
+        missing = list(dict.fromkeys(d for d in documents if d not in known))
+        if not missing:
+            fresh: dict[str, list[float]] = {}
+        elif self.vector_cache is not None:
+            fresh = self.vector_cache.vectors(self, missing, tenant)
+        else:
+            fresh = dict(zip(missing, self.engine.encode(missing).tolist()))
         return [known[d] if d in known else fresh[d] for d in documents]
 
     def close(self) -> None:
