@@ -102,10 +102,13 @@ class EmbeddingProvider:
             raise ProviderStartError("engine_disagrees", f"{self.model_name}: {exc}") from None
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
-        # As for `local`: the last digits of a score differ between precisions and devices.
+        # As for `local`: the last digits of a score differ between backends, precisions and devices.
+        backend = self.engine.backend
         self.cache_identity = cache_identity(
             self.kind,
             model=self.model_name,
+            backend=backend.name if backend is not None else "torch",
+            artifact=backend.artifact if backend is not None else None,
             precision=self.engine.precision,
             device=device.split(":")[0],
             scale=self.scale,
@@ -121,6 +124,7 @@ class EmbeddingProvider:
             model=self.model_name,
             device=device,
             scale=self.scale,
+            backend=backend.name if backend is not None else "torch",
             precision=self.engine.precision,
             dimensions=self.engine.dimensions,
             coalesce=self.coalescer is not None,
