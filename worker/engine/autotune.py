@@ -148,7 +148,7 @@ def fingerprint(
                 "threads": torch.get_num_threads(),
                 "versions": library_versions(),
                 "shape": shape,
-                "candidates": [c.label + (" int8" if c.quantization == "int8" else "") for c in candidates],
+                "candidates": [msgspec.to_builtins(c) for c in candidates],
             },
             sort_keys=True,
             default=str,
