@@ -62,7 +62,7 @@ def kept(model: Path) -> list[dict]:
 
 def test_auto_measures_every_candidate_adopts_the_fastest_at_parity_and_keeps_the_decision(fresh):
     with capture_logs() as logs:
-        engine = start(fresh)
+        engine = start(fresh, RERANKQ_AUTO_INT8="true")
 
     decision = engine.auto_decision
     assert decision is not None and not decision.reused
@@ -86,6 +86,9 @@ def test_auto_measures_every_candidate_adopts_the_fastest_at_parity_and_keeps_th
 
 def test_a_second_start_reuses_the_decision_without_measuring(fresh):
     first = start(fresh)
+    # By default auto spends no first start on calibrating int8 (RERANKQ_AUTO_INT8 asks for it).
+    assert first.auto_decision is not None
+    assert {m.candidate.precision for m in first.auto_decision.table} == {"fp32"}
     written = (fresh / DECISION_FILE).read_bytes()
     with capture_logs() as logs:
         second = start(fresh)
@@ -207,7 +210,7 @@ def start_embedding(model: Path, **env: str):
 
 
 def test_the_embedding_member_measures_its_exports_keeps_the_decision_and_reuses_it(bi_encoder_dir):
-    first = start_embedding(bi_encoder_dir)
+    first = start_embedding(bi_encoder_dir, RERANKQ_AUTO_INT8="true")
 
     decision = first.auto_decision
     assert decision is not None and not decision.reused
@@ -221,7 +224,7 @@ def test_the_embedding_member_measures_its_exports_keeps_the_decision_and_reuses
         decision.chosen == max((m for m in decision.table if m.at_parity), key=lambda m: m.pairs_per_s or 0).candidate
     )
 
-    second = start_embedding(bi_encoder_dir)
+    second = start_embedding(bi_encoder_dir, RERANKQ_AUTO_INT8="true")
     assert second.auto_decision is not None and second.auto_decision.reused
     assert second.auto_decision.table == decision.table
     assert (second.backend and second.backend.name, second.precision) == (

@@ -113,18 +113,20 @@ class EmbeddingEngine(ForwardEngine):
 
     def auto_candidates(self) -> list[Candidate]:
         """torch fp32 (the reference) first; bf16 only where the CPU runs it natively; the
-        transformer exported to ONNX Runtime and OpenVINO, static int8 on each, where installed."""
+        transformer exported to ONNX Runtime and OpenVINO where installed, static int8 on each
+        when ``RERANKQ_AUTO_INT8`` is on."""
+        int8 = self.settings.engine.auto_int8
         native_bf16 = cpu_has_native_bf16()
         found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
         if self.unexportable_reason is not None:
             return found
         if importlib.util.find_spec("onnxruntime") is not None:
-            found += [Candidate("onnx", "fp32"), Candidate("onnx", "int8", "int8")]
+            found += [Candidate("onnx", "fp32"), *([Candidate("onnx", "int8", "int8")] if int8 else [])]
         if importlib.util.find_spec("openvino") is not None:
             found.append(Candidate("openvino", "fp32"))
             if native_bf16:
                 found.append(Candidate("openvino", "bf16"))
-            if importlib.util.find_spec("nncf") is not None:
+            if int8 and importlib.util.find_spec("nncf") is not None:
                 found.append(Candidate("openvino", "int8", "int8"))
         return found
 

@@ -169,19 +169,21 @@ class ScoringEngine(ForwardEngine):
             and self.exportable
         )
 
-    def auto_candidates(self) -> list[Candidate]:
+    def auto_candidates(self, *, calibrated: bool = False) -> list[Candidate]:
         """What can run here, torch fp32 (the reference) first: bf16 only where the CPU runs it
         natively (emulated bf16 is slower than fp32 everywhere), an exported backend only where
-        its package is installed, static int8 on each."""
+        its package is installed, static int8 on each when ``RERANKQ_AUTO_INT8`` is on or the
+        member names calibration windows (``calibrated``)."""
+        int8 = self.settings.engine.auto_int8 or calibrated
         native_bf16 = cpu_has_native_bf16()
         found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
         if importlib.util.find_spec("onnxruntime") is not None:
-            found += [Candidate("onnx", "fp32"), Candidate("onnx", "int8", "int8")]
+            found += [Candidate("onnx", "fp32"), *([Candidate("onnx", "int8", "int8")] if int8 else [])]
         if importlib.util.find_spec("openvino") is not None:
             found.append(Candidate("openvino", "fp32"))
             if native_bf16:
                 found.append(Candidate("openvino", "bf16"))
-            if importlib.util.find_spec("nncf") is not None:
+            if int8 and importlib.util.find_spec("nncf") is not None:
                 found.append(Candidate("openvino", "int8", "int8"))
         return found
 
@@ -192,7 +194,7 @@ class ScoringEngine(ForwardEngine):
         shipped = shipped_calibration(window_size)
         # int8 calibrates on the operator's windows when given, else on the shipped ones.
         calibration = read_calibration(asked.calibration) if asked.calibration else shipped
-        candidates = self.auto_candidates()
+        candidates = self.auto_candidates(calibrated=asked.calibration is not None)
         wanted = fingerprint(
             kind="cross-encoder",
             source=source_fingerprint(self.model_name, self.network),
