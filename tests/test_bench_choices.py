@@ -78,3 +78,18 @@ def test_the_default_engine_is_set_against_the_fastest_row_at_parity():
     }
     assert auto_against_fastest(30.0, backends) == {"fastest": "openvino/bf16", "ratio": 30.0 / 45.0}
     assert auto_against_fastest(30.0, {"onnx/int8": {"pairs_per_s": 9.0, "at_parity": False}}) is None
+
+
+def test_auto_choice_is_the_engines_measured_table_as_json():
+    import json
+
+    from ops.bench.scoring import auto_choice
+    from worker.engine.autotune import AutoDecision, Candidate, Measurement
+
+    chosen = Candidate("openvino", "fp32")
+    decision = AutoDecision(chosen=chosen, table=(Measurement(chosen, 30.0, 1.0, True),), fingerprint="f", reused=False)
+    engine = type("Engine", (), {"auto_decision": decision})()
+    record = json.loads(json.dumps(auto_choice(engine)))
+    assert record["chosen"] == {"backend": "openvino", "precision": "fp32", "quantization": "none"}
+    assert record["table"][0]["pairs_per_s"] == 30.0 and record["table"][0]["at_parity"] is True
+    assert auto_choice(object()) is None  # an engine that kept no decision

@@ -276,23 +276,14 @@ def auto_against_fastest(engine_pairs_per_s: float, backends: dict[str, dict[str
 
 
 def auto_choice(engine: Any) -> dict[str, Any] | None:
-    """What ``auto`` measured and chose, where the engine keeps it (``auto_decision``)."""
+    """What ``auto`` measured and chose (``engine.auto_decision``: the chosen candidate and the
+    table of measurements), as plain JSON; None where the engine kept no decision."""
     decision = getattr(engine, "auto_decision", None)
     if decision is None:
         return None
+    import msgspec
 
-    def plain(value: Any) -> Any:
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {k: plain(v) for k, v in dataclasses.asdict(value).items()}
-        if isinstance(value, dict):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, (str, int, float, bool)) or value is None:
-            return value
-        return str(value)
-
-    return {"chosen": plain(getattr(decision, "chosen", None)), "table": plain(getattr(decision, "table", None))}
+    return msgspec.to_builtins(decision)  # type: ignore[no-any-return]
 
 
 def main() -> None:
