@@ -28,7 +28,9 @@ from producer.errors import StoreError, StreamNotFound
 from producer.redis_clients import UNAVAILABLE_ERRORS, store_client
 from producer.settings import load_settings
 
-pytestmark = pytest.mark.deployment
+# pytest-xdist (make test) runs this whole module in one process: its shared Sentinel set
+# starts once, not once in every process.
+pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_sentinel")]
 
 
 @pytest.fixture(scope="module")
