@@ -48,9 +48,9 @@ lint: $(LINT_READY)
 # start-ups and on Redis, not on the CPU, so four processes finish about twice as fast as one even
 # on two cores. Each process starts its own private Redis and, when it meets an amqp case, its own
 # RabbitMQ node (own node name, ports and data); every test has its own namespace and queues.
-# `--dist loadgroup` keeps a module whose tests share a costly module-scoped server or worker
-# (marked `xdist_group`) in one process, so that server starts once; every other test goes to
-# whichever process is free.
+# With `--dist loadgroup`, tests/conftest.py's scheduler keeps a module whose tests share a costly
+# module-scoped server or worker (ONE_PROCESS_MODULES) in one process, so that server starts once;
+# every other test goes to whichever process is free.
 XDIST := -n 4 --dist loadgroup
 
 test: $(READY)

@@ -192,11 +192,6 @@ def _env(base_env: dict[str, str], **extra: str) -> dict[str, str]:
     return env
 
 
-# pytest-xdist (make test) runs this whole module in one process: its shared calibration run (two
-# workers and `rerankq calibrate`) happens once, not once in every process.
-pytestmark = pytest.mark.xdist_group("test_calibration")
-
-
 @pytest.fixture(scope="module")
 def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     """Maps fitted by ``rerankq calibrate`` through one worker, then a second worker serving

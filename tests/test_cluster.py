@@ -34,9 +34,7 @@ from producer.errors import StoreError, StreamNotFound
 from producer.keys import SHARDS, Keys, shard_tag
 from producer.redis_clients import store_client
 
-# pytest-xdist (make test) runs this whole module in one process: its shared Redis Cluster
-# starts once, not once in every process.
-pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_cluster")]
+pytestmark = pytest.mark.deployment
 
 
 @pytest.fixture(scope="module")

@@ -130,11 +130,6 @@ def test_submit_progress_at_80_columns_keeps_the_bar_n_of_m_and_the_eta():
     assert line.index("eta") < line.index("in flight")  # the detail comes after, and is what gets cut
 
 
-# pytest-xdist (make test) runs this whole module in one process: its shared worker and gateway
-# starts once, not once in every process.
-pytestmark = pytest.mark.xdist_group("test_front_door")
-
-
 @pytest.fixture(scope="module")
 def one_cpu_worker(redis_server, tmp_path_factory):
     """A CPU worker and a gateway (no keys) in their own namespace; no GPU worker at all."""

@@ -68,11 +68,6 @@ class Deployment:
         }
 
 
-# pytest-xdist (make test) runs this whole module in one process: its shared worker and gateway
-# starts once, not once in every process.
-pytestmark = pytest.mark.xdist_group("test_gateway")
-
-
 @pytest.fixture(scope="module")
 def deployment(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("gateway")

@@ -57,11 +57,6 @@ class Doors:
         return self.http.post(path, content=json.dumps(body), headers=self.auth(tenant))
 
 
-# pytest-xdist (make test) runs this whole module in one process: its shared worker and gateway
-# starts once, not once in every process.
-pytestmark = pytest.mark.xdist_group("test_gateway_doors")
-
-
 @pytest.fixture(scope="module")
 def doors(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
     tmp = tmp_path_factory.mktemp("doors")

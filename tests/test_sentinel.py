@@ -28,9 +28,7 @@ from producer.errors import StoreError, StreamNotFound
 from producer.redis_clients import UNAVAILABLE_ERRORS, store_client
 from producer.settings import load_settings
 
-# pytest-xdist (make test) runs this whole module in one process: its shared Sentinel set
-# starts once, not once in every process.
-pytestmark = [pytest.mark.deployment, pytest.mark.xdist_group("test_sentinel")]
+pytestmark = pytest.mark.deployment
 
 
 @pytest.fixture(scope="module")

@@ -52,11 +52,6 @@ def _start(probe: QueueProbe) -> dict[str, object]:
     return entries
 
 
-# pytest-xdist (make test) runs this whole module in one process: its shared probe workers
-# starts once, not once in every process.
-pytestmark = pytest.mark.xdist_group("test_worker_doors")
-
-
 @pytest.fixture(scope="module")
 def redis_probe(redis_server, tmp_path_factory) -> Iterator[tuple[QueueProbe, dict[str, object]]]:
     directory: Path = tmp_path_factory.mktemp("poison-redis")
