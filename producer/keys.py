@@ -132,6 +132,12 @@ class Keys:
         """An embedding member's vector of one text (``worker.chain.embedding_cache``)."""
         return f"{self.namespace}:embedding:{digest}"
 
+    @property
+    def cache_patterns(self) -> tuple[str, ...]:
+        """SCAN patterns matching every pair score, window answer and embedding kept, so the
+        caches can be emptied (a benchmark's cold rounds)."""
+        return (f"{self.namespace}:score:*", f"{self.namespace}:answer:*", f"{self.namespace}:embedding:*")
+
     def window_answer(self, digest: str) -> str:
         """A subset-answering member's whole answer to one window (``worker.chain.cache``)."""
         return f"{self.namespace}:answer:{digest}"

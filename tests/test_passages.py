@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from metrics_helpers import scrape, total
 from rerank_servers import expected_score
 
 from producer import RerankClient, ValidationError
@@ -17,6 +18,7 @@ from producer.settings import Settings
 from producer.validation import check_spec
 from producer.wire import Candidate, StreamSpec
 from worker.cli.render import row_json
+from worker.embedded.redis_server import free_port
 from worker.scoring.documents import header, is_boundary
 from worker.scoring.passages import Cutter, aggregate, cut, fallback_cutter, split, word_offsets
 
@@ -170,9 +172,16 @@ EMBEDDING_ONLY = {"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MO
 
 
 def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_without_and_embeds_each_passage_once(
-    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
+    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], tmp_path: Any
 ) -> None:
-    start_worker(env=EMBEDDING_ONLY)
+    metrics_port = free_port()
+    start_worker(
+        env={
+            **EMBEDDING_ONLY,
+            "RERANKQ_METRICS_PORT": str(metrics_port),
+            "RERANKQ_METRICS_DIR": str(tmp_path / "metrics"),
+        }
+    )
     client = make_client()
     # Both open on a paragraph that names a "payment", so an excerpt of each starts there and
     # reads the same filler; only one of them holds the answer, 2,000 characters on.
@@ -216,24 +225,45 @@ def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_witho
     # The embedding member embedded each distinct passage once (the excerpts too).
     pair_hits, hits, embedded = counts()
     assert hits == 0 and embedded > 2 * len(items)
-    # The pair cache keys passages like documents: the same stream again asks the model nothing.
+    # The pair cache keys passages like documents: the same stream again asks the model nothing,
+    # and the best passages' embeddings kept for MMR are read from the embedding cache.
     again = client.pull(client.open(QUERY, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     assert [(r.id, r.score, r.passage) for r in again.rows] == [(r.id, r.score, r.passage) for r in passages.rows]
-    assert counts()[0] - pair_hits > len(items) and counts()[1:] == (0, embedded)
+    assert counts()[0] - pair_hits > len(items) and counts()[1:] == (len(items), embedded)
+    reread = client.store.load_embeddings(again.stream_id, [0])
+    first = client.store.load_embeddings(passages.stream_id, [0])
+    assert sorted(reread) == sorted(first) == [0, 1]
+    assert all(reread[i] == pytest.approx(first[i], abs=1e-6) for i in first)
 
     # Another query over the same documents: no pair is cached, every passage's vector is.
     other = "which region does checkout fail over to"
     kept = client.pull(client.open(other, items, window_size=2, long_documents="passages"), 0, 2, timeout=120)
     _, hits, embedded_now = counts()
-    assert kept.complete and embedded_now == embedded and hits == embedded - len(items)  # less the excerpts
+    passage_texts = embedded - len(items)  # less the excerpts
+    assert kept.complete and embedded_now == embedded and hits == len(items) + passage_texts
     # Scored from kept vectors as from fresh ones: another tenant's cache is its own, so its
     # stream embeds everything again, and gets the same scores and spans.
     fresh = client.pull(
         client.open(other, items, window_size=2, long_documents="passages", tenant="acme"), 0, 2, timeout=120
     )
-    assert counts()[1:] == (hits, embedded + hits)
+    assert counts()[1:] == (hits, embedded + passage_texts)
     assert [(r.id, r.passage.start) for r in kept.rows] == [(r.id, r.passage.start) for r in fresh.rows]
     assert [r.score for r in kept.rows] == pytest.approx([r.score for r in fresh.rows], abs=1e-5)
+
+    # A tenant's stream the pair cache answers reads that tenant's kept vectors (texts, under
+    # another heading, that no stream without the tenant sent).
+    runbook = [{**item, "heading_path": ["Runbook"]} for item in items]
+    for _ in range(2):  # the second is answered by the pair cache
+        before = counts()
+        page = client.pull(
+            client.open(other, runbook, window_size=2, long_documents="passages", tenant="acme"), 0, 2, timeout=120
+        )
+        assert page.complete
+    assert counts()[1:] == (before[1] + len(items), before[2])
+    # The worker's metrics count the embedding cache as the store does.
+    samples = scrape(metrics_port)
+    assert total(samples, "rerankq_embedding_cache_hits_total", member="0:embedding") == counts()[1]
+    assert total(samples, "rerankq_embedding_cache_misses_total", member="0:embedding") == counts()[2]
 
 
 def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kept(

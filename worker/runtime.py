@@ -70,6 +70,7 @@ class Runtime:
                 ttl_s=self.settings.chain.cache_ttl_s,
                 per_tenant=member.send_tenant or not self.settings.chain.pair_cache_shared_across_tenants,
                 dims=getattr(getattr(raw, "engine", None), "dimensions", None),
+                on_counted=lambda hits, misses: self.recorder.embedding_cache_counted(label, hits, misses),
             )
         return CachedProvider(
             metered,

@@ -15,7 +15,10 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Each reduced precision is kept only if a ranking-parity probe at load passes.
     precision: Annotated[
         Literal["auto", "fp32", "bf16", "fp16"],
-        doc("auto: bf16 on CPUs with native bf16 (AMX, avx512_bf16), fp16 on CUDA, each kept only at ranking parity"),
+        doc(
+            "auto: measured with the backend on a CPU (a member's BACKEND=auto), else bf16 with AMX, "
+            "fp16 on CUDA, each kept only at ranking parity"
+        ),
     ] = "auto"
     # Batches are sized by padded tokens, not pair count, so short documents share a batch
     # and long ones do not pad it.

@@ -66,7 +66,10 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # fp32 does; an export that fails or falls short of parity falls back to torch.
     backend: Annotated[
         Literal["auto", "torch", "onnx", "openvino"],
-        doc("local: the inference backend; auto is openvino on a CPU where it is installed, else torch"),
+        doc(
+            "local: the inference backend; auto measures on a CPU (with PRECISION=auto) and keeps the "
+            "fastest at parity beside the model, else openvino on a CPU where installed, else torch"
+        ),
     ] = "auto"
     onnx_optimization: Annotated[
         Literal["O1", "O2", "O3"],

@@ -12,6 +12,7 @@ breaker's Redis key adds a digest of the endpoint, and that key is all it is use
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -347,7 +348,8 @@ class Chain:
                 scale=provider.scale,
                 scores=scores,
                 failovers=failovers,
-                embed=embed if callable(embed) else None,
+                # The window's tenant: the embedding cache keeps each tenant's vectors apart.
+                embed=functools.partial(embed, tenant=request.tenant) if callable(embed) else None,
                 instruction_ignored_by=member.label if ignored else None,
                 identity=member.identity if provider.scale is not None else None,
             )

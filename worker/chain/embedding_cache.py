@@ -155,3 +155,13 @@ class EmbeddingCache:
         self.put(values, hits=len(kept), misses=len(missing))
         provider.remember({d: known[d] if d in known else fresh[d] for d in distinct})
         return [cosine[d] for d in documents]
+
+    def vectors(self, provider: Any, documents: Sequence[str], tenant: str | None) -> dict[str, list[float]]:
+        """Each of ``documents``' vectors, for a window whose scores came from the pair cache:
+        kept ones read, the rest embedded by ``provider``'s engine now and kept."""
+        distinct = list(dict.fromkeys(documents))
+        known = self.get(distinct, tenant)
+        missing = [d for d in distinct if d not in known]
+        fresh = dict(zip(missing, provider.engine.encode(missing).tolist())) if missing else {}
+        self.put({self.key(d, tenant): pack(v) for d, v in fresh.items()}, hits=len(known), misses=len(missing))
+        return {**known, **fresh}

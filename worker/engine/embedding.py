@@ -11,17 +11,22 @@ whatever the model's own last module does, so a dot product is the cosine.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import structlog
 
 from producer.settings import Settings
+from worker.engine.autotune import AUTO_TIMING_S, AutoDecision, Candidate, decide, fingerprint, shipped_calibration
+from worker.engine.backend import Backend
 from worker.engine.batching import Batch, pad_batches
-from worker.engine.forward import ForwardEngine, shared
+from worker.engine.calibration import Calibration, Window
+from worker.engine.forward import ForwardEngine, release_weights, return_freed_memory, shared
 from worker.engine.loading import load_sentence_transformer
 from worker.engine.parity import SCORE_TOLERANCE, EngineDisagrees, disagreement_with
-from worker.engine.precision import library_probe
+from worker.engine.precision import cpu_has_native_bf16, library_probe, probe_pairs
 
 log = structlog.get_logger("rerankq.engine")
 
@@ -53,9 +58,21 @@ class EmbeddingEngine(ForwardEngine):
         precision: str | None = None,
         token_budget: int | None = None,
         verify_parity: bool = True,
+        model_name: str | None = None,
+        auto_timing_s: float = AUTO_TIMING_S,
     ) -> None:
+        import torch
+
         self.sentence_transformer = model
         module = model[0]
+        self.network = getattr(module, "model", None)  # the transformers model, when there is one
+        self.model_name = model_name or str(getattr(self.network, "name_or_path", "") or "")
+        #: What runs the transformer: None for the whole module chain in torch, else an export of
+        #: the transformer whose token states the chain's later modules (pooling, normalising) read.
+        self.backend: Backend | None = None
+        #: What ``auto`` measured and chose (None when the precision is set explicitly).
+        self.auto_decision: AutoDecision | None = None
+        self.released = False
         self.tokenizer = getattr(module, "tokenizer", None) or module.processor
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
         self.left_padding = getattr(self.tokenizer, "padding_side", "right") == "left"
@@ -63,13 +80,165 @@ class EmbeddingEngine(ForwardEngine):
         dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         self.dimensions = int(dimension())
         model.eval()
+        requested = precision or settings.engine.precision
+        measures = requested == "auto" and verify_parity and torch.device(model.device).type == "cpu"
         super().__init__(
             device=model.device,
             settings=settings,
-            precision=precision,
+            precision="fp32" if measures else precision,
             token_budget=token_budget,
             verify_parity=verify_parity,
         )
+        if measures:
+            try:
+                self._decide_automatically(timing_s=auto_timing_s)
+            except Exception as exc:
+                log.warning("backend_fallback", engine="embedding", kept="torch", reason=f"{type(exc).__name__}: {exc}")
+                self.backend = None
+                self._choose_precision(requested, verify=verify_parity)
+
+    # -- auto: measured --
+
+    @property
+    def unexportable_reason(self) -> str | None:
+        """Why the transformer cannot run as an export here (None when it can)."""
+        module = self.sentence_transformer[0]
+        if self.network is None or getattr(module, "module_output_name", None) != "token_embeddings":
+            return "the first module is not a transformer giving token embeddings"
+        if set(getattr(module, "modality_config", {"text": None})) != {"text"}:
+            return "the transformer takes more than text"
+        if any(type(m).__name__ == "Router" for m in self.sentence_transformer):
+            return "the module chain routes queries and documents apart"
+        return None
+
+    def auto_candidates(self) -> list[Candidate]:
+        """torch fp32 (the reference) first; bf16 only where the CPU runs it natively; the
+        transformer exported to ONNX Runtime and OpenVINO, static int8 on each, where installed."""
+        native_bf16 = cpu_has_native_bf16()
+        found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
+        if self.unexportable_reason is not None:
+            return found
+        if importlib.util.find_spec("onnxruntime") is not None:
+            found += [Candidate("onnx", "fp32"), Candidate("onnx", "int8", "int8")]
+        if importlib.util.find_spec("openvino") is not None:
+            found.append(Candidate("openvino", "fp32"))
+            if native_bf16:
+                found.append(Candidate("openvino", "bf16"))
+            if importlib.util.find_spec("nncf") is not None:
+                found.append(Candidate("openvino", "int8", "int8"))
+        return found
+
+    def _decide_automatically(self, *, timing_s: float) -> None:
+        from worker.engine.export import export_root, source_fingerprint
+
+        window_size = self.settings.streams.window_size
+        calibration = shipped_calibration(window_size)
+        candidates = self.auto_candidates()
+        network = self.network
+        source = (
+            source_fingerprint(self.model_name, network)
+            if network is not None
+            else {"model": self.model_name, "modules": [type(m).__name__ for m in self.sentence_transformer]}
+        )
+        wanted = fingerprint(
+            kind="embedding",
+            source=source,
+            device=str(self.device),
+            shape={
+                "window_size": window_size,
+                "token_budget": self.token_budget,
+                "max_length": self.max_length,
+                "calibration": calibration.digest,
+            },
+            candidates=candidates,
+        )
+
+        def build(candidate: Candidate) -> tuple[Backend | None, str]:
+            if candidate.backend == "torch":
+                return None, candidate.precision
+            return self._load_exported(candidate, calibration), candidate.precision
+
+        def score(runner: tuple[Backend | None, str], window: Window) -> list[float]:
+            kept = self.backend, self.precision
+            self.backend, self.precision = runner
+            try:
+                return self.score_pairs(window)
+            finally:
+                self.backend, self.precision = kept
+
+        def parity_windows(candidate: Candidate | None) -> list[Window]:
+            held_out = candidate is None or candidate.quantization == "int8"
+            return [probe_pairs(), *(calibration.held_out if held_out else [])]
+
+        decision, (backend, precision) = decide(
+            root=export_root(self.model_name),
+            wanted=wanted,
+            candidates=candidates,
+            build=build,
+            score=score,
+            parity_windows=parity_windows,
+            timing_windows=calibration.calibrate,
+            timing_s=timing_s,
+        )
+        self.backend, self.precision, self.auto_decision = backend, precision, decision
+        return_freed_memory()  # the candidates not chosen
+        self.probe_spearman = next(m.spearman_min for m in decision.table if m.candidate == decision.chosen)
+        log.info(
+            "backend_chosen",
+            engine="embedding",
+            model=self.model_name,
+            backend=decision.chosen.backend,
+            precision=decision.chosen.precision,
+            reused=decision.reused,
+            probe_s=round(decision.probe_s, 1),
+            table=decision.rows(),
+        )
+
+    def _load_exported(self, candidate: Candidate, calibration: Calibration) -> Backend:
+        import torch
+
+        from worker.engine.export import onnx_artifact, openvino_artifact
+        from worker.engine.runtimes import OnnxBackend, OpenVINOBackend
+
+        def feeds() -> list[dict[str, Any]]:
+            # The transformer sees queries and documents alike: calibrate on both.
+            texts = [t for window in calibration.calibrate for t in dict.fromkeys(x for pair in window for x in pair)]
+            encoded, _ = self._prepare(texts, "document", None)
+            return [{k: v.numpy() for k, v in batch.tensors.items()} for batch in self.batches(encoded)]
+
+        threads = torch.get_num_threads()
+        if candidate.backend == "onnx":
+            artifact = onnx_artifact(
+                self.model_name,
+                self.network,
+                self.tokenizer,
+                level="O2",
+                quantization=candidate.quantization,
+                calibration=feeds,
+                calibration_digest=calibration.digest,
+            )
+            return OnnxBackend(
+                artifact, precision=candidate.precision, level="O2", device=str(self.device), threads=threads
+            )
+        artifact = openvino_artifact(
+            self.model_name,
+            self.network,
+            self.tokenizer,
+            quantization=candidate.quantization,
+            calibration=feeds,
+            calibration_digest=calibration.digest,
+        )
+        return OpenVINOBackend(artifact, precision=candidate.precision, device=str(self.device), threads=threads)
+
+    def release_unused(self) -> bool:
+        """Free the transformer's torch weights once an export runs it: preprocess reads only
+        the tokenizer, and pooling and normalising hold no weights of the transformer. Only for
+        an engine that owns its model (``shared_embedding_engine`` loads one per engine)."""
+        if self.backend is None or self.released or self.network is None:
+            return False
+        release_weights(self.network)
+        self.released = True
+        return True
 
     def _choose_precision(self, requested: str, *, verify: bool) -> None:
         if verify and not getattr(self, "_agreed", False):
@@ -142,13 +311,28 @@ class EmbeddingEngine(ForwardEngine):
             return torch.zeros((0, self.dimensions), dtype=torch.float32)
         encoded, extras = self._prepare(texts, role, prompt)
         out = torch.zeros((len(texts), self.dimensions), dtype=torch.float32)
-        with torch.inference_mode(), self._autocast():
+        autocast = self._autocast() if self.backend is None else contextlib.nullcontext()
+        with torch.inference_mode(), autocast:
             for batch in self.batches(encoded):
-                tensors = {k: v.to(self.device, non_blocking=True) for k, v in batch.tensors.items()}
-                embeddings = self.sentence_transformer({**tensors, **extras}, task=role)["sentence_embedding"].float()
+                embeddings = self._embed(batch, extras, role)
                 out[batch.indices] = torch.nn.functional.normalize(embeddings, dim=-1).cpu()
                 self._count(batch)
         return out
+
+    def _embed(self, batch: Batch, extras: dict[str, Any], role: Role) -> Any:
+        """One batch's sentence embeddings: the whole module chain in torch, or the exported
+        transformer's token states handed to the chain's later modules as the transformer's."""
+        st = self.sentence_transformer
+        if self.backend is None:
+            tensors = {k: v.to(self.device, non_blocking=True) for k, v in batch.tensors.items()}
+            return st({**tensors, **extras}, task=role)["sentence_embedding"].float()
+        features: dict[str, Any] = {**batch.tensors, **extras, "token_embeddings": self.backend.forward(batch.tensors)}
+        for name, module in list(st.named_children())[1:]:
+            # What SentenceTransformer.forward hands each module: the task where it asks for one.
+            wanted = (st.module_kwargs or {}).get(name, []) if hasattr(st, "module_kwargs") else []
+            takes_task = "task" in wanted or "task" in getattr(module, "forward_kwargs", ())
+            features = module(features, **({"task": role} if takes_task else {}))
+        return features["sentence_embedding"].float()
 
     def score_and_embed(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> list[Scored]:
         """Each pair's cosine similarity and its document's embedding.
@@ -181,5 +365,16 @@ def shared_embedding_engine(model_name: str, *, device: str, settings: Settings)
         model_name,
         device=device,
         settings=settings,
-        build=lambda: EmbeddingEngine(load_sentence_transformer(model_name, device=device), settings=settings),
+        build=lambda: _owning(
+            EmbeddingEngine(
+                load_sentence_transformer(model_name, device=device), settings=settings, model_name=model_name
+            )
+        ),
     )
+
+
+def _owning(engine: EmbeddingEngine) -> EmbeddingEngine:
+    """The engine's model is its own: what its backend does not need is freed."""
+    if engine.release_unused():
+        log.info("torch_weights_released", model=engine.model_name, backend=engine.backend and engine.backend.name)
+    return engine

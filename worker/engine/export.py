@@ -52,9 +52,13 @@ class Artifact:
 
 
 def export_root(model_name: str) -> Path:
-    """Beside the model when it is a writable local directory, else under the user's cache."""
+    """Beside the model when it is a writable local directory, else under the user's cache.
+
+    A model installed as a package (the packaged bi-encoder, under site-packages) is not
+    written beside: files there outlive an uninstall and may be shared by environments."""
     local = Path(model_name)
-    if local.is_dir() and os.access(local, os.W_OK):
+    installed = {"site-packages", "dist-packages"} & set(local.resolve().parts)
+    if local.is_dir() and os.access(local, os.W_OK) and not installed:
         return local
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "--", model_name).strip("-") or "model"
     return Path.home() / ".cache" / "rerankq" / "exports" / safe
@@ -181,6 +185,24 @@ def example_inputs(tokenizer: Any, network: Any) -> dict[str, Any]:
 # --- ONNX --------------------------------------------------------------------------------------
 
 
+def token_states(encoder: Any) -> Any:
+    """The encoder as a module of the token inputs alone, giving its last hidden states: what
+    the TorchScript exporter traces (an encoder's own forward takes cache arguments it fills
+    in twice)."""
+    import torch
+
+    class TokenStates(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
+            kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+
+    return TokenStates().eval()
+
+
 def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
     """torch's TorchScript-based ONNX exporter: the graph ONNX Runtime's fusions recognise."""
     import warnings
@@ -188,6 +210,13 @@ def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
     import torch
 
     clone = export_copy(network, eager_attention=True)
+    # A classifier gives one logit row per pair; a bare encoder (a bi-encoder's transformer)
+    # gives a state per token, its sequence axis as dynamic as the inputs'.
+    if clone.base_model is clone:
+        clone = token_states(clone)
+        outputs = {"last_hidden_state": {0: "batch", 1: "sequence"}}
+    else:
+        outputs = {"logits": {0: "batch"}}
     inputs = example_inputs(tokenizer, clone)
     names = list(inputs)
     target = directory / ONNX_FILES["plain"]
@@ -199,8 +228,8 @@ def onnx_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]:
             str(target),
             kwargs=inputs,
             input_names=names,
-            output_names=["logits"],
-            dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, "logits": {0: "batch"}},
+            output_names=list(outputs),
+            dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names}, **outputs},
             opset_version=17,
             dynamo=False,
         )

@@ -122,6 +122,26 @@ class ForwardEngine:
             self.on_batch(real, batch.padded_tokens)
 
 
+def release_weights(module: Any) -> None:
+    """Free a torch module's weights: its parameters and buffers move to the meta device (shapes
+    kept, storage gone), and the allocator hands the freed pages back to the system."""
+    module.to("meta")
+    return_freed_memory()
+
+
+def return_freed_memory() -> None:
+    """Collect what is no longer referenced (candidates not chosen, weights released) and hand
+    the allocator's free pages back to the system, so the process's resident size shows it."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed arenas otherwise
+    except (OSError, AttributeError):
+        pass  # not glibc: the pages are reused by this process instead
+
+
 # --- one model copy per process ---------------------------------------------------------------
 
 E = TypeVar("E", bound=ForwardEngine)

@@ -13,6 +13,7 @@ export of the model run by ONNX Runtime or OpenVINO, held to the same parity.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,13 +21,14 @@ from typing import Any
 import structlog
 
 from producer.settings import Settings
+from worker.engine.autotune import AUTO_TIMING_S, AutoDecision, Candidate, decide, fingerprint, shipped_calibration
 from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, auto_backend, require_package
 from worker.engine.batching import Batch, pad_batches
-from worker.engine.calibration import Calibration, read_calibration
-from worker.engine.forward import ForwardEngine, configure_threads, shared
+from worker.engine.calibration import Calibration, Window, read_calibration
+from worker.engine.forward import ForwardEngine, configure_threads, release_weights, return_freed_memory, shared
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, SCORE_TOLERANCE, EngineDisagrees, disagreement_with, spearman
-from worker.engine.precision import exported_precisions, library_probe, probe_pairs
+from worker.engine.precision import cpu_has_native_bf16, exported_precisions, library_probe, probe_pairs
 from worker.engine.prefix import MIN_PREFIX_TOKENS, PrefixRunner, common_prefix_length
 
 __all__ = ["ScoringEngine", "configure_threads", "shared_engine"]
@@ -63,6 +65,7 @@ class ScoringEngine(ForwardEngine):
         backend: BackendChoice | None = None,
         model_name: str | None = None,
         prefix_reuse: bool = True,
+        auto_timing_s: float = AUTO_TIMING_S,
     ) -> None:
         import torch
 
@@ -88,7 +91,26 @@ class ScoringEngine(ForwardEngine):
         #: The model itself: the torch backend, and at fp32 what every other backend is held to.
         self.torch = TorchBackend(model, torch.device(model.device), features=self.features)
         self.backend: Backend = self.torch
+        #: What ``auto`` measured and chose (None when a backend or precision is set explicitly).
+        self.auto_decision: AutoDecision | None = None
+        self.released = False
         asked = backend or BackendChoice()
+        requested = precision or settings.engine.precision
+        if self._measures(asked, requested, verify=verify_parity):
+            super().__init__(
+                device=model.device,
+                settings=settings,
+                precision="fp32",
+                token_budget=token_budget,
+                verify_parity=verify_parity,
+            )
+            try:
+                self._decide_automatically(asked, timing_s=auto_timing_s)
+            except Exception as exc:
+                log.warning("backend_fallback", backend="auto", kept="torch", reason=f"{type(exc).__name__}: {exc}")
+                self.backend = self.torch
+                self._choose_precision(requested, verify=verify_parity)
+            return
         choice = replace(asked, name=auto_backend(self.torch.device.type)) if asked.name == "auto" else asked
         if choice.name != "torch" and not self.exportable:
             # An export covers a sequence-classification transformer alone: a causal LM's vocabulary
@@ -101,7 +123,6 @@ class ScoringEngine(ForwardEngine):
                 reason=self.unexportable_reason,
             )
             choice = replace(choice, name="torch")
-        requested = precision or settings.engine.precision
         exported = choice.name != "torch"
         # An exported backend is adopted against torch fp32, so torch's own precision is not tried first.
         super().__init__(
@@ -134,6 +155,111 @@ class ScoringEngine(ForwardEngine):
         if len(self.cross_encoder) != 1:
             return "the model's module chain goes on after the transformer, and an export holds the transformer only"
         return None
+
+    # -- auto: measured --
+
+    def _measures(self, asked: BackendChoice, requested: str, *, verify: bool) -> bool:
+        """Whether ``auto`` is decided by measurement: backend and precision both auto, on a CPU,
+        for a model an export can hold, with the parity probe on (the bar every candidate meets)."""
+        return (
+            asked.name == "auto"
+            and requested == "auto"
+            and verify
+            and self.torch.device.type == "cpu"
+            and self.exportable
+        )
+
+    def auto_candidates(self) -> list[Candidate]:
+        """What can run here, torch fp32 (the reference) first: bf16 only where the CPU runs it
+        natively (emulated bf16 is slower than fp32 everywhere), an exported backend only where
+        its package is installed, static int8 on each."""
+        native_bf16 = cpu_has_native_bf16()
+        found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
+        if importlib.util.find_spec("onnxruntime") is not None:
+            found += [Candidate("onnx", "fp32"), Candidate("onnx", "int8", "int8")]
+        if importlib.util.find_spec("openvino") is not None:
+            found.append(Candidate("openvino", "fp32"))
+            if native_bf16:
+                found.append(Candidate("openvino", "bf16"))
+            if importlib.util.find_spec("nncf") is not None:
+                found.append(Candidate("openvino", "int8", "int8"))
+        return found
+
+    def _decide_automatically(self, asked: BackendChoice, *, timing_s: float) -> None:
+        from worker.engine.export import export_root, source_fingerprint
+
+        window_size = self.settings.streams.window_size
+        shipped = shipped_calibration(window_size)
+        # int8 calibrates on the operator's windows when given, else on the shipped ones.
+        calibration = read_calibration(asked.calibration) if asked.calibration else shipped
+        candidates = self.auto_candidates()
+        wanted = fingerprint(
+            kind="cross-encoder",
+            source=source_fingerprint(self.model_name, self.network),
+            device=str(self.device),
+            shape={
+                "window_size": window_size,
+                "token_budget": self.token_budget,
+                "max_length": self.max_length,
+                "onnx_optimization": asked.onnx_optimization,
+                "calibration": calibration.digest,
+            },
+            candidates=candidates,
+        )
+
+        def build(candidate: Candidate) -> tuple[Backend, str]:
+            if candidate.backend == "torch":
+                return self.torch, candidate.precision
+            choice = BackendChoice(
+                candidate.backend, onnx_optimization=asked.onnx_optimization, quantization=candidate.quantization
+            )
+            int8 = candidate.quantization == "int8"
+            return self._load_exported(choice, candidate.precision, calibration if int8 else None), candidate.precision
+
+        def score(runner: tuple[Backend, str], window: Window) -> list[float]:
+            backend, precision = runner
+            kept, self.precision = self.precision, precision  # torch's autocast reads it
+            try:
+                return self._score(backend, window)
+            finally:
+                self.precision = kept
+
+        def parity_windows(candidate: Candidate | None) -> list[Window]:
+            held_out = candidate is None or candidate.quantization == "int8"
+            return [probe_pairs(), *(calibration.held_out if held_out else [])]
+
+        decision, (backend, precision) = decide(
+            root=export_root(self.model_name),
+            wanted=wanted,
+            candidates=candidates,
+            build=build,
+            score=score,
+            parity_windows=parity_windows,
+            timing_windows=shipped.calibrate,
+            timing_s=timing_s,
+        )
+        self.backend, self.precision, self.auto_decision = backend, precision, decision
+        return_freed_memory()  # the candidates not chosen
+        self.probe_spearman = next(m.spearman_min for m in decision.table if m.candidate == decision.chosen)
+        log.info(
+            "backend_chosen",
+            model=self.model_name,
+            backend=decision.chosen.backend,
+            precision=decision.chosen.precision,
+            reused=decision.reused,
+            probe_s=round(decision.probe_s, 1),
+            table=decision.rows(),
+        )
+
+    def release_unused(self) -> bool:
+        """Free the torch weights once an export serves: the tokenizer and the model's
+        preprocess (all ``tokenize`` needs) do not read them. Only for an engine that owns its
+        model (``shared_engine`` loads one per engine); afterwards torch cannot run here."""
+        if self.backend is self.torch or self.released:
+            return False
+        release_weights(self.network)
+        self.released = True
+        return True
 
     # -- agreement with sentence-transformers --
 
@@ -372,7 +498,16 @@ def shared_engine(
         device=device,
         settings=settings,
         variant=choice,
-        build=lambda: ScoringEngine(
-            load_cross_encoder(model_name, device=device), settings=settings, backend=choice, model_name=model_name
+        build=lambda: _owning(
+            ScoringEngine(
+                load_cross_encoder(model_name, device=device), settings=settings, backend=choice, model_name=model_name
+            )
         ),
     )
+
+
+def _owning(engine: ScoringEngine) -> ScoringEngine:
+    """The engine's model is its own: what its backend does not need is freed."""
+    if engine.release_unused():
+        log.info("torch_weights_released", model=engine.model_name, backend=engine.backend.name)
+    return engine

@@ -131,6 +131,18 @@ class WorkerMetrics(Recorder):
         self.cache_misses = Counter(
             "rerankq_pair_cache_misses", "Pair scores the cache did not hold", ["member"], registry=None
         )
+        self.embedding_cache_hits = Counter(
+            "rerankq_embedding_cache_hits",
+            "Texts whose embedding an embedding member read from the cache",
+            ["member"],
+            registry=None,
+        )
+        self.embedding_cache_misses = Counter(
+            "rerankq_embedding_cache_misses",
+            "Texts an embedding member embedded because the cache did not hold them",
+            ["member"],
+            registry=None,
+        )
         self.refused = Counter(
             "rerankq_task_messages_refused",
             "Queue messages the worker refused and dropped: not a rerankq task message "
@@ -173,6 +185,7 @@ class WorkerMetrics(Recorder):
         self._committed: dict[tuple[str, str], Any] = {}
         self._member: dict[str, tuple[Any, Any, Any]] = {}
         self._cache: dict[str, tuple[Any, Any]] = {}
+        self._embedding_cache: dict[str, tuple[Any, Any]] = {}
 
     def _member_children(self, member: str) -> tuple[Any, Any, Any]:
         children = self._member.get(member)
@@ -229,6 +242,18 @@ class WorkerMetrics(Recorder):
         counters = self._cache.get(member)
         if counters is None:
             counters = self._cache[member] = (self.cache_hits.labels(member), self.cache_misses.labels(member))
+        if hits:
+            counters[0].inc(hits)
+        if misses:
+            counters[1].inc(misses)
+
+    def embedding_cache_counted(self, member: str, hits: int, misses: int) -> None:
+        counters = self._embedding_cache.get(member)
+        if counters is None:
+            counters = self._embedding_cache[member] = (
+                self.embedding_cache_hits.labels(member),
+                self.embedding_cache_misses.labels(member),
+            )
         if hits:
             counters[0].inc(hits)
         if misses:

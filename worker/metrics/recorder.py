@@ -38,6 +38,9 @@ class Recorder:
     def cache_counted(self, member: str, hits: int, misses: int) -> None:
         """The pair cache counted hits and misses in the store."""
 
+    def embedding_cache_counted(self, member: str, hits: int, misses: int) -> None:
+        """An embedding member's cache of vectors counted hits and misses in the store."""
+
     def windows_redelivered(self, count: int) -> None:
         """The sweep re-sent windows (counted as ``windows_redelivered``)."""
 

@@ -116,9 +116,10 @@ class Provider(Protocol):
       at start, and a window it serves for a stream with an instruction records that the
       instruction was not used (``WindowResult.instruction_ignored_by``).
 
-    A provider that embeds documents (``embedding``) also has ``embed(documents) ->
-    list[list[float]]``: the normalised embedding of each document, kept beside the
-    decisions of a window it served so a reader can run MMR without sending embeddings.
+    A provider that embeds documents (``embedding``) also has ``embed(documents, *, tenant)
+    -> list[list[float]]``: the normalised embedding of each document (``tenant``: the
+    window's), kept beside the decisions of a window it served so a reader can run MMR
+    without sending embeddings.
     """
 
     kind: str

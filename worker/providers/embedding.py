@@ -102,10 +102,13 @@ class EmbeddingProvider:
             raise ProviderStartError("engine_disagrees", f"{self.model_name}: {exc}") from None
         except Exception as exc:  # a missing model is an OSError, a bad one anything
             raise ProviderStartError("model_load", f"{self.model_name}: {type(exc).__name__}: {exc}") from None
-        # As for `local`: the last digits of a score differ between precisions and devices.
+        # As for `local`: the last digits of a score differ between backends, precisions and devices.
+        backend = self.engine.backend
         self.cache_identity = cache_identity(
             self.kind,
             model=self.model_name,
+            backend=backend.name if backend is not None else "torch",
+            artifact=backend.artifact if backend is not None else None,
             precision=self.engine.precision,
             device=device.split(":")[0],
             scale=self.scale,
@@ -121,6 +124,7 @@ class EmbeddingProvider:
             model=self.model_name,
             device=device,
             scale=self.scale,
+            backend=backend.name if backend is not None else "torch",
             precision=self.engine.precision,
             dimensions=self.engine.dimensions,
             coalesce=self.coalescer is not None,
@@ -151,13 +155,19 @@ class EmbeddingProvider:
         """The embeddings of the window just scored, for ``embed``."""
         self._last.vectors = vectors
 
-    def embed(self, documents: list[str]) -> list[list[float]]:
-        """Each document's normalised embedding: from the window just scored, else computed now
-        (a window the pair cache answered was not scored here)."""
+    def embed(self, documents: list[str], *, tenant: str | None = None) -> list[list[float]]:
+        """Each document's normalised embedding: from the window just scored, else (a window the
+        pair cache answered was not scored here) the embedding cache's under the window's
+        ``tenant``, else computed now."""
         known: dict[str, list[float]] = getattr(self._last, "vectors", {})
-        missing = list(dict.fromkeys(d for d in documents if d not in known))
-        fresh = dict(zip(missing, self.engine.encode(missing).tolist())) if missing else {}
         self._last.vectors = {}
+        missing = list(dict.fromkeys(d for d in documents if d not in known))
+        if not missing:
+            fresh: dict[str, list[float]] = {}
+        elif self.vector_cache is not None:
+            fresh = self.vector_cache.vectors(self, missing, tenant)
+        else:
+            fresh = dict(zip(missing, self.engine.encode(missing).tolist()))
         return [known[d] if d in known else fresh[d] for d in documents]
 
     def close(self) -> None:

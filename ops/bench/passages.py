@@ -1,0 +1,306 @@
+"""Long documents as passages: what splitting costs, and what the embedding cache gives back.
+
+Windows of the long-document collection (``worker/evaluation/collection/long``: documents of
+1,300-2,400 words, the shipped queries; each window one query's BM25 top documents) are
+scored by the worker's own path, in this process: a stream opened by the client, its window
+run by the ``WindowScorer`` a worker holds (begin, cutting, the chain with the pair cache
+and the embedding cache on a private Redis, decide, commit). Two members, each a chain of
+its own: ``embedding`` (the packaged all-MiniLM-L6-v2) and ``local`` (the bench
+cross-encoder, ``ops/bench/common.py`` ``bench_model``), both on the CPU. For each window,
+in this order:
+
+- ``excerpt``: the query-centred excerpt, one pair per document (caches emptied first);
+- ``passages cold``: every passage of every document, the caches emptied first: each passage
+  is embedded (scored) for the first time;
+- ``passages warm``: the same documents under another query of the collection, right after:
+  the batch-run case, where documents recur across queries. The pair cache cannot answer
+  (a pair is a query and a document); the embedding cache holds every passage's vector, so
+  the bi-encoder embeds only the query. A cross-encoder reads query and passage together:
+  nothing it computed before helps it;
+- ``passages repeat``: the cold stream again (same query, same documents): the pair cache
+  answers every passage, for either member.
+
+Rounds alternate the members and go through every window; each rate is the round's
+documents (or passages) over the summed time of its windows, and each ratio is taken per
+round, the median shown. Reported per member and mode: documents/s, passages/s (what the
+member was asked to score: one per document in excerpt mode), pairs/s (what the model itself
+computed: for ``local`` the pairs the pair cache missed, for ``embedding`` the texts the
+embedding cache missed, the query aside), and the hit rates the store's counters observed.
+
+    python -m ops.bench.passages --quick --json /tmp/passages.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.bench.common import ROOT, bench_model, print_table, worker_env, write_json
+
+COLLECTION = ROOT / "worker" / "evaluation" / "collection" / "long"
+MODES = ("excerpt", "passages cold", "passages warm", "passages repeat")
+MEMBERS = {
+    "embedding": {"RERANKQ_RERANKER_PROVIDER": "embedding"},
+    "local": {"RERANKQ_RERANKER_PROVIDER": "local"},  # the model is the bench model, set in main
+}
+
+
+@dataclass
+class Tally:
+    """One member's one mode over a round: seconds, and what was scored in them."""
+
+    seconds: float = 0.0
+    documents: int = 0
+    passages: int = 0
+    model_pairs: int = 0
+    pair_hits: int = 0
+    pair_misses: int = 0
+    embedding_hits: int = 0
+    embedding_misses: int = 0
+
+    def add(self, other: Tally) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def rate(self, what: str) -> float:
+        return getattr(self, what) / self.seconds if self.seconds else float("nan")
+
+
+@dataclass
+class Window:
+    query: str
+    other_query: str  # another query over the same documents: the warm mode's
+    candidates: list[dict[str, object]]
+
+
+@dataclass
+class Subject:
+    """One member's chain in a worker's runtime, and a client of the same store."""
+
+    name: str
+    runtime: Any
+    client: Any
+    streams: int = 0
+    rounds: list[dict[str, Tally]] = field(default_factory=list)
+
+    def flush_caches(self) -> None:
+        client = self.runtime.store.client
+        for pattern in self.runtime.store.keys.cache_patterns:
+            batch = list(client.scan_iter(match=pattern, count=1000))
+            if batch:
+                client.delete(*batch)
+
+    def score(self, query: str, candidates: list[dict[str, object]], long_documents: str) -> Tally:
+        """One window through the worker's scorer, timed; what it scored, from the store's counters."""
+        before = self.client.store.counters()
+        stream = self.client.open(
+            query, candidates, window_size=len(candidates), long_documents=long_documents, ttl_s=600
+        )
+        self.streams += 1
+        started = time.perf_counter()
+        outcome = self.runtime.scorer.process(stream, 0, delivery=f"bench-{self.name}-{self.streams}")
+        seconds = time.perf_counter() - started
+        if outcome != "committed":
+            raise RuntimeError(f"{self.name}: window {outcome}")
+        after = self.client.store.counters()
+
+        def delta(name: str) -> int:
+            return after.get(name, 0) - before.get(name, 0)
+
+        tally = Tally(
+            seconds=seconds,
+            documents=len(candidates),
+            pair_hits=delta("pair_cache_hits"),
+            pair_misses=delta("pair_cache_misses"),
+            embedding_hits=delta("embedding_cache_hits"),
+            embedding_misses=delta("embedding_cache_misses"),
+        )
+        tally.passages = tally.pair_hits + tally.pair_misses
+        tally.model_pairs = tally.embedding_misses if self.name == "embedding" else tally.pair_misses
+        return tally
+
+    def window(self, window: Window) -> dict[str, Tally]:
+        self.flush_caches()
+        excerpt = self.score(window.query, window.candidates, "excerpt")
+        self.flush_caches()
+        cold = self.score(window.query, window.candidates, "passages")
+        warm = self.score(window.other_query, window.candidates, "passages")
+        repeat = self.score(window.query, window.candidates, "passages")
+        return dict(zip(MODES, (excerpt, cold, warm, repeat)))
+
+
+def load_windows(n_windows: int, depth: int) -> list[Window]:
+    from worker.evaluation.runner import candidates_for
+    from worker.evaluation.trec import load_collection
+
+    collection = load_collection(
+        qrels=COLLECTION / "qrels.txt",
+        run=COLLECTION / "run.bm25.txt",
+        queries=COLLECTION / "queries.tsv",
+        documents=COLLECTION / "documents.jsonl",
+    )
+    qids = [q for q in collection.evaluated if q in collection.run][:n_windows]
+    if len(qids) < 2:
+        raise RuntimeError(f"{COLLECTION}: fewer than two queries with a run (python -m ops.build_long_collection)")
+    return [
+        Window(
+            query=collection.queries[qid],
+            other_query=collection.queries[qids[(i + 1) % len(qids)]],
+            candidates=candidates_for(collection, qid, depth),
+        )
+        for i, qid in enumerate(qids)
+    ]
+
+
+def start_subjects(redis_url: str, torch_threads: int | None) -> list[Subject]:
+    from producer import RerankClient
+    from producer.settings import load_settings
+    from worker.runtime import Runtime
+
+    subjects = []
+    for name, extra in MEMBERS.items():
+        env = worker_env(
+            redis_url,
+            f"bp-{name}",
+            RERANKQ_DEVICE="cpu",
+            RERANKQ_PAIR_CACHE="true",
+            RERANKQ_MAX_WINDOW_SIZE="256",
+            **({"RERANKQ_TORCH_THREADS": str(torch_threads)} if torch_threads else {}),
+            **extra,
+        )
+        settings = load_settings(env)
+        runtime = Runtime(settings)
+        runtime.warm_up()
+        subjects.append(Subject(name=name, runtime=runtime, client=RerankClient(settings)))
+    return subjects
+
+
+def median_ratio(subject: Subject, over: str, under: str, what: str) -> float:
+    ratios = [r[over].rate(what) / r[under].rate(what) for r in subject.rounds if r[under].rate(what)]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def hit_rate(hits: int, misses: int) -> float | str:
+    return round(hits / (hits + misses), 3) if hits + misses else "-"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller windows (a few minutes on a CPU)")
+    parser.add_argument("--windows", type=int, default=None, help="queries (one window each)")
+    parser.add_argument("--depth", type=int, default=None, help="documents per window (a query's BM25 top)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="as RERANKQ_TORCH_THREADS (default: the worker's, cores / processes); on a host busy with "
+        "other work, 1 keeps a small forward from waiting on threads the host cannot run",
+    )
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+    n_windows = args.windows or (2 if args.quick else 6)
+    depth = args.depth or (4 if args.quick else 10)
+    rounds = args.rounds or (2 if args.quick else 3)
+    MEMBERS["local"]["RERANKQ_RERANKER_MODEL"] = str(bench_model())
+    from worker.logs import configure_logging
+
+    # A worker's logging, warnings and up: its INFO line per window would be most of the output.
+    configure_logging(level="WARNING")
+    # No worker consumes the queue the streams are published to: their windows are run here.
+    logging.getLogger("rerankq.producer").setLevel(logging.ERROR)
+
+    from worker.embedded.redis_server import EmbeddedRedis
+
+    windows = load_windows(n_windows, depth)
+    server = EmbeddedRedis().start()
+    subjects: list[Subject] = []
+    try:
+        subjects = start_subjects(server.url, args.torch_threads)
+        warm_up = Window(windows[0].query, windows[0].other_query, windows[0].candidates[:1])
+        for subject in subjects:  # unmeasured: first calls, allocator, the libraries' own caches
+            subject.window(warm_up)
+        for r in range(rounds):
+            order = subjects if r % 2 == 0 else subjects[::-1]
+            totals = {s.name: defaultdict(Tally) for s in subjects}
+            for window in windows:
+                for subject in order:
+                    for mode, tally in subject.window(window).items():
+                        totals[subject.name][mode].add(tally)
+            for subject in subjects:
+                subject.rounds.append(dict(totals[subject.name]))
+            print(
+                f"round {r + 1}/{rounds}: "
+                + ", ".join(
+                    f"{s.name} {m} {totals[s.name][m].rate('documents'):.2f} docs/s" for s in subjects for m in MODES
+                ),
+                flush=True,
+            )
+    finally:
+        for subject in subjects:
+            subject.client.close()
+            subject.runtime.close()
+        server.stop()
+
+    rows, figures = [], {}
+    for subject in subjects:
+        figures[subject.name] = {}
+        for mode in MODES:
+            total = Tally()
+            for round_ in subject.rounds:
+                total.add(round_[mode])
+            per_round = [round_[mode] for round_ in subject.rounds]
+            docs = statistics.median(t.rate("documents") for t in per_round)
+            passages = statistics.median(t.rate("passages") for t in per_round)
+            pairs = statistics.median(t.rate("model_pairs") for t in per_round)
+            pair_hit = hit_rate(total.pair_hits, total.pair_misses)
+            embedding_hit = hit_rate(total.embedding_hits, total.embedding_misses)
+            per_document = total.passages / total.documents
+            rows.append([subject.name, mode, docs, passages, pairs, round(per_document, 1), pair_hit, embedding_hit])
+            figures[subject.name][mode] = {
+                "documents_per_s": docs,
+                "passages_per_s": passages,
+                "model_pairs_per_s": pairs,
+                "passages_per_document": per_document,
+                "model_pairs_per_document": total.model_pairs / total.documents,
+                "pair_cache_hit_rate": pair_hit,
+                "embedding_cache_hit_rate": embedding_hit,
+            }
+    print_table(
+        f"{len(windows)} windows of {depth} long documents, {rounds} alternated rounds, CPU, torch threads "
+        f"{args.torch_threads or 'the worker default'} "
+        "(rates: median over rounds; hit rates: over all rounds)",
+        [
+            "member",
+            "mode",
+            "docs/s",
+            "passages/s",
+            "model pairs/s",
+            "passages/doc",
+            "pair cache hits",
+            "embedding cache hits",
+        ],
+        rows,
+    )
+    ratio_rows = []
+    for subject in subjects:
+        for label, over, under in (
+            ("passages cold vs excerpt", "passages cold", "excerpt"),
+            ("passages warm vs cold", "passages warm", "passages cold"),
+            ("passages repeat vs cold", "passages repeat", "passages cold"),
+        ):
+            ratio = median_ratio(subject, over, under, "documents")
+            ratio_rows.append([subject.name, label, round(ratio, 2)])
+            figures[subject.name][f"docs_per_s_ratio: {label}"] = ratio
+    print_table("ratios of documents/s (median of per-round ratios)", ["member", "ratio", "x"], ratio_rows)
+    figures.update(windows=len(windows), depth=depth, rounds=rounds, torch_threads=args.torch_threads)
+    write_json(args.json_path, figures)
+
+
+if __name__ == "__main__":
+    main()
