@@ -103,6 +103,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.deployment)
 
 
+#: Modules whose tests share a costly module-scoped fixture (a worker and gateway, the Redis
+#: Cluster, the Sentinel set, the calibration run). Under pytest-xdist (`make test`) each runs
+#: whole in one process, so that fixture starts once rather than once in every process. The
+#: controller schedules from test ids alone, before any module is imported, so the list is here
+#: rather than a mark in each module (xdist's own `xdist_group` mark is lost on pytest 9.2).
+ONE_PROCESS_MODULES = frozenset(
+    {
+        "test_calibration.py",
+        "test_cluster.py",
+        "test_front_door.py",
+        "test_gateway.py",
+        "test_gateway_doors.py",
+        "test_sentinel.py",
+        "test_worker_doors.py",
+    }
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``: the modules in ONE_PROCESS_MODULES go whole to one process,
+    every other test to whichever process is free."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedFixtureScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)  # an xdist_group mark, where it survives
+            module = nodeid.split("::", 1)[0]
+            if scope == nodeid and Path(module).name in ONE_PROCESS_MODULES:
+                return module
+            return scope
+
+    return SharedFixtureScheduling(config, log)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield

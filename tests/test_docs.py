@@ -224,7 +224,7 @@ def test_readme_quickstart_runs_as_written(tmp_path):
         start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(timeout=280)
+        out, _ = proc.communicate(timeout=480)  # a first start measures the backends
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -23,6 +23,10 @@ from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 from worker.logs import configure_logging
 
+#: How long a page may wait for the worker: a first start with a model measures its backends
+#: (a minute or two on a small CPU) before the first window is scored.
+FIRST_PAGE_WAIT_S = 300
+
 LEGEND = """\
 How to read a row:
   score     the model's relevance of the document to the query, in [0, 1]. It is absolute, never
@@ -104,18 +108,18 @@ def main(as_json: bool = False) -> int:
     log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
     worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
     try:
-        say("starting a CPU worker (loads the model once)...")
+        say("starting a CPU worker (loads the model once; a first start also measures its backends)...")
         worker.start()
         with RerankClient(load_settings(env)) as client:
             stream = client.open(sample["query"], sample["candidates"], window_size=10)
             say(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
             say(f"query: {sample['query']!r}")
             headings = {c["id"]: " > ".join(c.get("heading_path") or []) for c in sample["candidates"]}
-            first = client.pull(stream, 0, 5, timeout=120)
+            first = client.pull(stream, 0, 5, timeout=FIRST_PAGE_WAIT_S)
             say("\n".join(page_lines("page 1", first, headings=headings)))
             say("(each document's date and heading, which the model reads too, are elided: … marks them)")
             say("\n" + LEGEND)
-            deeper = client.pull(stream, 20, 5, timeout=120)
+            deeper = client.pull(stream, 20, 5, timeout=FIRST_PAGE_WAIT_S)
             say("\n".join(page_lines("page 5 (deeper: the third window's best)", deeper, headings=headings)))
             status = client.status(stream)
             say("\nwindows:")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import structlog
+
 from producer.settings import MemberSettings, Settings
 from producer.store import Store, connect
 from worker.chain import Chain
@@ -16,6 +18,8 @@ from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import Provider
 from worker.scoring.calibration import Calibrations
 from worker.side_writes import SideWrite, write
+
+log = structlog.get_logger("rerankq.worker")
 from worker.windows import WindowScorer
 
 _lock = threading.Lock()
@@ -108,6 +112,9 @@ class Runtime:
         self.chain.warm_up()
         self._warmed_up = True
         self.report_started()
+        # The line to wait for before the first window: Celery's "ready" comes before a
+        # prefork child has loaded its models (and, at a first start, measured their backends).
+        log.info("chain_warmed_up", started=[m.label for m in self.chain.members if m.started])
 
     def report_started(self, starting: str | None = None) -> None:
         """Tell the metrics which members started and whether this process can score: a
