@@ -18,9 +18,9 @@ from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import Provider
 from worker.scoring.calibration import Calibrations
 from worker.side_writes import SideWrite, write
+from worker.windows import WindowScorer
 
 log = structlog.get_logger("rerankq.worker")
-from worker.windows import WindowScorer
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
