@@ -18,6 +18,7 @@ so prefork children starting together measure once and the others read its decis
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -41,8 +42,10 @@ AUTO_TIMING_S = 20.0
 MAX_ROUNDS = 3
 #: Decisions kept per model (one per fingerprint: hosts or pools sharing a model directory).
 MAX_DECISIONS = 8
+#: How far int8's nDCG@10 on the shipped collection's judged windows may be from torch fp32's.
+MAX_NDCG_DIFFERENCE = 0.005
 #: Bumped when what a decision means changes, so older files are measured again.
-SCHEMA = 1
+SCHEMA = 2
 
 DECISION_FILE = "rerankq-auto.json"
 _LOCK_FILE = ".rerankq-auto.lock"
@@ -204,13 +207,18 @@ def keep(root: Path, wanted: dict[str, Any], chosen: Candidate, table: Sequence[
 
 
 def judge(
-    candidate: Candidate, reference: Sequence[Sequence[float]], scored: Sequence[Sequence[float]]
+    candidate: Candidate,
+    reference: Sequence[Sequence[float]],
+    scored: Sequence[Sequence[float]],
+    windows: Sequence[Window] = (),
 ) -> tuple[float, str | None]:
     """The worst window's Spearman against torch fp32, and why the candidate is refused (or None).
 
     The bars are the ones an explicitly configured backend is held to: every window at
     ``MIN_SPEARMAN``, and at fp32 the scores themselves within the tolerance (an fp32 export
-    computes what torch computes, so it must give its numbers, not only their order).
+    computes what torch computes, so it must give its numbers, not only their order). int8
+    is also held to quality directly: on those of ``windows`` the shipped collection judges,
+    its nDCG@10 within ``MAX_NDCG_DIFFERENCE`` of torch fp32's.
     """
     rho = min(spearman(r, c) for r, c in zip(reference, scored))
     if rho < MIN_SPEARMAN:
@@ -219,7 +227,34 @@ def judge(
         off = next((d for r, c in zip(reference, scored) if (d := disagreement_with(r, c))), None)
         if off is not None:
             return rho, off
+    if candidate.quantization == "int8":
+        grades = shipped_judgements()
+        judged = [(w, r, c) for w, r, c in zip(windows, reference, scored) if any(p in grades for p in w)]
+        if judged:
+            fp32 = statistics.mean(ndcg_at_10(w, r, grades) for w, r, _ in judged)
+            int8 = statistics.mean(ndcg_at_10(w, c, grades) for w, _, c in judged)
+            if abs(int8 - fp32) >= MAX_NDCG_DIFFERENCE:
+                return rho, (
+                    f"nDCG@10 {int8:.4f} against fp32's {fp32:.4f} on {len(judged)} judged windows "
+                    f"(a difference of {MAX_NDCG_DIFFERENCE} or more)"
+                )
     return rho, None
+
+
+def ndcg_at_10(window: Window, scores: Sequence[float], grades: dict[tuple[str, str], int]) -> float:
+    """nDCG@10 of the window ordered by ``scores`` (trec_eval's: the grade as the gain, a
+    log2(rank + 1) discount), the ideal being the window's own judged documents."""
+    import math
+
+    gains = [grades.get(pair, 0) for pair in window]
+    ranked = [gains[i] for i in sorted(range(len(window)), key=lambda i: -scores[i])]
+    ideal = sorted(gains, reverse=True)
+
+    def dcg(values: Sequence[int]) -> float:
+        return sum(g / math.log2(rank + 2) for rank, g in enumerate(values[:10]))
+
+    best = dcg(ideal)
+    return dcg(ranked) / best if best > 0 else 0.0
 
 
 def measure(
@@ -248,11 +283,12 @@ def measure(
     for candidate in candidates[1:]:
         try:
             runner = build(candidate)
-            scored = [score(runner, w) for w in parity_windows(candidate)]
+            windows = parity_windows(candidate)
+            scored = [score(runner, w) for w in windows]
         except Exception as exc:  # a backend that cannot run here is a row of the table, not a failed start
             verdicts[candidate] = (None, f"{type(exc).__name__}: {exc}"[:300])
             continue
-        verdicts[candidate] = judge(candidate, reference[: len(scored)], scored)
+        verdicts[candidate] = judge(candidate, reference[: len(scored)], scored, windows)
         if verdicts[candidate][1] is None:
             runners[candidate] = runner
     passing = [c for c in candidates if verdicts[c][1] is None]
@@ -314,7 +350,7 @@ def decide(
                 windows = parity_windows(chosen)
                 reference_runner = build(candidates[0])
                 reference = [score(reference_runner, w) for w in windows]
-                refusal = judge(chosen, reference, [score(runner, w) for w in windows])[1]
+                refusal = judge(chosen, reference, [score(runner, w) for w in windows], windows)[1]
             if refusal is None:
                 decision = AutoDecision(chosen, tuple(stored.table), key, reused=True)
                 return msgspec.structs.replace(decision, probe_s=time.perf_counter() - started), runner
@@ -337,19 +373,45 @@ def decide(
 # --- the windows it measures on -----------------------------------------------------------------
 
 
+_COLLECTION = Path(__file__).resolve().parents[1] / "evaluation" / "collection"
+
+
+def _shipped_texts() -> tuple[dict[str, str], dict[str, str]]:
+    """The shipped collection's documents and queries by id."""
+    texts = {}
+    for line in (_COLLECTION / "documents.jsonl").read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            texts[item["id"]] = item["text"]
+    queries = dict(
+        (qid, query.strip())
+        for qid, query in (
+            line.split("\t", 1) for line in (_COLLECTION / "queries.tsv").read_text().splitlines() if "\t" in line
+        )
+    )
+    return texts, queries
+
+
+@functools.cache
+def shipped_judgements() -> dict[tuple[str, str], int]:
+    """The shipped collection's graded judgements, by (query text, document text)."""
+    texts, queries = _shipped_texts()
+    grades = {}
+    for line in (_COLLECTION / "qrels.txt").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] in queries and parts[2] in texts:
+            grades[(queries[parts[0]], texts[parts[2]])] = int(parts[3])
+    return grades
+
+
 def shipped_windows(window_size: int, count: int = 8) -> list[Window]:
     """Real windows from the shipped evaluation collection: a query's first ``window_size``
     documents of its lexical run, for the first ``count`` queries (engineering documents of a
     realistic length, ranked as a first stage would send them)."""
-    root = Path(__file__).resolve().parents[1] / "evaluation" / "collection"
-    texts = {}
-    for line in (root / "documents.jsonl").read_text().splitlines():
-        if line.strip():
-            item = json.loads(line)
-            texts[item["id"]] = item["text"]
-    queries = [line.split("\t", 1) for line in (root / "queries.tsv").read_text().splitlines() if "\t" in line]
+    texts, by_id = _shipped_texts()
+    queries = list(by_id.items())
     run: dict[str, list[str]] = {}
-    for line in (root / "run.bm25.txt").read_text().splitlines():
+    for line in (_COLLECTION / "run.bm25.txt").read_text().splitlines():
         parts = line.split()
         if len(parts) >= 3 and parts[2] in texts:
             run.setdefault(parts[0], []).append(parts[2])
@@ -357,7 +419,7 @@ def shipped_windows(window_size: int, count: int = 8) -> list[Window]:
     for qid, query in queries:
         documents = run.get(qid, [])[:window_size]
         if len(documents) >= 2:
-            windows.append([(query.strip(), texts[d]) for d in documents])
+            windows.append([(query, texts[d]) for d in documents])
         if len(windows) == count:
             break
     return windows

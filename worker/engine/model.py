@@ -226,9 +226,13 @@ class ScoringEngine(ForwardEngine):
             finally:
                 self.precision = kept
 
+        # int8 is held to its held-out windows and to the shipped collection's judged ones (for
+        # its nDCG: an operator's calibration windows come without judgements).
+        held_out = [*calibration.held_out, *(shipped.held_out if calibration is not shipped else [])]
+
         def parity_windows(candidate: Candidate | None) -> list[Window]:
-            held_out = candidate is None or candidate.quantization == "int8"
-            return [probe_pairs(), *(calibration.held_out if held_out else [])]
+            int8 = candidate is None or candidate.quantization == "int8"
+            return [probe_pairs(), *(held_out if int8 else [])]
 
         decision, (backend, precision) = decide(
             root=export_root(self.model_name),
