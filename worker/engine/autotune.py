@@ -120,15 +120,9 @@ class _File(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+    from worker.engine.export import package_versions
 
-    found = {}
-    for name in LIBRARIES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "absent"
-    return found
+    return package_versions(*LIBRARIES)
 
 
 def fingerprint(

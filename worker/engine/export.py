@@ -84,7 +84,8 @@ def _digest(value: Any) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def _versions(*modules: str) -> dict[str, str]:
+def package_versions(*modules: str) -> dict[str, str]:
+    """Each package's installed version, or "absent"."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
@@ -298,7 +299,10 @@ def onnx_artifact(
     calibration_digest: str | None,
 ) -> Artifact:
     directory = export_root(model_name) / "onnx"
-    base = {"source": source_fingerprint(model_name, network), "tools": _versions("torch", "onnx", "onnxruntime")}
+    base = {
+        "source": source_fingerprint(model_name, network),
+        "tools": package_versions("torch", "onnx", "onnxruntime"),
+    }
     plain = cached(
         directory / ONNX_FILES["plain"], {**base, "variant": "plain"}, lambda tmp: onnx_export(network, tokenizer, tmp)
     )
@@ -361,7 +365,7 @@ def openvino_artifact(
     calibration_digest: str | None,
 ) -> Artifact:
     directory = export_root(model_name) / "openvino"
-    base = {"source": source_fingerprint(model_name, network), "tools": _versions("torch", "openvino", "nncf")}
+    base = {"source": source_fingerprint(model_name, network), "tools": package_versions("torch", "openvino", "nncf")}
     plain = cached(
         directory / OPENVINO_FILES["plain"],
         {**base, "variant": "plain"},
