@@ -88,7 +88,7 @@ def test_a_second_start_reuses_the_decision_without_measuring(fresh):
     first = start(fresh)
     # By default auto spends no first start on calibrating int8 (RERANKQ_AUTO_INT8 asks for it).
     assert first.auto_decision is not None
-    assert {m.candidate.precision for m in first.auto_decision.table} == {"fp32"}
+    assert {m.candidate.quantization for m in first.auto_decision.table} == {"none"}
     written = (fresh / DECISION_FILE).read_bytes()
     with capture_logs() as logs:
         second = start(fresh)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import statistics
@@ -103,6 +104,11 @@ class AutoDecision(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             for m in self.table
         ]
 
+    @property
+    def chosen_spearman(self) -> float | None:
+        """The chosen candidate's worst probe window's Spearman against torch fp32."""
+        return next(m.spearman_min for m in self.table if m.candidate == self.chosen)
+
 
 class _Stored(msgspec.Struct, forbid_unknown_fields=True):
     fingerprint: dict[str, Any]
@@ -114,6 +120,31 @@ class _Stored(msgspec.Struct, forbid_unknown_fields=True):
 class _File(msgspec.Struct, forbid_unknown_fields=True):
     schema: int
     decisions: list[_Stored]
+
+
+# --- what can run here -------------------------------------------------------------------------
+
+
+def available_candidates(*, exportable: bool, int8: bool) -> list[Candidate]:
+    """What can run here, torch fp32 (the reference) first: bf16 only where the CPU runs it
+    natively (emulated bf16 is slower than fp32 everywhere), an exported backend only for a
+    model an export can hold and where its package is installed, static int8 on each only
+    when ``int8`` is asked (calibrating it costs a first start minutes)."""
+    from worker.engine.precision import cpu_has_native_bf16
+
+    native_bf16 = cpu_has_native_bf16()
+    found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
+    if not exportable:
+        return found
+    if importlib.util.find_spec("onnxruntime") is not None:
+        found += [Candidate("onnx", "fp32"), *([Candidate("onnx", "int8", "int8")] if int8 else [])]
+    if importlib.util.find_spec("openvino") is not None:
+        found.append(Candidate("openvino", "fp32"))
+        if native_bf16:
+            found.append(Candidate("openvino", "bf16"))
+        if int8 and importlib.util.find_spec("nncf") is not None:
+            found.append(Candidate("openvino", "int8", "int8"))
+    return found
 
 
 # --- the fingerprint ----------------------------------------------------------------------------
@@ -235,6 +266,19 @@ def judge(
     return rho, None
 
 
+def hold(
+    candidate: Candidate,
+    runner: R,
+    reference: Sequence[Sequence[float]],
+    windows: Sequence[Window],
+    score: Callable[[R, Window], list[float]],
+) -> tuple[float, str | None]:
+    """``judge`` of the candidate's scores on ``windows``, ``reference`` being torch fp32's on
+    the same windows (or on more: the first ones are these)."""
+    scored = [score(runner, w) for w in windows]
+    return judge(candidate, reference[: len(scored)], scored, windows)
+
+
 def ndcg_at_10(window: Window, scores: Sequence[float], grades: dict[tuple[str, str], int]) -> float:
     """nDCG@10 of the window ordered by ``scores`` (trec_eval's: the grade as the gain, a
     log2(rank + 1) discount), the ideal being the window's own judged documents."""
@@ -277,12 +321,10 @@ def measure(
     for candidate in candidates[1:]:
         try:
             runner = build(candidate)
-            windows = parity_windows(candidate)
-            scored = [score(runner, w) for w in windows]
+            verdicts[candidate] = hold(candidate, runner, reference, parity_windows(candidate), score)
         except Exception as exc:  # a backend that cannot run here is a row of the table, not a failed start
             verdicts[candidate] = (None, f"{type(exc).__name__}: {exc}"[:300])
             continue
-        verdicts[candidate] = judge(candidate, reference[: len(scored)], scored, windows)
         if verdicts[candidate][1] is None:
             runners[candidate] = runner
     passing = [c for c in candidates if verdicts[c][1] is None]
@@ -338,13 +380,12 @@ def decide(
         if stored is not None and stored.chosen in candidates:
             chosen = stored.chosen
             runner = build(chosen)
-            if chosen == candidates[0]:
-                refusal = None
-            else:
+            refusal = None
+            if chosen != candidates[0]:
                 windows = parity_windows(chosen)
                 reference_runner = build(candidates[0])
                 reference = [score(reference_runner, w) for w in windows]
-                refusal = judge(chosen, reference, [score(runner, w) for w in windows], windows)[1]
+                refusal = hold(chosen, runner, reference, windows, score)[1]
             if refusal is None:
                 decision = AutoDecision(chosen, tuple(stored.table), key, reused=True)
                 return msgspec.structs.replace(decision, probe_s=time.perf_counter() - started), runner

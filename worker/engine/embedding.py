@@ -12,21 +12,27 @@ whatever the model's own last module does, so a dot product is the cosine.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import structlog
 
 from producer.settings import Settings
-from worker.engine.autotune import AUTO_TIMING_S, AutoDecision, Candidate, decide, fingerprint, shipped_calibration
+from worker.engine.autotune import (
+    AUTO_TIMING_S,
+    Candidate,
+    available_candidates,
+    decide,
+    fingerprint,
+    shipped_calibration,
+)
 from worker.engine.backend import Backend
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window
-from worker.engine.forward import ForwardEngine, release_weights, return_freed_memory, shared
+from worker.engine.forward import ForwardEngine, release_weights, shared
 from worker.engine.loading import load_sentence_transformer
 from worker.engine.parity import SCORE_TOLERANCE, EngineDisagrees, disagreement_with
-from worker.engine.precision import cpu_has_native_bf16, library_probe, probe_pairs
+from worker.engine.precision import library_probe, probe_pairs
 
 log = structlog.get_logger("rerankq.engine")
 
@@ -70,8 +76,6 @@ class EmbeddingEngine(ForwardEngine):
         #: What runs the transformer: None for the whole module chain in torch, else an export of
         #: the transformer whose token states the chain's later modules (pooling, normalising) read.
         self.backend: Backend | None = None
-        #: What ``auto`` measured and chose (None when the precision is set explicitly).
-        self.auto_decision: AutoDecision | None = None
         self.released = False
         self.tokenizer = getattr(module, "tokenizer", None) or module.processor
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
@@ -112,23 +116,8 @@ class EmbeddingEngine(ForwardEngine):
         return None
 
     def auto_candidates(self) -> list[Candidate]:
-        """torch fp32 (the reference) first; bf16 only where the CPU runs it natively; the
-        transformer exported to ONNX Runtime and OpenVINO where installed, static int8 on each
-        when ``RERANKQ_AUTO_INT8`` is on."""
-        int8 = self.settings.engine.auto_int8
-        native_bf16 = cpu_has_native_bf16()
-        found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
-        if self.unexportable_reason is not None:
-            return found
-        if importlib.util.find_spec("onnxruntime") is not None:
-            found += [Candidate("onnx", "fp32"), *([Candidate("onnx", "int8", "int8")] if int8 else [])]
-        if importlib.util.find_spec("openvino") is not None:
-            found.append(Candidate("openvino", "fp32"))
-            if native_bf16:
-                found.append(Candidate("openvino", "bf16"))
-            if int8 and importlib.util.find_spec("nncf") is not None:
-                found.append(Candidate("openvino", "int8", "int8"))
-        return found
+        """What ``auto`` measures for this model; int8 when ``RERANKQ_AUTO_INT8`` is on."""
+        return available_candidates(exportable=self.unexportable_reason is None, int8=self.settings.engine.auto_int8)
 
     def _decide_automatically(self, *, timing_s: float) -> None:
         from worker.engine.export import export_root, source_fingerprint
@@ -172,7 +161,7 @@ class EmbeddingEngine(ForwardEngine):
             held_out = candidate is None or candidate.quantization == "int8"
             return [probe_pairs(), *(calibration.held_out if held_out else [])]
 
-        decision, (backend, precision) = decide(
+        decision, runner = decide(
             root=export_root(self.model_name),
             wanted=wanted,
             candidates=candidates,
@@ -182,25 +171,10 @@ class EmbeddingEngine(ForwardEngine):
             timing_windows=calibration.calibrate,
             timing_s=timing_s,
         )
-        self.backend, self.precision, self.auto_decision = backend, precision, decision
-        return_freed_memory()  # the candidates not chosen
-        self.probe_spearman = next(m.spearman_min for m in decision.table if m.candidate == decision.chosen)
-        log.info(
-            "backend_chosen",
-            engine="embedding",
-            model=self.model_name,
-            backend=decision.chosen.backend,
-            precision=decision.chosen.precision,
-            reused=decision.reused,
-            probe_s=round(decision.probe_s, 1),
-            table=decision.rows(),
-        )
+        self._adopt_decision(decision, runner, engine="embedding", model=self.model_name)
 
     def _load_exported(self, candidate: Candidate, calibration: Calibration) -> Backend:
-        import torch
-
-        from worker.engine.export import onnx_artifact, openvino_artifact
-        from worker.engine.runtimes import OnnxBackend, OpenVINOBackend
+        from worker.engine.runtimes import exported_backend
 
         def feeds() -> list[dict[str, Any]]:
             # The transformer sees queries and documents alike: calibrate on both.
@@ -208,29 +182,17 @@ class EmbeddingEngine(ForwardEngine):
             encoded, _ = self._prepare(texts, "document", None)
             return [{k: v.numpy() for k, v in batch.tensors.items()} for batch in self.batches(encoded)]
 
-        threads = torch.get_num_threads()
-        if candidate.backend == "onnx":
-            artifact = onnx_artifact(
-                self.model_name,
-                self.network,
-                self.tokenizer,
-                level="O2",
-                quantization=candidate.quantization,
-                calibration=feeds,
-                calibration_digest=calibration.digest,
-            )
-            return OnnxBackend(
-                artifact, precision=candidate.precision, level="O2", device=str(self.device), threads=threads
-            )
-        artifact = openvino_artifact(
-            self.model_name,
-            self.network,
-            self.tokenizer,
+        return exported_backend(
+            candidate.backend,
+            model_name=self.model_name,
+            network=self.network,
+            tokenizer=self.tokenizer,
+            precision=candidate.precision,
+            device=str(self.device),
             quantization=candidate.quantization,
             calibration=feeds,
             calibration_digest=calibration.digest,
         )
-        return OpenVINOBackend(artifact, precision=candidate.precision, device=str(self.device), threads=threads)
 
     def release_unused(self) -> bool:
         """Free the transformer's torch weights once an export runs it: preprocess reads only

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -20,6 +20,9 @@ from producer.settings import Settings
 from worker.engine.batching import Batch, default_token_budget, pad_batches
 from worker.engine.parity import MIN_SPEARMAN, spearman
 from worker.engine.precision import probe_pairs, resolve_precision
+
+if TYPE_CHECKING:
+    from worker.engine.autotune import AutoDecision
 
 log = structlog.get_logger("rerankq.engine")
 
@@ -46,6 +49,8 @@ class ForwardEngine:
         #: Told of each forward batch: (real tokens, padded tokens); the worker's metrics set it.
         self.on_batch: Callable[[int, int], None] | None = None
         self.probe_spearman: float | None = None
+        #: What ``auto`` measured and chose (None when a backend or precision is set explicitly).
+        self.auto_decision: AutoDecision | None = None
         self.precision = "fp32"
         self._choose_precision(precision or settings.engine.precision, verify=verify_parity)
 
@@ -90,6 +95,23 @@ class ForwardEngine:
                 )
         log.info("precision_adopted", precision=candidate, verified=reference is not None, engine=type(self).__name__)
         return candidate
+
+    def _adopt_decision(self, decision: AutoDecision, runner: tuple[Any, str], *, engine: str, model: str) -> None:
+        """Serve with what ``auto`` chose (``runner``: the backend and its precision), free the
+        candidates not chosen, and log the table."""
+        (self.backend, self.precision), self.auto_decision = runner, decision
+        return_freed_memory()
+        self.probe_spearman = decision.chosen_spearman
+        log.info(
+            "backend_chosen",
+            engine=engine,
+            model=model,
+            backend=decision.chosen.backend,
+            precision=decision.chosen.precision,
+            reused=decision.reused,
+            probe_s=round(decision.probe_s, 1),
+            table=decision.rows(),
+        )
 
     def _autocast(self) -> Any:
         import contextlib

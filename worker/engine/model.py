@@ -13,7 +13,6 @@ export of the model run by ONNX Runtime or OpenVINO, held to the same parity.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -21,14 +20,21 @@ from typing import Any
 import structlog
 
 from producer.settings import Settings
-from worker.engine.autotune import AUTO_TIMING_S, AutoDecision, Candidate, decide, fingerprint, shipped_calibration
+from worker.engine.autotune import (
+    AUTO_TIMING_S,
+    Candidate,
+    available_candidates,
+    decide,
+    fingerprint,
+    shipped_calibration,
+)
 from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, auto_backend, require_package
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window, read_calibration
-from worker.engine.forward import ForwardEngine, configure_threads, release_weights, return_freed_memory, shared
+from worker.engine.forward import ForwardEngine, configure_threads, release_weights, shared
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, SCORE_TOLERANCE, EngineDisagrees, disagreement_with, spearman
-from worker.engine.precision import cpu_has_native_bf16, exported_precisions, library_probe, probe_pairs
+from worker.engine.precision import exported_precisions, library_probe, probe_pairs
 from worker.engine.prefix import MIN_PREFIX_TOKENS, PrefixRunner, common_prefix_length
 
 __all__ = ["ScoringEngine", "configure_threads", "shared_engine"]
@@ -91,8 +97,6 @@ class ScoringEngine(ForwardEngine):
         #: The model itself: the torch backend, and at fp32 what every other backend is held to.
         self.torch = TorchBackend(model, torch.device(model.device), features=self.features)
         self.backend: Backend = self.torch
-        #: What ``auto`` measured and chose (None when a backend or precision is set explicitly).
-        self.auto_decision: AutoDecision | None = None
         self.released = False
         asked = backend or BackendChoice()
         requested = precision or settings.engine.precision
@@ -170,22 +174,9 @@ class ScoringEngine(ForwardEngine):
         )
 
     def auto_candidates(self, *, calibrated: bool = False) -> list[Candidate]:
-        """What can run here, torch fp32 (the reference) first: bf16 only where the CPU runs it
-        natively (emulated bf16 is slower than fp32 everywhere), an exported backend only where
-        its package is installed, static int8 on each when ``RERANKQ_AUTO_INT8`` is on or the
+        """What ``auto`` measures for this model; int8 when ``RERANKQ_AUTO_INT8`` is on or the
         member names calibration windows (``calibrated``)."""
-        int8 = self.settings.engine.auto_int8 or calibrated
-        native_bf16 = cpu_has_native_bf16()
-        found = [Candidate("torch", "fp32"), *([Candidate("torch", "bf16")] if native_bf16 else [])]
-        if importlib.util.find_spec("onnxruntime") is not None:
-            found += [Candidate("onnx", "fp32"), *([Candidate("onnx", "int8", "int8")] if int8 else [])]
-        if importlib.util.find_spec("openvino") is not None:
-            found.append(Candidate("openvino", "fp32"))
-            if native_bf16:
-                found.append(Candidate("openvino", "bf16"))
-            if int8 and importlib.util.find_spec("nncf") is not None:
-                found.append(Candidate("openvino", "int8", "int8"))
-        return found
+        return available_candidates(exportable=self.exportable, int8=self.settings.engine.auto_int8 or calibrated)
 
     def _decide_automatically(self, asked: BackendChoice, *, timing_s: float) -> None:
         from worker.engine.export import export_root, source_fingerprint
@@ -234,7 +225,7 @@ class ScoringEngine(ForwardEngine):
             int8 = candidate is None or candidate.quantization == "int8"
             return [probe_pairs(), *(held_out if int8 else [])]
 
-        decision, (backend, precision) = decide(
+        decision, runner = decide(
             root=export_root(self.model_name),
             wanted=wanted,
             candidates=candidates,
@@ -244,18 +235,7 @@ class ScoringEngine(ForwardEngine):
             timing_windows=shipped.calibrate,
             timing_s=timing_s,
         )
-        self.backend, self.precision, self.auto_decision = backend, precision, decision
-        return_freed_memory()  # the candidates not chosen
-        self.probe_spearman = next(m.spearman_min for m in decision.table if m.candidate == decision.chosen)
-        log.info(
-            "backend_chosen",
-            model=self.model_name,
-            backend=decision.chosen.backend,
-            precision=decision.chosen.precision,
-            reused=decision.reused,
-            probe_s=round(decision.probe_s, 1),
-            table=decision.rows(),
-        )
+        self._adopt_decision(decision, runner, engine="cross-encoder", model=self.model_name)
 
     def release_unused(self) -> bool:
         """Free the torch weights once an export serves: the tokenizer and the model's
@@ -342,10 +322,7 @@ class ScoringEngine(ForwardEngine):
         )
 
     def _load_exported(self, choice: BackendChoice, precision: str, calibration: Calibration | None) -> Any:
-        import torch
-
-        from worker.engine.export import onnx_artifact, openvino_artifact
-        from worker.engine.runtimes import OnnxBackend, OpenVINOBackend
+        from worker.engine.runtimes import exported_backend
 
         def feeds() -> list[dict[str, Any]]:
             windows = calibration.calibrate if calibration else []
@@ -355,33 +332,18 @@ class ScoringEngine(ForwardEngine):
                 for batch in self.batches(self.tokenize(window))
             ]
 
-        threads = torch.get_num_threads()
-        digest = calibration.digest if calibration else None
-        if choice.name == "onnx":
-            level = choice.onnx_optimization
-            artifact = onnx_artifact(
-                self.model_name,
-                self.network,
-                self.tokenizer,
-                level=level,
-                quantization=choice.quantization,
-                calibration=feeds,
-                calibration_digest=digest,
-            )
-            # A QDQ int8 graph becomes int8 kernels in the session's extended passes.
-            session_level = "O2" if choice.quantization == "int8" else level
-            return OnnxBackend(
-                artifact, precision=precision, level=session_level, device=str(self.device), threads=threads
-            )
-        artifact = openvino_artifact(
-            self.model_name,
-            self.network,
-            self.tokenizer,
+        return exported_backend(
+            choice.name,
+            model_name=self.model_name,
+            network=self.network,
+            tokenizer=self.tokenizer,
+            precision=precision,
+            device=str(self.device),
+            onnx_level=choice.onnx_optimization,
             quantization=choice.quantization,
             calibration=feeds,
-            calibration_digest=digest,
+            calibration_digest=calibration.digest if calibration else None,
         )
-        return OpenVINOBackend(artifact, precision=precision, device=str(self.device), threads=threads)
 
     # -- scoring --
 

@@ -8,7 +8,7 @@ activation and ordering code is the same for every backend.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from worker.engine.backend import BackendUnavailable
@@ -91,3 +91,48 @@ def _numpy(tensors: Mapping[str, Any], name: str) -> Any:
     if name == "token_type_ids":  # an export that takes them, a tokenizer that gives none
         return tensors["input_ids"].new_zeros(tensors["input_ids"].shape).numpy()
     raise BackendUnavailable(f"the exported model wants an input {name!r} the tokenizer does not give")
+
+
+def exported_backend(
+    name: str,
+    *,
+    model_name: str,
+    network: Any,
+    tokenizer: Any,
+    precision: str,
+    device: str,
+    onnx_level: str = "O2",
+    quantization: str = "none",
+    calibration: Callable[[], list[dict[str, Any]]] | None = None,
+    calibration_digest: str | None = None,
+) -> OnnxBackend | OpenVINOBackend:
+    """The model's transformer exported (or its kept export read) and running on ``name``
+    (``onnx`` or ``openvino``); int8 is calibrated on the feeds ``calibration`` gives."""
+    import torch
+
+    from worker.engine.export import onnx_artifact, openvino_artifact
+
+    threads = torch.get_num_threads()
+    feeds = calibration or list
+    if name == "onnx":
+        artifact = onnx_artifact(
+            model_name,
+            network,
+            tokenizer,
+            level=onnx_level,
+            quantization=quantization,
+            calibration=feeds,
+            calibration_digest=calibration_digest,
+        )
+        # A QDQ int8 graph becomes int8 kernels in the session's extended passes.
+        session_level = "O2" if quantization == "int8" else onnx_level
+        return OnnxBackend(artifact, precision=precision, level=session_level, device=device, threads=threads)
+    artifact = openvino_artifact(
+        model_name,
+        network,
+        tokenizer,
+        quantization=quantization,
+        calibration=feeds,
+        calibration_digest=calibration_digest,
+    )
+    return OpenVINOBackend(artifact, precision=precision, device=device, threads=threads)
