@@ -44,20 +44,22 @@ lint: $(LINT_READY)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# The whole suite runs in one process. In four pytest-xdist processes it took as long on this
-# 2-core machine (14:00 on a clean clone, 2026-12-01, against 14:17-14:52 serially for a slightly
-# smaller suite): the deployment cases (RabbitMQ, Redis Cluster, Sentinel, Prometheus) are CPU
-# bound, and with them beside worker start-ups a 60 s wait for a window ran out.
+# Test processes (pytest-xdist): one per CPU for the whole suite. Its tests wait more than they
+# compute (worker start-ups, store retries, failovers), so on this 2-core machine two processes
+# took 9:22 (a clone, 2026-12-01) and one 18:17 (with other work beside it). With `--dist loadgroup`,
+# tests/conftest.py's scheduler keeps a module whose tests share a costly module-scoped server or
+# worker (ONE_PROCESS_MODULES) in one process, so it starts once. Each process starts its own
+# private Redis and, at its first amqp case, its own RabbitMQ node; every test has its own
+# namespace and queues.
+TEST_PROCESSES ?= $(shell nproc 2>/dev/null || echo 2)
 test: $(READY)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup tests
 
-# The fast tier in four pytest-xdist processes: it waits mostly on worker start-ups and Redis,
-# not on the CPU, so it runs about 2.2x faster than serially even on two cores. Each process
-# starts its own private Redis; every test has its own namespace and queues. With
-# `--dist loadgroup`, tests/conftest.py's scheduler keeps a module whose tests share a costly
-# module-scoped server or worker (ONE_PROCESS_MODULES) in one process, so it starts once.
+# The fast tier, in more processes than CPUs: without the deployment cases almost all of it
+# waits on worker start-ups and Redis.
+FAST_PROCESSES ?= 4
 test-fast: $(READY)
-	$(PY) -m pytest -q -n 4 --dist loadgroup -m "not deployment and not chaos and not slow" tests
+	$(PY) -m pytest -q -n $(FAST_PROCESSES) --dist loadgroup -m "not deployment and not chaos and not slow" tests
 
 eval: $(READY)
 	$(PY) -m worker.evaluation --plots eval-out --json eval-out/eval.json
