@@ -58,6 +58,7 @@ def test_partial_hit_sends_only_the_misses(start_worker, make_client):
     assert counters.get("pair_cache_misses", 0) == 10 + 15
 
 
+@pytest.mark.slow
 def test_same_decisions_with_and_without_the_cache(start_worker, make_client, namespace):
     candidates = make_candidates(30)
     uncached_worker = start_worker(env={"RERANKQ_PAIR_CACHE": "false"})
@@ -193,6 +194,7 @@ VARIANTS = [
 ]
 
 
+@pytest.mark.slow
 def test_every_setting_that_changes_an_answer_misses_the_cache(
     server, start_worker, make_client, tiny_model_dir, tmp_path
 ):

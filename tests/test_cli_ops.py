@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from cli_helpers import fast_env, poisoned_modules, rerankq
 from delivery_helpers import pull_until_complete, wait_for
 from rerank_servers import closed_port_url
 
 
+@pytest.mark.slow
 def test_inspect_reports_queues_workers_breakers_and_counters(
     start_worker, base_env, make_client, tiny_model_dir, tmp_path
 ):

@@ -70,6 +70,7 @@ def own_redis():
     server.stop()
 
 
+@pytest.mark.chaos
 def test_a_full_redis_is_waited_out_and_the_worker_stays_up(own_redis, start_worker, make_client, tmp_path):
     """At maxmemory every MULTI is refused, and kombu's ack and delivery bookkeeping are MULTIs:
     the worker once died of it ("Unrecoverable error", exit 0), stranding its windows. Now a
@@ -192,6 +193,7 @@ def test_an_unreachable_redis_is_a_typed_error_that_says_what_is_known(make_clie
     assert dead in str(err.value) and "the stream exists" not in str(err.value)
 
 
+@pytest.mark.chaos
 def test_a_redis_killed_mid_run_is_waited_out(start_worker, make_client, tmp_path):
     """SIGKILL, not a clean stop: AOF everysec has already written every acknowledged command."""
     server = EmbeddedRedis(appendonly=True).start()

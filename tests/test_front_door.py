@@ -49,6 +49,7 @@ def test_mask_url_hides_passwords_in_every_url_shape():
     assert "pw" not in mask_url("amqp://guest:pw@rabbit:5672//")
 
 
+@pytest.mark.slow
 def test_every_store_error_names_the_url_tried_with_the_password_masked():
     url = dead_url()
     with RerankClient(load_settings({"RERANKQ_REDIS_URL": url})) as client:

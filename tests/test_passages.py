@@ -171,6 +171,7 @@ def test_the_bounds_are_refused_at_open_naming_the_field(make_client: Callable[.
 EMBEDDING_ONLY = {"RERANKQ_RERANKER_PROVIDER": "embedding", "RERANKQ_RERANKER_MODEL": ""}
 
 
+@pytest.mark.slow
 def test_a_passages_stream_ranks_a_document_whose_answer_is_late_above_one_without_and_embeds_each_passage_once(
     start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], tmp_path: Any
 ) -> None:
