@@ -68,7 +68,7 @@ from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_
 from worker.engine.autotune import shipped_calibration
 from worker.engine.calibration import read_calibration
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
-from worker.engine.precision import cpu_has_native_bf16
+from worker.engine.precision import cpu_has_native_bf16, probe_pairs
 
 Pairs = list[tuple[str, str]]
 
@@ -277,21 +277,21 @@ def auto_against_fastest(engine_pairs_per_s: float, backends: dict[str, dict[str
     return {"fastest": fastest, "ratio": engine_pairs_per_s / at_parity[fastest]["pairs_per_s"]}
 
 
-def parity_refusal(subject: Subject, reference: Any, held_out: Sequence[Pairs]) -> str | None:
+def parity_refusal(subject: Subject, windows: Sequence[Pairs], expected: Sequence[Sequence[float]]) -> str | None:
     """Why this row is not at parity by ``auto``'s bars (None: it is), beyond the timed windows:
     ``autotune.judge`` (every window at parity, fp32 exports within the score tolerance, int8
-    within the nDCG bound on judged windows) on the probe window and, for int8, the held-out
-    windows of its calibration and of the shipped collection, as ``auto`` holds a candidate.
-    The timed windows alone are few enough that an int8 at parity on them is off on others."""
+    within the nDCG bound on judged windows) on the probe window (``windows[0]``) and, for
+    int8, the rest: the held-out windows of its calibration and of the shipped collection, as
+    ``auto`` holds a candidate. ``expected`` is torch fp32's scores on ``windows``, scored once
+    for every row. The timed windows alone are few enough that an int8 at parity on them is
+    off on others."""
     from worker.engine.autotune import Candidate, hold
-    from worker.engine.precision import probe_pairs
 
-    if subject.engine is None or subject.choice is None or subject.engine is reference:
+    if subject.engine is None or subject.choice is None:
         return None
     candidate = Candidate(subject.choice.name, subject.precision, subject.choice.quantization)
-    windows = [probe_pairs(), *(held_out if candidate.quantization == "int8" else [])]
-    expected = [reference.score_pairs(w) for w in windows]
-    return hold(candidate, subject.engine, expected, windows, lambda engine, w: engine.score_pairs(w))[1]
+    held_to = windows if candidate.quantization == "int8" else windows[:1]
+    return hold(candidate, subject.engine, expected, held_to, lambda engine, w: engine.score_pairs(w))[1]
 
 
 def auto_choice(engine: Any) -> dict[str, Any] | None:
@@ -536,9 +536,14 @@ def main() -> None:
     results = {s.name: figures(s) for s in subjects + variants}
     # Parity as auto judges it, beside the timed windows' Spearman.
     torch_fp32 = next((v for v in variants if v.backend_key == "torch/fp32"), None)
-    held_out = [*read_calibration(calibration_path).held_out, *shipped_calibration(args.window_size).held_out]
+    parity_windows = [
+        probe_pairs(),
+        *read_calibration(calibration_path).held_out,
+        *shipped_calibration(args.window_size).held_out,
+    ]
+    expected = [torch_fp32.engine.score_pairs(w) for w in parity_windows] if torch_fp32 is not None else []
     refusals = {
-        s.name: parity_refusal(s, torch_fp32.engine, held_out) if torch_fp32 is not None else None
+        s.name: parity_refusal(s, parity_windows, expected) if torch_fp32 is not None and s is not torch_fp32 else None
         for s in subjects + variants
     }
     for name, refusal in refusals.items():

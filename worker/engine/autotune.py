@@ -129,7 +129,7 @@ def available_candidates(*, exportable: bool, int8: bool) -> list[Candidate]:
     """What can run here, torch fp32 (the reference) first: bf16 only where the CPU runs it
     natively (emulated bf16 is slower than fp32 everywhere), an exported backend only for a
     model an export can hold and where its package is installed, static int8 on each only
-    when ``int8`` is asked (calibrating it costs a first start minutes)."""
+    when ``int8`` is asked (calibrating and probing it adds tens of seconds to a first start)."""
     from worker.engine.precision import cpu_has_native_bf16
 
     native_bf16 = cpu_has_native_bf16()
