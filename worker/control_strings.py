@@ -65,13 +65,15 @@ class ControlStrings:
         literal = sorted({s for s in strings if s}, key=lambda s: (-len(s), s))
         return cls("|".join(map(re.escape, literal)) or None, prefixes=[s[:2] for s in literal])
 
+    def carries(self, text: str) -> bool:
+        """Whether ``text`` holds one of these control strings."""
+        if self._find is None or (self._prefixes and not any(p in text for p in self._prefixes)):
+            return False
+        return self._find.search(text) is not None
+
     def neutralise(self, text: str) -> str:
         """``text`` with every control string broken; the same object when it has none."""
-        if self._find is None or self._starts is None:
-            return text
-        if self._prefixes and not any(p in text for p in self._prefixes):
-            return text
-        if self._find.search(text) is None:
+        if self._find is None or self._starts is None or not self.carries(text):
             return text
         pieces, last = [], 0
         for match in self._starts.finditer(text):
@@ -82,7 +84,7 @@ class ControlStrings:
         pieces.append(text[last:])
         spaced = "".join(pieces)
         # Left only where a control string is one character long, or has a space in it.
-        return self._find.sub(REPLACEMENT, spaced) if self._find.search(spaced) else spaced
+        return self._find.sub(REPLACEMENT, spaced) if self.carries(spaced) else spaced
 
     def neutralise_all(self, texts: Iterable[str]) -> list[str]:
         return [self.neutralise(t) for t in texts]
