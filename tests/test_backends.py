@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from delivery_helpers import pull_until_complete
+from engine_helpers import start_engine
 from structlog.testing import capture_logs
 from tiny_model import WORDS, build_tiny_cross_encoder
 
@@ -51,19 +52,6 @@ def windows(n: int, size: int, *, seed: int) -> list[list[tuple[str, str]]]:
 def local_provider(model: Path, **env: str) -> LocalProvider:
     settings = load_settings({"RERANKQ_RERANKER_MODEL": str(model), **FP32, **env})
     return LocalProvider(settings.chain.effective_members()[0], settings)
-
-
-def start(model: Path, **env: str) -> ScoringEngine:
-    """A start of the local member's engine, as a new worker process makes it (``shared_engine``
-    keeps one engine per process, so a second provider here would not start anything)."""
-    settings = load_settings({"RERANKQ_RERANKER_MODEL": str(model), **FP32, **env})
-    member = settings.chain.effective_members()[0]
-    return ScoringEngine(
-        load_cross_encoder(str(model), device="cpu"),
-        settings=settings,
-        backend=BackendChoice.from_member(member),
-        model_name=str(model),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +162,7 @@ def test_an_export_is_made_once_reused_by_the_next_start_and_redone_when_the_mod
 def test_a_damaged_export_is_made_again_and_served(tiny_model_dir, tmp_path, torch_fp32, env, damaged, same_size):
     model = copy_model(tiny_model_dir, tmp_path / "model")
     backend = "onnx" if env["RERANKQ_RERANKER_BACKEND"] == "onnx" else "openvino"
-    first = start(model, **env)
+    first = start_engine(model, {**FP32, **env})
     assert (first.backend.name, first.backend.exported) == (backend, True)
     file = model / damaged
     stat = file.stat()
@@ -186,7 +174,7 @@ def test_a_damaged_export_is_made_again_and_served(tiny_model_dir, tmp_path, tor
         file.write_bytes(file.read_bytes()[: stat.st_size // 2])
 
     with capture_logs() as logs:
-        second = start(model, **env)
+        second = start_engine(model, {**FP32, **env})
 
     assert (second.backend.name, second.backend.exported) == (backend, True)
     warned = [e for e in logs if e["event"] == "export_damaged"]
@@ -196,7 +184,7 @@ def test_a_damaged_export_is_made_again_and_served(tiny_model_dir, tmp_path, tor
     assert max(abs(a - b) for a, b in zip(second.score_pairs(window), torch_fp32.score_pairs(window))) < 1e-4
     # Whole again: the next start reuses it and says nothing.
     with capture_logs() as logs:
-        third = start(model, **env)
+        third = start_engine(model, {**FP32, **env})
     assert (third.backend.name, third.backend.exported) == (backend, False)
     assert not [e for e in logs if e["event"] == "export_damaged"]
 
