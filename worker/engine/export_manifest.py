@@ -33,8 +33,8 @@ import structlog
 
 log = structlog.get_logger("rerankq.export")
 
-#: How old a file's last change must be before its seal is trusted: past any file system's
-#: timestamp tick (a jiffy on Linux; FAT keeps 2 s).
+#: How old a file's last change must be before its seal is trusted: past a local file system's
+#: timestamp tick (a jiffy on Linux; FAT's 2 s tick is not covered, nor a clock set back).
 SEAL_AGE_NS = 2_000_000_000
 _CHUNK = 1 << 20
 
