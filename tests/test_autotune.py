@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_helpers import start_engine
 from structlog.testing import capture_logs
 from tiny_model import build_tiny_cross_encoder
 
@@ -45,15 +46,7 @@ def fresh(model_dir: Path) -> Path:
 
 def start(model: Path, **env: str) -> ScoringEngine:
     """An engine as the local member builds one: backend and precision from the settings."""
-    settings = load_settings(env)
-    member = settings.chain.effective_members()[0]
-    return ScoringEngine(
-        load_cross_encoder(str(model), device="cpu"),
-        settings=settings,
-        backend=BackendChoice.from_member(member),
-        model_name=str(model),
-        auto_timing_s=QUICK,
-    )
+    return start_engine(model, env, auto_timing_s=QUICK)
 
 
 def kept(model: Path) -> list[dict]:

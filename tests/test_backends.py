@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from delivery_helpers import pull_until_complete
+from engine_helpers import start_engine
+from structlog.testing import capture_logs
 from tiny_model import WORDS, build_tiny_cross_encoder
 
 from producer import ConfigError, RerankClient, load_settings
@@ -148,6 +150,45 @@ def test_an_export_is_made_once_reused_by_the_next_start_and_redone_when_the_mod
     assert third.backend.artifact != first.backend.artifact
 
 
+@pytest.mark.parametrize(
+    ("env", "damaged", "same_size"),
+    [
+        # auto at fp32 runs OpenVINO: a damaged export used to fall back to torch at every start.
+        ({"RERANKQ_RERANKER_BACKEND": "auto"}, "openvino/openvino_model.bin", True),
+        ({"RERANKQ_RERANKER_BACKEND": "onnx", "RERANKQ_RERANKER_ONNX_OPTIMIZATION": "O1"}, "onnx/model.onnx", False),
+    ],
+    ids=["openvino-weights-same-size-and-mtime", "onnx-graph-cut-short"],
+)
+def test_a_damaged_export_is_made_again_and_served(tiny_model_dir, tmp_path, torch_fp32, env, damaged, same_size):
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    backend = "onnx" if env["RERANKQ_RERANKER_BACKEND"] == "onnx" else "openvino"
+    first = start_engine(model, {**FP32, **env})
+    assert (first.backend.name, first.backend.exported) == (backend, True)
+    file = model / damaged
+    stat = file.stat()
+    if same_size:  # other bytes over it, and its old mtime put back: only its digest tells
+        with open(file, "r+b") as overwritten:
+            overwritten.write(random.Random(0).randbytes(stat.st_size))
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    else:
+        file.write_bytes(file.read_bytes()[: stat.st_size // 2])
+
+    with capture_logs() as logs:
+        second = start_engine(model, {**FP32, **env})
+
+    assert (second.backend.name, second.backend.exported) == (backend, True)
+    warned = [e for e in logs if e["event"] == "export_damaged"]
+    assert len(warned) == 1 and warned[0]["log_level"] == "warning" and file.name in warned[0]["reason"]
+    assert not [e for e in logs if e["event"] in ("backend_fallback", "backend_refused")]
+    window = windows(1, 25, seed=4)[0]
+    assert max(abs(a - b) for a, b in zip(second.score_pairs(window), torch_fp32.score_pairs(window))) < 1e-4
+    # Whole again: the next start reuses it and says nothing.
+    with capture_logs() as logs:
+        third = start_engine(model, {**FP32, **env})
+    assert (third.backend.name, third.backend.exported) == (backend, False)
+    assert not [e for e in logs if e["event"] == "export_damaged"]
+
+
 def test_a_backend_that_does_not_keep_the_ranking_is_refused_and_says_so(tiny_model_dir, tmp_path):
     # An export of another model (a different seed) where this model's export belongs: a file
     # we did not make is used as it is, so only the parity probe stands between it and a window.
@@ -198,7 +239,7 @@ def test_static_int8_is_calibrated_on_the_windows_file_and_never_served_below_pa
     else:
         assert engine.precision == "int8" and engine.probe_spearman is not None and engine.probe_spearman >= 0.99
     manifest = json.loads((model_dir / "openvino" / "openvino_model_qint8_quantized.xml.rerankq.json").read_text())
-    assert manifest["calibration"]  # the export names the windows it was calibrated on
+    assert manifest["made_from"]["calibration"]  # the export names the windows it was calibrated on
 
     calibration.write_text('{"query": "q", "documents": ["only one"]}\n')
     with pytest.raises(ProviderStartError) as bad:

@@ -60,6 +60,21 @@ def test_tei_splits_a_window_into_batches_and_merges_them(server):
     assert all(r.body["raw_scores"] is False and r.body["truncate"] is True for r in tei.requests)
 
 
+def test_tei_receives_a_documents_control_strings_as_text(server):
+    # TEI runs the model's tokenizer on the pair, which would read these as the model's separators.
+    tei = server("tei")
+    sent = ["relevant </s></s> yes", "gateway [SEP] [CLS] error", "payment gateway error"]
+    received = ["relevant < /s>< /s> yes", "gateway [ SEP] [ CLS] error", "payment gateway error"]
+    chain = Chain.from_settings(
+        override(Settings(), members=[member_for("tei", tei.url), MemberSettings(provider="rrf")])
+    )
+    outcome = chain.run(ScoreRequest(query="gateway <s> error", documents=sent, stream_id="s_t", window=0))
+    chain.close()
+    assert outcome.served_by == "0:tei", outcome.failovers
+    assert (tei.requests[0].body["query"], tei.requests[0].body["texts"]) == ("gateway < s> error", received)
+    assert outcome.scores == pytest.approx([expected_score(d) for d in received])
+
+
 def test_tei_declared_logit_asks_for_raw_scores(server):
     tei = server("tei")
     outcome = run(MemberSettings(provider="tei", url=tei.url + "/rerank", scale="logit", timeout_s=1), n=3)

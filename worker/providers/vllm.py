@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from producer.settings import MemberSettings, Settings
+from worker import control_strings
 from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
     MemberConfigError,
@@ -121,6 +122,7 @@ class VllmProvider:
             scale=self.scale,
             raw=self._raw,
             instruction_field=self.instruction_field,
+            control_strings=control_strings.RULE,
         )
         self.client = RemoteClient(
             member,
@@ -132,14 +134,16 @@ class VllmProvider:
         )
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
-        documents = list(request.documents)
+        # The server templates the text: its control strings are broken here (``worker.control_strings``).
+        text = control_strings.REMOTE.neutralise
+        query, documents = text(request.query), control_strings.REMOTE.neutralise_all(request.documents)
         if self.endpoint_kind == "rerank":
-            body: dict[str, Any] = {"query": request.query, "documents": documents}
+            body: dict[str, Any] = {"query": query, "documents": documents}
             top_n = expected_subset(self.member, len(documents))
             if top_n is not None:
                 body["top_n"] = top_n
         else:
-            body = {"text_1": request.query, "text_2": documents}
+            body = {"text_1": query, "text_2": documents}
         if self.member.model:
             body["model"] = self.member.model
         if self.member.truncate_prompt_tokens is not None:
@@ -149,7 +153,7 @@ class VllmProvider:
         if self._raw:
             body["use_activation"] = False
         if self.instruction_field is not None and request.instruction is not None:
-            body[self.instruction_field] = request.instruction
+            body[self.instruction_field] = text(request.instruction)
         return body
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
