@@ -110,3 +110,50 @@ def test_an_export_whose_manifest_records_no_digests_is_made_again(tmp_path: Pat
     assert make.made == 1 and not events(logs, "export_damaged")
     assert "records no digests" in events(logs, "model_exported")[0]["reason"]
     assert json.loads(manifest_path(path).read_text())["files"]
+
+
+def test_a_manifest_that_is_not_what_rerankq_writes_is_made_again_not_trusted(tmp_path: Path):
+    # Valid JSON, the right made_from, but entries no rerankq wrote: each is an unreadable
+    # manifest (the export is made again), never an exception out of the start nor a read
+    # outside the export's directory.
+    path, make = tmp_path / "model.xml", Exporter()
+    cached(path, MADE_FROM, make)
+    whole = json.loads(manifest_path(path).read_text())
+    outside = tmp_path.parent / "outside.bin"
+    outside.write_bytes(b"x")
+    entry = {"size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}
+    for files, seals in (
+        ({"model.xml": 5}, {}),
+        ({"model.xml": {"size": "4011", "sha256": None}}, {}),
+        ({f"../{outside.name}": entry}, {}),
+        ({"/etc/hostname": entry}, {}),
+    ):
+        manifest_path(path).write_text(json.dumps({**whole, "files": files, "seals": seals}))
+        made = make.made
+        with capture_logs() as logs:
+            assert cached(path, MADE_FROM, make).exported, files
+        assert make.made == made + 1
+        assert "unreadable" in events(logs, "model_exported")[0]["reason"], files
+    assert json.loads(manifest_path(path).read_text())["files"] == whole["files"]
+    # A seal that is not one is no reason to export again: the file is hashed instead.
+    made = make.made
+    manifest_path(path).write_text(json.dumps({**whole, "seals": {"model.xml": "sealed", "model.bin": [1, "2"]}}))
+    with capture_logs() as logs:
+        assert not cached(path, MADE_FROM, make).exported
+    assert make.made == made and events(logs, "export_hashed")
+
+
+def test_a_manifest_that_is_a_fifo_or_too_large_is_not_read(tmp_path: Path):
+    path, make = tmp_path / "model.xml", Exporter()
+    cached(path, MADE_FROM, make)
+    manifest_path(path).unlink()
+    os.mkfifo(manifest_path(path))  # read as a file, it would hang the start for ever
+    with capture_logs() as logs:
+        assert cached(path, MADE_FROM, make).exported and make.made == 2
+    assert "unreadable" in events(logs, "model_exported")[0]["reason"]
+    whole = json.loads(manifest_path(path).read_text())
+    # Valid JSON, the manifest as written, but 2 MiB of it: not ours.
+    manifest_path(path).write_text(json.dumps(whole) + " " * (2 << 20))
+    with capture_logs() as logs:
+        assert cached(path, MADE_FROM, make).exported and make.made == 3
+    assert "unreadable" in events(logs, "model_exported")[0]["reason"]

@@ -23,12 +23,15 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import stat as stat_module
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
 log = structlog.get_logger("rerankq.export")
@@ -36,6 +39,8 @@ log = structlog.get_logger("rerankq.export")
 #: How old a file's last change must be before its seal is trusted: past a local file system's
 #: timestamp tick (a jiffy on Linux; FAT's 2 s tick is not covered, nor a clock set back).
 SEAL_AGE_NS = 2_000_000_000
+#: A manifest lists a few files; one far larger is not ours.
+MAX_MANIFEST_BYTES = 1 << 20
 _CHUNK = 1 << 20
 
 
@@ -57,6 +62,43 @@ def _seal(stat: os.stat_result) -> list[int]:
     return [stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
 
 
+class _Recorded(msgspec.Struct, forbid_unknown_fields=True):
+    size: int
+    sha256: str
+
+
+class _Kept(msgspec.Struct, forbid_unknown_fields=True):
+    made_from: dict[str, Any]
+    files: dict[str, _Recorded]
+    seals: dict[str, Any] = {}
+
+
+def _record_ok(record: _Recorded) -> bool:
+    return record.size >= 0 and re.fullmatch(r"[0-9a-f]{64}", record.sha256) is not None
+
+
+def _plain_name(name: str) -> bool:
+    """A file beside the export, named as ``make`` names its files: no directory, no way out."""
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
+def _seal_ok(seal: Any) -> bool:
+    return isinstance(seal, list) and len(seal) == 4 and all(type(v) is int for v in seal)
+
+
+def _bounded_read(path: Path) -> bytes:
+    """The manifest's bytes: a regular file of at most ``MAX_MANIFEST_BYTES`` (a FIFO or a
+    device where the manifest belongs is refused, not read until memory runs out or forever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        data = file.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise OSError(f"{path} is over {MAX_MANIFEST_BYTES} bytes")
+    return data
+
+
 @dataclass
 class Manifest:
     #: What the export was made from (weights, tool versions, options): compared as a whole.
@@ -69,15 +111,19 @@ class Manifest:
     @classmethod
     def read(cls, path: Path) -> Manifest | None:
         """The manifest kept for the export at ``path``; None when there is none this version can
-        read (an older rerankq's, which recorded no digests, or an unreadable file)."""
+        read: an older rerankq's (it recorded no digests), an unreadable file, or one that is not
+        what rerankq writes (a file entry that is not a plain name with a size and a sha256: a
+        name outside the export's directory is never read). A malformed seal is dropped: the
+        file is hashed again."""
         try:
-            kept = json.loads(manifest_path(path).read_text())
-            made_from, files, seals = kept["made_from"], kept["files"], kept.get("seals", {})
-        except (OSError, ValueError, KeyError, TypeError):
+            kept = msgspec.json.decode(_bounded_read(manifest_path(path)), type=_Kept)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             return None
-        if not (isinstance(made_from, dict) and isinstance(files, dict) and files and isinstance(seals, dict)):
+        if not kept.files or not all(_plain_name(n) and _record_ok(r) for n, r in kept.files.items()):
             return None
-        return cls(made_from, files, seals)
+        files = {name: {"size": r.size, "sha256": r.sha256} for name, r in kept.files.items()}
+        seals = {name: seal for name, seal in kept.seals.items() if name in files and _seal_ok(seal)}
+        return cls(kept.made_from, files, seals)
 
     @classmethod
     def of_files(cls, made_from: dict[str, Any], files: Sequence[Path]) -> Manifest:
