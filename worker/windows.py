@@ -305,7 +305,10 @@ class WindowScorer:
             bound.warning("window_not_admitted")
             return "not_admitted"
         if code == codes.NO_SUCH_WINDOW:
-            bound.warning("window_out_of_range")
+            # A number some stream could have (the door checked that much), not one this
+            # stream has: a message rerankq never sent, refused like the door's own.
+            bound.warning("task_message_refused", reason="arguments", detail="a window the stream does not have")
+            self.recorder.message_refused("arguments")
             return "no_such_window"
         bound.info("stream_gone")
         return "gone"
