@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import binascii
 import json
+import struct
 from collections.abc import Callable
 from queue import Empty
 from typing import Annotated, Any
 
+import amqp.basic_message
+import amqp.method_framing
+import amqp.serialization
 import kombu.transport as kombu_transport
 import msgspec
 import redis
@@ -73,6 +77,72 @@ def _without_compression(headers: dict[str, Any]) -> dict[str, Any]:
 # -- RabbitMQ ------------------------------------------------------------------------------
 
 
+#: What a content header whose properties do not decode carries instead (see ``readable_frames``).
+UNREADABLE_PROPERTIES = "application/x-rerankq-unreadable-properties"
+#: What a delivery's routing key, exchange or consumer tag that does not decode reads as.
+UNREADABLE_TEXT = b"x-rerankq-unreadable"
+_DELIVER = (60, 60)  # Basic.Deliver: consumer tag, delivery tag, redelivered, exchange, routing key
+
+
+def _readable_header(buf: Any) -> Any:
+    """A content header frame whose properties py-amqp can decode, else one that says they did not."""
+    try:
+        amqp.basic_message.Message().inbound_header(buf)
+        return buf
+    except Exception:  # noqa: BLE001 - any header it cannot read (bad UTF-8, a bad table) is replaced
+        # Class, weight and body size stay (the body frames that follow are read as usual); the
+        # properties are a content type alone (flag 0x8000), which the door below refuses.
+        marker = UNREADABLE_PROPERTIES.encode()
+        return bytes(buf[:12]) + struct.pack(">HB", 0x8000, len(marker)) + marker
+
+
+def _readable_deliver(buf: Any) -> Any:
+    """A Basic.Deliver whose text fields are UTF-8 (a publisher picks the routing key)."""
+    try:
+        amqp.serialization.loads("sLbss", buf, 4)
+        return buf
+    except UnicodeDecodeError:
+        pass
+    fields, offset = [], 4
+    for kind in "sLbss":
+        if kind == "s":
+            size = buf[offset]
+            text = bytes(buf[offset + 1 : offset + 1 + size])
+            try:
+                text.decode("utf-8")
+            except UnicodeDecodeError:
+                text = UNREADABLE_TEXT
+            fields.append(struct.pack("B", len(text)) + text)
+            offset += 1 + size
+        else:
+            width = 8 if kind == "L" else 1
+            fields.append(bytes(buf[offset : offset + width]))
+            offset += width
+    return bytes(buf[:4]) + b"".join(fields) + bytes(buf[offset:])
+
+
+def readable_frames(connection: Any, callback: Any, **kwargs: Any) -> Any:
+    """py-amqp's frame reader, given only frames it can decode.
+
+    py-amqp decodes a delivery's text as UTF-8 in the connection's frame reader, before kombu
+    or any door: a ``content_type``, a header value or a routing key that is not UTF-8 raised
+    ``UnicodeDecodeError`` out of the consumer loop, and the worker exited with the message
+    unacknowledged (a crash loop; found by ``ops.probe.envelope_fuzz``). Here such a header is
+    replaced by one the door refuses, and such a routing key by a marker.
+    """
+    on_frame = amqp.method_framing.frame_handler(connection, callback, **kwargs)
+
+    def on_readable_frame(frame: Any) -> Any:
+        frame_type, channel, buf = frame
+        if frame_type == 2:
+            buf = _readable_header(buf)
+        elif frame_type == 1 and struct.unpack_from(">HH", buf, 0) == _DELIVER:
+            buf = _readable_deliver(buf)
+        return on_frame((frame_type, channel, buf))
+
+    return on_readable_frame
+
+
 class GuardedAmqpMessage(pyamqp.Message):
     """kombu's AMQP message, built with an empty body when its envelope is refused."""
 
@@ -81,8 +151,12 @@ class GuardedAmqpMessage(pyamqp.Message):
     def __init__(self, msg: Any, channel: Any = None, **kwargs: Any) -> None:
         props = msg.properties
         headers = props.get("application_headers") or {}
-        refusal = envelope_refusal(
-            headers, props.get("content_type"), props.get("content_encoding"), len(msg.body or b"")
+        refusal = (
+            Refused("envelope", "AMQP properties that do not decode (text that is not UTF-8, a bad table)")
+            if props.get("content_type") == UNREADABLE_PROPERTIES
+            else envelope_refusal(
+                headers, props.get("content_type"), props.get("content_encoding"), len(msg.body or b"")
+            )
         )
         if refusal is None:
             super().__init__(msg, channel=channel, **kwargs)
@@ -108,6 +182,10 @@ class AmqpChannel(pyamqp.Channel):
 
 class AmqpConnection(pyamqp.Connection):
     Channel = AmqpChannel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("frame_handler", readable_frames)
+        super().__init__(*args, **kwargs)
 
 
 class AmqpTransport(pyamqp.Transport):

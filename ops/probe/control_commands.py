@@ -78,7 +78,14 @@ class ControlClient:
             or []
         )
 
-    def publish(self, body: bytes, *, headers: dict[str, Any] | None = None, content_type: str = JSON) -> None:
+    def publish(
+        self,
+        body: bytes,
+        *,
+        headers: dict[str, Any] | None = None,
+        content_type: str = JSON,
+        routing_key: str | bytes = "",
+    ) -> None:
         """A message on the control exchange as it is: whatever body and headers it is given."""
         from kombu import Producer
 
@@ -87,7 +94,7 @@ class ControlClient:
             Producer(connection.default_channel).publish(
                 body,
                 exchange=exchange,
-                routing_key="",
+                routing_key=routing_key,
                 declare=[exchange],
                 headers={"clock": 1, "expires": 0, **(headers or {})},
                 content_type=content_type,
@@ -117,7 +124,8 @@ def control_probe_names(broker: str) -> list[str]:
     """The names ``control_probes`` gives its probes, in its order."""
     names = [f"control-{c}" for c in ANSWERED] + [f"control-{c}" for c in celery_commands() if c not in ANSWERED]
     names += [name for name, _, _ in _hostile_control_messages("worker@host", "queue")]
-    names += ["control-compression-bz2-bomb"] + (["control-redis-channel-not-json"] if broker == "redis" else [])
+    names += ["control-compression-bz2-bomb"]
+    names += ["control-redis-channel-not-json"] if broker == "redis" else ["control-routing-key-not-utf8"]
     return names
 
 
@@ -188,6 +196,15 @@ def control_probes(probe: Any) -> list[tuple[str, Callable[[], str | None]]]:
             reason="control",
         )
 
+    def routing_key_not_utf8() -> str | None:
+        # py-amqp decodes a delivery's routing key as UTF-8 in its frame reader; a publisher
+        # picks it, and a fanout exchange (remote control's) delivers it to every worker. The
+        # message itself is a ping: answered, nothing refused, so the check is that all lives.
+        body = json.dumps({"method": "ping", "arguments": {}, "destination": [client.hostname()]}).encode()
+        return probe.attempt(
+            lambda: client.publish(body, routing_key=b"\xff\xfe"), let_go=None, refusals=0, reason="control"
+        )
+
     def redis_not_json() -> str | None:
         return probe.attempt(lambda: client.publish_to_redis_channel(b"\xff not json"), let_go=None, reason="envelope")
 
@@ -196,4 +213,5 @@ def control_probes(probe: Any) -> list[tuple[str, Callable[[], str | None]]]:
     runs.update({name: hostile(name) for name, _, _ in _hostile_control_messages("", "")})
     runs["control-compression-bz2-bomb"] = bomb
     runs["control-redis-channel-not-json"] = redis_not_json
+    runs["control-routing-key-not-utf8"] = routing_key_not_utf8
     return [(name, runs[name]) for name in control_probe_names(probe.broker)]

@@ -182,5 +182,14 @@ def hostile_envelopes(real: dict[str, Any]) -> list[tuple[str, bytes]]:
 
 
 def hostile_amqp_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
-    """(name, message) only an AMQP broker carries as such: a body over the worker's bound."""
-    return [("amqp-oversized-body", replace(template, body=b" " * OVERSIZED_BYTES + template.body))]
+    """(name, message) only an AMQP broker carries as such: a body over the worker's bound, and
+    text that is not UTF-8 where py-amqp decodes it (its frame reader raised out of the consumer
+    loop: the worker exited, and died again on the redelivery)."""
+    not_utf8 = b"\xff\xfe not utf-8"
+    return [
+        ("amqp-oversized-body", replace(template, body=b" " * OVERSIZED_BYTES + template.body)),
+        ("amqp-content-type-not-utf8", replace(template, content_type=not_utf8)),  # type: ignore[arg-type]
+        ("amqp-content-encoding-not-utf8", replace(template, content_encoding=not_utf8)),  # type: ignore[arg-type]
+        ("amqp-header-not-utf8", template.with_headers(argsrepr=not_utf8)),
+        ("amqp-foreign-header-not-utf8", template.with_headers(x_note=not_utf8)),
+    ]
