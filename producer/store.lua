@@ -146,7 +146,9 @@ elseif command == 'admit' then
   return new
 
 elseif command == 'begin' then
-  -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
+  -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id, takeover
+  -- ('1' when the broker itself says it delivers this message again: RabbitMQ's redelivered
+  -- flag, which no publisher can set).
   -- Returns {attempt, admitted at (ms, 0 if unknown), spec, candidate...} (the window's own
   -- candidates), or {code}:
   -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
@@ -157,7 +159,8 @@ elseif command == 'begin' then
   -- queue can replay one). The window's own attempt ends the lease early only through
   -- 'release', sent by the worker that saw it end (its pool process died, its time limit
   -- killed it, the worker cancelled it): the requeued message then begins at once. An attempt
-  -- whose whole worker died is taken over once its lease runs out.
+  -- whose whole worker died is taken over once its lease runs out, or at once by the same
+  -- delivery when RabbitMQ hands it back (takeover), and counts.
   if redis.call('EXISTS', meta_key) == 0 then return {-3} end
   local count, size = n_windows()
   local w = window_number(ARGV[3], count)
@@ -167,7 +170,8 @@ elseif command == 'begin' then
   if redis.call('HEXISTS', results_key, window) == 1 then return {-1} end
   if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return {-2} end
   local holder = redis.call('HMGET', attempts_key, 'holder:' .. window, 'until:' .. window)
-  if holder[1] and tonumber(holder[2]) > now then return {-4} end
+  local takes_over = ARGV[6] == '1' and holder[1] == delivery
+  if holder[1] and tonumber(holder[2]) > now and not takes_over then return {-4} end
   local attempt = redis.call('HINCRBY', attempts_key, window, 1)
   redis.call('HSET', attempts_key, 'holder:' .. window, delivery, 'until:' .. window, lease_until)
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))

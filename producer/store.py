@@ -255,15 +255,23 @@ class Store:
 
     # -- worker side -------------------------------------------------------
 
-    def begin(self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str) -> Begun | int:
+    def begin(
+        self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str, takeover: bool = False
+    ) -> Begun | int:
         """Count an attempt, take the window's lease for ``work_deadline_s`` and read the window.
 
         Returns what to score, or a code: ALREADY_COMMITTED, NOT_ADMITTED, GONE,
         HELD_ELSEWHERE (a delivery, this one included, holds a live lease: a duplicate or a
-        copy of a running message) or NO_SUCH_WINDOW.
+        copy of a running message) or NO_SUCH_WINDOW. ``takeover``: the broker itself delivers
+        this message again (its worker died whole), so ``delivery``'s own live lease is taken over.
         """
         reply = self._run(
-            self.keys.stream(stream_id), "begin", window, _now_ms() + int(work_deadline_s * 1000), delivery
+            self.keys.stream(stream_id),
+            "begin",
+            window,
+            _now_ms() + int(work_deadline_s * 1000),
+            delivery,
+            int(takeover),
         )
         if reply[0] < 0:
             return int(reply[0])

@@ -99,10 +99,14 @@ def test_lease_turns_away_duplicates_and_copies_until_its_attempt_is_released(ma
     # Cancelled by its worker (a shutdown): the attempt is given back.
     assert store.release(stream, 0, delivery="first", refund=True) == 1
     assert store.attempts(stream) == {0: 1}
-    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="first").attempt == 2
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="first").attempt == 2
+    # Its whole worker died and the broker itself hands the message back (RabbitMQ's
+    # redelivered flag): that delivery takes its live lease over, counted; no other does.
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="duplicate", takeover=True) == -4
+    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="first", takeover=True).attempt == 3
     time.sleep(0.4)
-    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="swept").attempt == 3  # lease ran out
-    assert store.attempts(stream) == {0: 3}
+    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="swept").attempt == 4  # lease ran out
+    assert store.attempts(stream) == {0: 4}
     assert store.release(stream, 0, delivery="first", refund=True) == 0  # not its lease any more
     assert store.begin("s_" + "0" * 32, 0, work_deadline_s=1, delivery="x") == -3  # no such stream
 

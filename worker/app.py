@@ -36,10 +36,18 @@ def create_app(
     # The door (worker.message_door) has checked the arguments: a real stream id, a window
     # number some stream could have; the store checks the window against the stream.
     # WindowRequest tells the store, from the main process, how each attempt ended.
+    # RabbitMQ's redelivered flag is the broker's own (a publisher cannot set it): the message
+    # of a worker that died whole, handed back at once, takes over its lease. On Redis the
+    # flag is the envelope's, which anyone who writes to the list writes: never trusted.
+    trusts_redelivered = settings.store.broker_kind == "amqp"
+
     @app.task(name=TASK_NAME, bind=True, ignore_result=True, Request=WINDOW_REQUEST)
     def score_window(self, stream_id: str, window: int) -> str:  # type: ignore[no-untyped-def]
         runtime = get_runtime(settings, recorder)
-        return runtime.scorer.process(stream_id, window, delivery=str(self.request.id))
+        redelivered = (self.request.delivery_info or {}).get("redelivered") is True
+        return runtime.scorer.process(
+            stream_id, window, delivery=str(self.request.id), takeover=trusts_redelivered and redelivered
+        )
 
     @signals.celeryd_init.connect(weak=False)
     def _learn_hostname(sender: object = None, **_: object) -> None:
