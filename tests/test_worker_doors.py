@@ -224,3 +224,36 @@ def test_idle_connections_to_the_metrics_port_cost_no_threads_and_are_closed(red
     finally:
         for sock in idle:
             sock.close()
+
+
+# -- what an operator enables ------------------------------------------------------------------
+
+
+def test_an_operator_enables_more_remote_control_commands_with_one_setting(start_worker, base_env):
+    import socket
+
+    from celery import Celery
+    from delivery_helpers import provider_env
+
+    from producer.celery_config import celery_config
+    from producer.settings import load_settings
+
+    worker = start_worker(env=provider_env("FastProvider", remote_control_commands="stats, active"))
+    app = Celery("operator", set_as_current=False)
+    app.conf.update(celery_config(load_settings(base_env)))
+    hostname = f"rerankq-cpu-{worker.proc.pid}@{socket.gethostname()}"
+    try:
+        inspect = app.control.inspect(destination=[hostname], timeout=5)
+        stats, active, conf = inspect.stats(), inspect.active(), inspect.conf()
+    finally:
+        app.close()
+    assert "pool" in stats[hostname] and active == {hostname: []}
+    assert conf == {hostname: {"error": "refused: 'conf' is not enabled on this worker"}}
+
+
+def test_a_command_celery_does_not_have_stops_the_worker_at_start(start_worker):
+    from delivery_helpers import provider_env
+
+    with pytest.raises(RuntimeError) as exited:
+        start_worker(env=provider_env("FastProvider", remote_control_commands="stats,shutdwn"))
+    assert "RERANKQ_REMOTE_CONTROL_COMMANDS" in str(exited.value) and "shutdwn" in str(exited.value)
