@@ -16,7 +16,8 @@ refused before it is decoded. What a read itself may cost is the broker's to bou
 ``proto-max-bulk-len``, RabbitMQ's ``max_message_size``: docs/guarantees.md).
 
 On Redis, a list entry that cannot be an envelope at all (not JSON, no ``properties``, a
-``delivery_tag`` kombu's ack emulation could not handle) cannot be built into a message: it
+``delivery_tag`` kombu's ack emulation could not handle, a lone surrogate anywhere: JSON can
+escape one, UTF-8 cannot carry it back to Redis) cannot be built into a message: it
 was already taken off the list and recorded nowhere, so it is dropped and counted
 (``envelope``). The transports here are ``producer.redis_transport``'s (and kombu's pyamqp)
 with these checks added; ``worker.app`` selects them for the worker only.
@@ -237,6 +238,13 @@ class GuardedMessage(virtual.Message):
     refusal: Refused | None = None
 
     def __init__(self, payload: Any, channel: Any = None, **kwargs: Any) -> None:
+        try:
+            # JSON may escape a lone surrogate ("\udcff"), which no UTF-8 encodes: kombu's ack
+            # emulation writes the envelope back to Redis (its unacked hash) before anyone
+            # checks it, and redis-py's encoding of it raised out of the consumer loop.
+            json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise UnreadableEnvelope("text that is not Unicode (a lone surrogate)") from None
         try:
             envelope = msgspec.convert(payload, Envelope)
         except msgspec.ValidationError as exc:

@@ -177,6 +177,17 @@ def hostile_envelopes(real: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("envelope-priority-string", json.dumps({**real, "properties": {**properties, "priority": "x"}}).encode()),
         ("envelope-unknown-property", json.dumps({**real, "properties": {**properties, "x-evil": 1}}).encode()),
         ("envelope-oversized", json.dumps({**real, "body": "A" * OVERSIZED_BYTES}).encode()),
+        # JSON may escape a lone surrogate, which no UTF-8 encodes: kombu's ack emulation wrote
+        # the message to its unacked hash, redis-py could not encode it, and the worker exited
+        # (found by ops.probe.envelope_fuzz).
+        (
+            "envelope-delivery-tag-lone-surrogate",
+            json.dumps({**real, "properties": {**properties, "delivery_tag": "\udcff"}}).encode(),
+        ),
+        (
+            "envelope-header-lone-surrogate",
+            json.dumps({**real, "headers": {**real.get("headers", {}), "argsrepr": "\ud800"}}).encode(),
+        ),
         ("raw-not-json", b"not json at all \xff"),
     ]
 
