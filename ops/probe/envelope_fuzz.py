@@ -12,7 +12,9 @@ Each mutated message must be either served as the original (its window committed
 refused and counted (``rerankq_task_messages_refused_total``), and the worker must stay the
 same process: after each batch the windows served plus the refusals counted must equal the
 batch, and nothing may be left waiting. A mutation the broker's client cannot send (an AMQP
-property of the wrong type) is skipped, and said so.
+property of the wrong type, a short string over 255 bytes) or the broker itself refuses (an
+``expiration`` that is not a number, a ``user_id`` that is not the connection's) never reaches
+the worker: it is skipped, and counted as "not sendable".
 
 One line, ``probe envelope-fuzz: ok (...)`` or ``probe envelope-fuzz: FAIL ...`` followed by a
 line for each failed batch naming its mutations; exit status non-zero on any failure.
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.probe.queue_cases import TaskMessage
-from ops.probe.queue_messages import QueueProbe, RedisQueue, refused_count
+from ops.probe.queue_messages import NotSendable, QueueProbe, RedisQueue, refused_count
 
 MISSING = object()
 HUGE_CHARS = 100_000
@@ -55,11 +57,25 @@ VALUES: dict[str, Any] = {
 BAD_TEXT = {"redis": "\udcff\ud800", "amqp": b"\xff\xfe\x00"}
 #: What rerankq never sends, added to the headers and properties.
 FOREIGN = "x-fuzz"
+#: The AMQP basic properties besides content type, encoding and headers (AMQP 0-9-1 has no others).
+AMQP_PROPERTIES = (
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
 
 
 @dataclass(frozen=True)
 class Mutation:
-    where: str  # headers, properties, delivery_info, envelope, amqp
+    where: str  # headers, properties, delivery_info, envelope; amqp (its fields), amqp_properties
     key: str
     value_name: str
 
@@ -95,6 +111,7 @@ def mutations(probe: QueueProbe, real: TaskMessage, seed: int) -> list[Mutation]
         fields += [("delivery_info", key) for key in envelope["properties"]["delivery_info"]]
     else:
         fields += [("amqp", key) for key in ("content_type", "content_encoding", "body")]
+        fields += [("amqp_properties", key) for key in AMQP_PROPERTIES]
     cases = [Mutation(where, key, value) for where, key in fields for value in values]
     random.Random(seed).shuffle(cases)
     return cases
@@ -142,6 +159,8 @@ def mutated(probe: QueueProbe, real: TaskMessage, mutation: Mutation) -> Any:
     message = dataclasses.replace(real, headers=headers)
     if mutation.where == "amqp":
         message = dataclasses.replace(message, **{mutation.key: b"" if value is MISSING else value})
+    elif mutation.where == "amqp_properties":
+        message = dataclasses.replace(message, properties=_set(real.properties, mutation.key, value))
     return message
 
 
@@ -158,7 +177,7 @@ def run_batch(probe: QueueProbe, batch: list[tuple[Mutation, str, TaskMessage]],
     for mutation, stream, real in batch:
         try:
             probe.queue.inject(mutated(probe, real, mutation))
-        except Exception:  # noqa: BLE001 - the broker's own client would not send it either
+        except NotSendable:
             result.skipped += 1
             continue
         sent.append((mutation, stream))

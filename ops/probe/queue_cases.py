@@ -12,7 +12,7 @@ import base64
 import bz2
 import functools
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from producer.celery_config import TASK_NAME
@@ -34,12 +34,14 @@ ACKED_REFUSALS = frozenset({"arguments-window-out-of-range"})
 
 @dataclass(frozen=True)
 class TaskMessage:
-    """What a broker carries for one task: its headers, its body's bytes, content type and encoding."""
+    """What a broker carries for one task: its headers, its body's bytes, content type and
+    encoding, and (on RabbitMQ) its other AMQP properties (``correlation_id``, ``priority``, ...)."""
 
     headers: dict[str, Any]
     body: bytes
     content_type: str = JSON
     content_encoding: str = UTF8
+    properties: dict[str, Any] = field(default_factory=dict)
 
     def with_body(self, body: Any) -> TaskMessage:
         return replace(self, body=json.dumps(body).encode())

@@ -58,6 +58,10 @@ REFUSED_METRIC = "rerankq_task_messages_refused_total"
 UNACKED_HASH = "unacked"
 #: How much the worker's main process may grow while it handles one hostile message.
 MEMORY_BOUND_MB = 64.0
+#: How long the probe waits for RabbitMQ to confirm (or refuse) a message it publishes.
+CONFIRM_TIMEOUT_S = 30.0
+#: What a TaskMessage carries in fields of its own, not among its AMQP ``properties``.
+AMQP_OWN_FIELDS = frozenset({"content_type", "content_encoding", "application_headers"})
 #: The replayed message's hostile time limit ([hard, soft] seconds): it once killed every
 #: process that ran the window, counted each as an attempt and failed the window for good.
 HOSTILE_TIMELIMIT = [0.1, 0.05]
@@ -139,6 +143,11 @@ def peak_rss_mb(pid: int, every_s: float = 0.02) -> Iterator[list[float]]:
     finally:
         stop.set()
         sampler.join()
+
+
+class NotSendable(Exception):
+    """A message the broker's client cannot encode, or the broker itself refuses: it never
+    reaches a worker."""
 
 
 class RedisQueue:
@@ -226,7 +235,9 @@ class AmqpQueue:
     def __init__(self, url: str, queue: str) -> None:
         from kombu import Connection
 
-        self.connection = Connection(url, connect_timeout=5)
+        # Confirmed publishes: a message the broker itself refuses (an ``expiration`` that is
+        # not a number, a ``user_id`` that is not the connection's) raises here, not later.
+        self.connection = Connection(url, connect_timeout=5, transport_options={"confirm_publish": True})
         self.channel = self.connection.channel()
         self.queue = queue
         self.dead = queue + ".dead"
@@ -242,8 +253,13 @@ class AmqpQueue:
     def _message(message: Any) -> TaskMessage:
         body = message.body.encode() if isinstance(message.body, str) else bytes(message.body)
         headers = {k: v for k, v in message.headers.items() if k != "x-delivery-count"}
+        properties = {k: v for k, v in message.properties.items() if k not in AMQP_OWN_FIELDS}
         return TaskMessage(
-            headers=headers, body=body, content_type=message.content_type, content_encoding=message.content_encoding
+            headers=headers,
+            body=body,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            properties=properties,
         )
 
     def take_template(self) -> TaskMessage:
@@ -265,17 +281,28 @@ class AmqpQueue:
         return hostile_messages(template) + hostile_amqp_messages(template)
 
     def inject(self, message: TaskMessage) -> None:
-        from kombu import Producer
-
-        Producer(self.channel).publish(
-            message.body,
-            routing_key=self.queue,
-            exchange="",
-            headers=message.headers,
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            serializer=None,
-        )
+        """Publish ``message`` as it is (no serializer, no property rewritten) and wait for the
+        broker's confirm. ``NotSendable`` when py-amqp cannot encode it or the broker refuses it
+        (its channel is then replaced); a broker that does not answer raises ``TimeoutError``."""
+        properties = dict(message.properties)
+        priority = properties.pop("priority", None)
+        try:
+            raw = self.channel.prepare_message(
+                message.body,
+                priority=priority,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                headers=message.headers,
+                properties=properties,
+            )
+            self.channel.basic_publish(raw, exchange="", routing_key=self.queue, confirm_timeout=CONFIRM_TIMEOUT_S)
+        except TimeoutError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever py-amqp or the broker refused
+            # A refusing broker closes the channel (its reply may not even decode: an
+            # ``expiration`` of raw bytes is quoted back raw); a closed channel takes nothing more.
+            self.channel = self.connection.channel()
+            raise NotSendable(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
     def dead_count(self) -> int:
         try:
