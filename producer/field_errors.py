@@ -23,10 +23,13 @@ from producer.errors import ValidationError
 TOKEN_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}(?![\s\S])"
 #: Some text that is not only whitespace.
 NOT_BLANK_PATTERN = r"\S"
+#: Names separated by commas (remote-control commands): lower-case identifiers, or nothing.
+NAME_LIST_PATTERN = r"^([a-z_][a-z0-9_]*(, *[a-z_][a-z0-9_]*)*)?(?![\s\S])"
 #: What a pattern means, in the words an error uses instead of the regular expression.
 PATTERN_WORDS = {
     TOKEN_PATTERN: "must be 1-64 characters of A-Z a-z 0-9 _ . -",
     NOT_BLANK_PATTERN: "must not be empty or only whitespace (leave it out instead)",
+    NAME_LIST_PATTERN: "must be names of a-z 0-9 _ separated by commas",
 }
 
 _AT_KEY = re.compile(r"(?s)(.*) - at `key` in `\$(.*)`")

@@ -146,15 +146,21 @@ elseif command == 'admit' then
   return new
 
 elseif command == 'begin' then
-  -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id.
+  -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id, takeover
+  -- ('1' when the broker itself says it delivers this message again: RabbitMQ's redelivered
+  -- flag, which no publisher can set).
   -- Returns {attempt, admitted at (ms, 0 if unknown), spec, candidate...} (the window's own
   -- candidates), or {code}:
   -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
   --
-  -- The lease is what keeps the attempt count honest under at-least-once delivery:
-  -- a duplicate (a sweep's re-send while the first delivery is still scoring) is
-  -- turned away without counting, while the same delivery coming back (its process
-  -- was killed and Celery requeued the message) takes the lease over and counts.
+  -- The lease is what keeps the attempt count honest under at-least-once delivery: while
+  -- a delivery holds a live lease, every other begin is turned away without counting - a
+  -- sweep's re-send, and a copy of the very same message too (anyone who can write to the
+  -- queue can replay one). The window's own attempt ends the lease early only through
+  -- 'release', sent by the worker that saw it end (its pool process died, its time limit
+  -- killed it, the worker cancelled it): the requeued message then begins at once. An attempt
+  -- whose whole worker died is taken over once its lease runs out, or at once by the same
+  -- delivery when RabbitMQ hands it back (takeover), and counts.
   if redis.call('EXISTS', meta_key) == 0 then return {-3} end
   local count, size = n_windows()
   local w = window_number(ARGV[3], count)
@@ -164,7 +170,8 @@ elseif command == 'begin' then
   if redis.call('HEXISTS', results_key, window) == 1 then return {-1} end
   if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return {-2} end
   local holder = redis.call('HMGET', attempts_key, 'holder:' .. window, 'until:' .. window)
-  if holder[1] and holder[1] ~= delivery and tonumber(holder[2]) > now then return {-4} end
+  local takes_over = ARGV[6] == '1' and holder[1] == delivery
+  if holder[1] and tonumber(holder[2]) > now and not takes_over then return {-4} end
   local attempt = redis.call('HINCRBY', attempts_key, window, 1)
   redis.call('HSET', attempts_key, 'holder:' .. window, delivery, 'until:' .. window, lease_until)
   redis.call('PEXPIREAT', attempts_key, tonumber(redis.call('HGET', meta_key, 'expire_at')))
@@ -178,6 +185,25 @@ elseif command == 'begin' then
     table.insert(reply, blob)
   end
   return reply
+
+elseif command == 'release' then
+  -- The worker that ran a delivery saw its attempt end without a commit. ARGV: window,
+  -- delivery, refund: '0' when the window's own work failed (its pool process died, or the
+  -- worker's time limit killed it: the attempt stands), '1' when the worker cancelled it (a
+  -- shutdown, a lost broker connection: the attempt is given back). The lease ends now.
+  -- Returns 1 released, 0 when that delivery holds no live lease on the window (already
+  -- released, run out, or never its own).
+  if redis.call('EXISTS', meta_key) == 0 then return -3 end
+  local w = window_number(ARGV[3], n_windows())
+  if w == nil then return -5 end
+  local window = ARGV[3]
+  local holder = redis.call('HMGET', attempts_key, 'holder:' .. window, 'until:' .. window)
+  if holder[1] ~= ARGV[4] or (tonumber(holder[2]) or 0) <= now then return 0 end
+  redis.call('HSET', attempts_key, 'until:' .. window, 0)
+  if ARGV[5] == '1' and (tonumber(redis.call('HGET', attempts_key, window)) or 0) > 0 then
+    redis.call('HINCRBY', attempts_key, window, -1)
+  end
+  return 1
 
 elseif command == 'commit' then
   -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned),

@@ -255,19 +255,34 @@ class Store:
 
     # -- worker side -------------------------------------------------------
 
-    def begin(self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str) -> Begun | int:
+    def begin(
+        self, stream_id: str, window: int, *, work_deadline_s: float, delivery: str, takeover: bool = False
+    ) -> Begun | int:
         """Count an attempt, take the window's lease for ``work_deadline_s`` and read the window.
 
         Returns what to score, or a code: ALREADY_COMMITTED, NOT_ADMITTED, GONE,
-        HELD_ELSEWHERE (another delivery, the Celery task id, holds a live lease) or
-        NO_SUCH_WINDOW.
+        HELD_ELSEWHERE (a delivery, this one included, holds a live lease: a duplicate or a
+        copy of a running message) or NO_SUCH_WINDOW. ``takeover``: the broker itself delivers
+        this message again (its worker died whole), so ``delivery``'s own live lease is taken over.
         """
         reply = self._run(
-            self.keys.stream(stream_id), "begin", window, _now_ms() + int(work_deadline_s * 1000), delivery
+            self.keys.stream(stream_id),
+            "begin",
+            window,
+            _now_ms() + int(work_deadline_s * 1000),
+            delivery,
+            int(takeover),
         )
         if reply[0] < 0:
             return int(reply[0])
         return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
+
+    def release(self, stream_id: str, window: int, *, delivery: str, refund: bool) -> int:
+        """End ``delivery``'s lease on the window now: the worker saw its attempt end without a
+        commit, so the message it puts back can begin at once. ``refund`` gives the attempt back
+        (the worker cancelled it; the window's own work did not fail). Returns 1 when released,
+        0 when that delivery held no live lease, or a negative code."""
+        return int(self._run(self.keys.stream(stream_id), "release", window, delivery, int(refund)))
 
     def commit(
         self,

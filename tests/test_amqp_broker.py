@@ -157,8 +157,8 @@ def test_a_message_the_worker_refuses_is_dead_lettered(start_worker, make_client
         "the refused messages in the dead-letter queue",
         interval_s=0.5,
     )
-    # Celery rejects a body it refuses to decode as an invalid task message: dead-lettered too.
-    assert "task_refused" in worker.log() and "Refusing to deserialize" in worker.log()
+    # The door refuses a content type rerankq does not send before anything decodes it.
+    assert "reason=arguments" in worker.log() and "reason=content" in worker.log()
     # Work after it is served as usual.
     stream = client.open("payment gateway error", make_candidates(10), window_size=10)
     assert pull_until_complete(client, stream, 10, timeout_s=30).total == 10

@@ -48,8 +48,8 @@ def test_worker_refuses_pickle_and_hostile_stream_ids(
     # A JSON message whose stream id tries to reach outside its own keys.
     for hostile in ("s_x}:results", "k_*", "k_a}{b", "../" * 3):
         sender.send_task(TASK_NAME, args=[hostile, 0], queue=settings.queues.cpu_queue)
-    wait_for(lambda: "Refusing to deserialize" in worker.log(), 20, "the worker to refuse the pickle")
-    wait_for(lambda: worker.log().count("task_refused") >= 4, 20, "the hostile ids to be refused")
+    wait_for(lambda: "reason=content" in worker.log(), 20, "the worker to refuse the pickle")
+    wait_for(lambda: worker.log().count("reason=arguments") >= 4, 20, "the hostile ids to be refused")
 
     assert not proof.exists(), "the pickle payload was executed"
     # Nothing but the worker's own records: its card (what rerankq inspect reads), the queues it
@@ -77,7 +77,7 @@ def test_window_numbers_a_stream_does_not_have_are_refused_before_redis(start_wo
     for window in hostile:
         sender.send_task(TASK_NAME, args=[stream, window], queue=client.settings.queues.cpu_queue)
     sender.send_task(TASK_NAME, args=[stream, 2], queue=client.settings.queues.cpu_queue)  # real, never admitted
-    wait_for(lambda: worker.log().count("task_refused") >= len(hostile), 20, "the hostile windows to be refused")
+    wait_for(lambda: worker.log().count("reason=arguments") >= len(hostile), 20, "the hostile windows to be refused")
     wait_for(lambda: "window_not_admitted" in worker.log(), 20, "the unadmitted window to be turned away")
 
     assert client.store.counters() == before  # no provider call, no commit counted

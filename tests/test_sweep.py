@@ -78,20 +78,36 @@ def test_due_claims_a_window_once_and_never_while_leased(make_client):
     assert store.due_windows(stream, retry_in_s=60) == []
 
 
-def test_lease_turns_away_duplicates_and_lets_the_same_delivery_take_over(make_client):
+def test_lease_turns_away_duplicates_and_copies_until_its_attempt_is_released(make_client):
     client = make_client()
     store: Store = client.store
     stream = _open_without_dispatch(client, 10, 10, 1, grace_s=60)
 
-    first = store.begin(stream, 0, work_deadline_s=0.3, delivery="first")
+    first = store.begin(stream, 0, work_deadline_s=0.5, delivery="first")
     assert first.attempt == 1 and [c.id for c in map(candidate_decoder.decode, first.candidates)] == [
         f"c{i}" for i in range(10)
     ]
-    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="duplicate") == -4  # not counted
-    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="first").attempt == 2  # requeued after a crash
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="duplicate") == -4  # not counted
+    # A copy of the running message itself (anyone who can write to the queue can replay one).
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="first") == -4
+    assert store.attempts(stream) == {0: 1}
+    assert store.release(stream, 0, delivery="duplicate", refund=False) == 0  # not its lease
+    # Its process died: the worker releases the lease, the requeued message takes over, counted.
+    assert store.release(stream, 0, delivery="first", refund=False) == 1
+    assert store.release(stream, 0, delivery="first", refund=False) == 0  # once
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="first").attempt == 2
+    # Cancelled by its worker (a shutdown): the attempt is given back.
+    assert store.release(stream, 0, delivery="first", refund=True) == 1
+    assert store.attempts(stream) == {0: 1}
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="first").attempt == 2
+    # Its whole worker died and the broker itself hands the message back (RabbitMQ's
+    # redelivered flag): that delivery takes its live lease over, counted; no other does.
+    assert store.begin(stream, 0, work_deadline_s=0.5, delivery="duplicate", takeover=True) == -4
+    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="first", takeover=True).attempt == 3
     time.sleep(0.4)
-    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="swept").attempt == 3  # lease ran out
-    assert store.attempts(stream) == {0: 3}
+    assert store.begin(stream, 0, work_deadline_s=0.3, delivery="swept").attempt == 4  # lease ran out
+    assert store.attempts(stream) == {0: 4}
+    assert store.release(stream, 0, delivery="first", refund=True) == 0  # not its lease any more
     assert store.begin("s_" + "0" * 32, 0, work_deadline_s=1, delivery="x") == -3  # no such stream
 
 

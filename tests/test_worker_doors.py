@@ -1,10 +1,13 @@
 """A queue message that is not a rerankq task message is refused: dropped, logged at WARNING,
 counted, and the worker serves the next window. One real worker per broker serves every
-hostile message of ``ops.probe.queue_messages`` in turn.
+hostile message of ``ops.probe.queue_cases`` and every remote-control probe of
+``ops.probe.control_commands`` in turn.
 
 Each hostile message once made the worker exit ("Unrecoverable error", the message left
-unacknowledged, so every restart died of it again), ran one of Celery's built-in tasks, or
-was held in memory for a far-future ETA.
+unacknowledged, so every restart died of it again), ran one of Celery's built-in tasks, was
+held in memory for a far-future ETA, took the worker's memory to 2 GB (a bz2 bomb), or was
+refused with a traceback and no count; each control command a client of the broker sent was
+obeyed (``shutdown``, ``rate_limit``, ``conf``).
 """
 
 from __future__ import annotations
@@ -18,30 +21,26 @@ import pytest
 from metrics_helpers import scrape
 
 from devservers.rabbitmq_server import rabbitmq_server_binary
-from ops.probe.queue_messages import (
-    REFUSED_METRIC,
-    QueueProbe,
-    TaskMessage,
-    hostile_envelopes,
-    hostile_messages,
-)
-from worker.message_door import REASONS
+from ops.probe.control_commands import ControlClient, control_probe_names, control_probes
+from ops.probe.queue_cases import TaskMessage, hostile_amqp_messages, hostile_envelopes, hostile_messages
+from ops.probe.queue_messages import REFUSED_METRIC, QueueProbe
+from worker.refusal import REASONS
 
 _TEMPLATE = TaskMessage(
     headers={"task": "rerankq.score_window", "id": "x"}, body=json.dumps([["s_" + "0" * 32, 0], {}, None]).encode()
 )
 MESSAGES = [name for name, _ in hostile_messages(_TEMPLATE)]
 ENVELOPES = [name for name, _ in hostile_envelopes({"properties": {}})]
-#: What the RabbitMQ worker is shown: one of each kind (the Redis worker sees them all).
-AMQP_MESSAGES = [
-    "body-object",
-    "body-args-kwargs",
-    "body-null",
-    "body-invalid-json",
-    "headers-timelimit",
-    "task-celery.accumulate",
-    "task-celery.map",
-    "eta-far-future",
+AMQP_MESSAGES = MESSAGES + [name for name, _ in hostile_amqp_messages(_TEMPLATE)]
+#: What once ended in a traceback (ERROR or CRITICAL) instead of one refusal.
+ONCE_A_TRACEBACK = [
+    "headers-expires-garbage",
+    "compression-unknown",
+    "arguments-window-true",
+    "arguments-window-string",
+    "arguments-window-negative",
+    "arguments-window-out-of-range",
+    "arguments-bad-stream-id",
 ]
 
 
@@ -49,6 +48,7 @@ def _start(probe: QueueProbe) -> dict[str, object]:
     entries = dict(probe.entries())
     probe.start_worker()
     assert probe.good_window_scored(), probe.worker.log()[-3000:] if probe.worker else ""
+    entries.update(control_probes(probe))
     return entries
 
 
@@ -74,7 +74,8 @@ def amqp_probe(redis_server, tmp_path_factory, request) -> Iterator[tuple[QueueP
 def _refused(probe: QueueProbe, entries: dict[str, object], name: str) -> None:
     if not probe.worker_alive():
         probe.restart_worker()  # an earlier message killed it: judge each on its own
-    why = probe.run(entries[name])
+    entry = entries[name]
+    why = entry() if callable(entry) else probe.run(entry, name)
     assert why is None, f"{name}: {why}\n{probe.worker.log()[-3000:] if probe.worker else ''}"
 
 
@@ -87,6 +88,64 @@ def test_a_hostile_message_on_redis_is_dropped_and_counted_and_the_worker_serves
 @pytest.mark.parametrize("name", AMQP_MESSAGES)
 def test_a_hostile_message_on_rabbitmq_is_dead_lettered_and_counted_and_the_worker_serves_on(amqp_probe, name):
     _refused(*amqp_probe, name)
+
+
+@pytest.mark.parametrize("name", control_probe_names("redis"))
+def test_remote_control_on_redis_answers_rerankqs_commands_and_refuses_the_rest(redis_probe, name):
+    _refused(*redis_probe, name)
+
+
+@pytest.mark.deployment
+@pytest.mark.parametrize("name", control_probe_names("amqp"))
+def test_remote_control_on_rabbitmq_answers_rerankqs_commands_and_refuses_the_rest(amqp_probe, name):
+    _refused(*amqp_probe, name)
+
+
+def test_a_refused_control_command_is_told_so_and_the_configuration_stays_unsaid(redis_probe):
+    probe, _ = redis_probe
+    client = ControlClient(probe)
+    try:
+        replies = client.app.control.inspect(destination=[client.hostname()], timeout=3).conf(with_defaults=True)
+        shutdown = client.broadcast("shutdown")
+    finally:
+        client.close()
+    assert replies == {client.hostname(): {"error": "refused: 'conf' is not enabled on this worker"}}
+    assert shutdown == [{client.hostname(): {"error": "refused: 'shutdown' is not enabled on this worker"}}]
+    assert probe.worker_alive() and probe.good_window_scored()
+
+
+def _one_warning_line_each(probe: QueueProbe, entries: dict[str, object]) -> None:
+    assert probe.worker is not None
+    arguments_before = _counts(probe).get("arguments", 0)
+    for name in ONCE_A_TRACEBACK:
+        start = len(probe.worker.log())
+        _refused(probe, entries, name)
+        lines = probe.worker.log()[start:].splitlines()
+        refusals = [line for line in lines if "task_message_refused" in line]
+        assert len(refusals) == 1 and "[warning" in refusals[0], (name, refusals)
+        loud = [line for line in lines if "Traceback" in line or "[error" in line or "[critical" in line]
+        assert not loud, (name, loud)
+    assert _counts(probe).get("arguments", 0) - arguments_before == 5
+
+
+def test_refusals_that_once_raised_are_one_warning_line_each_on_redis(redis_probe):
+    """``expires: "garbage"`` (Celery's ERROR traceback), a bogus ``compression`` (CRITICAL),
+    arguments naming no window (a Reject traceback each, uncounted): now one WARNING line
+    and one count each, ``arguments`` ones under their own reason."""
+    _one_warning_line_each(*redis_probe)
+
+
+@pytest.mark.deployment
+def test_refusals_that_once_raised_are_one_warning_line_each_on_rabbitmq(amqp_probe):
+    _one_warning_line_each(*amqp_probe)
+
+
+def _counts(probe: QueueProbe) -> dict[str, float]:
+    return {
+        s.labels["reason"]: s.value
+        for s in scrape(probe.metrics_port)
+        if s.name == REFUSED_METRIC and s.labels.get("device") == "cpu"
+    }
 
 
 def test_refusals_are_warnings_and_their_labels_name_no_message(redis_probe):
@@ -165,3 +224,36 @@ def test_idle_connections_to_the_metrics_port_cost_no_threads_and_are_closed(red
     finally:
         for sock in idle:
             sock.close()
+
+
+# -- what an operator enables ------------------------------------------------------------------
+
+
+def test_an_operator_enables_more_remote_control_commands_with_one_setting(start_worker, base_env):
+    import socket
+
+    from celery import Celery
+    from delivery_helpers import provider_env
+
+    from producer.celery_config import celery_config
+    from producer.settings import load_settings
+
+    worker = start_worker(env=provider_env("FastProvider", remote_control_commands="stats, active"))
+    app = Celery("operator", set_as_current=False)
+    app.conf.update(celery_config(load_settings(base_env)))
+    hostname = f"rerankq-cpu-{worker.proc.pid}@{socket.gethostname()}"
+    try:
+        inspect = app.control.inspect(destination=[hostname], timeout=5)
+        stats, active, conf = inspect.stats(), inspect.active(), inspect.conf()
+    finally:
+        app.close()
+    assert "pool" in stats[hostname] and active == {hostname: []}
+    assert conf == {hostname: {"error": "refused: 'conf' is not enabled on this worker"}}
+
+
+def test_a_command_celery_does_not_have_stops_the_worker_at_start(start_worker):
+    from delivery_helpers import provider_env
+
+    with pytest.raises(RuntimeError) as exited:
+        start_worker(env=provider_env("FastProvider", remote_control_commands="stats,shutdwn"))
+    assert "RERANKQ_REMOTE_CONTROL_COMMANDS" in str(exited.value) and "shutdwn" in str(exited.value)

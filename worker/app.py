@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import structlog
 from celery import Celery, signals
-from celery.exceptions import Reject
 
 from producer.celery_config import TASK_NAME, celery_config
-from producer.errors import ValidationError
 from producer.settings import Settings
-from worker import card, message_door, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
+from worker import card, envelope, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
 from worker.metrics import MONITORING_OFF, Monitoring
 from worker.runtime import get_runtime, reset_runtime
 from worker.sweep import SweepTimer
 
 log = structlog.get_logger("rerankq.task")
 
-
-def valid_task_args(stream_id: object, window: object, settings: Settings) -> bool:
-    """A real stream id and a window number that some stream could have (not a bool, not negative)."""
-    from producer.validation import check_stream_id
-
-    try:
-        check_stream_id(stream_id)  # type: ignore[arg-type]
-    except ValidationError:
-        return False
-    return type(window) is int and 0 <= window < settings.streams.max_candidates
+WINDOW_REQUEST = "worker.window_request:WindowRequest"
 
 
 def create_app(
@@ -34,26 +23,31 @@ def create_app(
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
     # Every message is checked before Celery acts on it (worker.message_door).
+    app.conf.broker_transport = envelope.guarded_transport(app.conf.broker_transport, settings.store.broker_kind)
     if settings.store.broker_kind == "amqp":
         app.conf.worker_consumer = "worker.amqp_check:AmqpConsumer"
     else:
         app.conf.worker_consumer = "worker.message_door:Consumer"
-        app.conf.broker_transport = message_door.guarded_transport(app.conf.broker_transport)
-        message_door.guard_sentinel_failover()
+        envelope.guard_sentinel_failover()
     recorder = monitoring.recorder
     app.rerankq_recorder = recorder  # type: ignore[attr-defined] - read by the consumer's door
-    app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the remote-control command
+    app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the doors and the remote-control command
 
-    @app.task(name=TASK_NAME, bind=True, ignore_result=True)
-    def score_window(self, stream_id: object, window: object) -> str:  # type: ignore[no-untyped-def]
-        # The queue is an input like any other: a message naming no real window is dropped
-        # before Redis is touched (the store checks the window's range against the stream too).
-        if not valid_task_args(stream_id, window, settings):
-            log.warning("task_refused", reason="arguments name no window", args=repr((stream_id, window))[:200])
-            # Rejected, not requeued: RabbitMQ dead-letters it (<queue>.dead), Redis drops it.
-            raise Reject("arguments name no window", requeue=False)
+    # The door (worker.message_door) has checked the arguments: a real stream id, a window
+    # number some stream could have; the store checks the window against the stream.
+    # WindowRequest tells the store, from the main process, how each attempt ended.
+    # RabbitMQ's redelivered flag is the broker's own (a publisher cannot set it): the message
+    # of a worker that died whole, handed back at once, takes over its lease. On Redis the
+    # flag is the envelope's, which anyone who writes to the list writes: never trusted.
+    trusts_redelivered = settings.store.broker_kind == "amqp"
+
+    @app.task(name=TASK_NAME, bind=True, ignore_result=True, Request=WINDOW_REQUEST)
+    def score_window(self, stream_id: str, window: int) -> str:  # type: ignore[no-untyped-def]
         runtime = get_runtime(settings, recorder)
-        return runtime.scorer.process(stream_id, window, delivery=str(self.request.id))  # type: ignore[arg-type]
+        redelivered = (self.request.delivery_info or {}).get("redelivered") is True
+        return runtime.scorer.process(
+            stream_id, window, delivery=str(self.request.id), takeover=trusts_redelivered and redelivered
+        )
 
     @signals.celeryd_init.connect(weak=False)
     def _learn_hostname(sender: object = None, **_: object) -> None:

@@ -16,6 +16,7 @@ from celery import Celery
 from producer.settings import Settings, override, read_settings
 from worker.app import create_app
 from worker.chain.member_config import check_member_configs
+from worker.control_door import check_remote_control
 from worker.logs import configure_logging
 from worker.scoring.calibration import Calibrations
 
@@ -56,6 +57,7 @@ def start_worker(
     loglevel = (loglevel or settings.worker.log_level).upper()
     configure_logging(level=loglevel, json=json_logs)
     check_member_configs(settings, loaded.names)
+    check_remote_control(settings)
     quota = cpu_quota()
     if device == "gpu":
         target = f"cuda:{gpu_index}" if gpu_index is not None else "cuda"

@@ -139,12 +139,13 @@ class WindowScorer:
                 time.sleep(pause)
                 pause = min(FULL_REDIS_MAX_BACKOFF_S, pause * 2)
 
-    def process(self, stream_id: str, window: int, *, delivery: str) -> str:
+    def process(self, stream_id: str, window: int, *, delivery: str, takeover: bool = False) -> str:
         """Returns what happened: committed, failed, already_committed, not_admitted, gone,
         in_progress or no_such_window.
 
-        ``delivery`` names this message (the Celery task id): the same message coming
-        back after its process died takes the window over; another one is a duplicate.
+        ``delivery`` names this message (the Celery task id). While an attempt's lease is live,
+        every other delivery of the window is turned away uncounted, a copy of this very message
+        too, unless ``takeover``: the broker itself hands this message back (``Store.begin``).
         """
         began_at = time.time()  # the queue's part of a window's latency ends here
         bound = log.bind(stream=stream_id, window=window)
@@ -152,7 +153,11 @@ class WindowScorer:
         until = time.monotonic() + self.settings.queues.redeliver_after_s * 0.9
         begun = self._through_full_redis(
             lambda: self.store.begin(
-                stream_id, window, work_deadline_s=self.settings.queues.redeliver_after_s, delivery=delivery
+                stream_id,
+                window,
+                work_deadline_s=self.settings.queues.redeliver_after_s,
+                delivery=delivery,
+                takeover=takeover,
             ),
             until=until,
             bound=bound,
@@ -305,7 +310,10 @@ class WindowScorer:
             bound.warning("window_not_admitted")
             return "not_admitted"
         if code == codes.NO_SUCH_WINDOW:
-            bound.warning("window_out_of_range")
+            # A number some stream could have (the door checked that much), not one this
+            # stream has: a message rerankq never sent, refused like the door's own.
+            bound.warning("task_message_refused", reason="arguments", detail="a window the stream does not have")
+            self.recorder.message_refused("arguments")
             return "no_such_window"
         bound.info("stream_gone")
         return "gone"

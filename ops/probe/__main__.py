@@ -1,6 +1,6 @@
-"""Every hostile probe in turn: the queue's messages (Redis, then RabbitMQ where it is installed),
-the gateway's doors and the model doors. Exits with the worst exit status of the parts, so one failing door
-fails the whole run."""
+"""Every hostile probe in turn: the queue's messages and the envelope fuzzer (Redis, then RabbitMQ
+where it is installed), the gateway's doors and the model doors. Exits with the worst exit status of
+the parts, so one failing door fails the whole run."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ import shutil
 import sys
 from types import ModuleType
 
-from ops.probe import engine_doors, gateway_doors, queue_messages
+from ops.probe import engine_doors, envelope_fuzz, gateway_doors, queue_messages
 
 
 def main() -> int:
     parts: list[tuple[str, list[str], ModuleType]] = [
         ("queue messages on redis", ["--broker", "redis"], queue_messages)
     ]
+    parts.append(("envelope fuzz on redis", ["--broker", "redis"], envelope_fuzz))
     if shutil.which("rabbitmq-server") or os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
         parts.append(("queue messages on rabbitmq", ["--broker", "amqp"], queue_messages))
+        parts.append(("envelope fuzz on rabbitmq", ["--broker", "amqp"], envelope_fuzz))
     parts.append(("gateway doors", [], gateway_doors))
     parts.append(("engine doors", [], engine_doors))
     worst = 0

@@ -2,15 +2,19 @@
 
 Starts a private redis-server (and with ``--broker amqp`` a private RabbitMQ node as the
 broker) and a real ``python -m worker --device cpu`` (the ``rrf`` provider: no model to
-load), takes a real message from the queue, and injects one hostile variant at a time into
-the worker's queue: body shapes Celery's strategy cannot unpack, bodies that do not decode,
-Celery's built-in task names, a far-future ETA, a chained callback and, on Redis, list
-entries that are not a kombu envelope (a JSON list, not JSON, an invalid base64 body).
+load), takes real messages from the queue, and injects one hostile variant at a time into
+the worker's queue (``ops.probe.queue_cases``): every header Celery reads with a value rerankq
+does not send, body shapes Celery's strategy cannot unpack, bodies that do not decode, other
+content types and encodings, a bz2 bomb, Celery's built-in task names, a far-future ETA,
+arguments that name no window and, on Redis, list entries that are not a kombu envelope. Then
+remote-control commands a client of the broker can send (``ops.probe.control_commands``), and
+a real message of another stream replayed with a hostile time limit.
+
 After each it opens a good stream and checks that its window is scored, that the worker is
-the same process, that the hostile message was let go (not held unacknowledged; on
-RabbitMQ, dead-lettered to ``<queue>.dead``), and that the worker counted it on
-``rerankq_task_messages_refused_total``. A worker that died is started again, so each
-probe is judged on its own.
+the same process, that its main process did not grow by more than ``MEMORY_BOUND_MB``, that
+the hostile message was let go (not held unacknowledged; on RabbitMQ, dead-lettered to
+``<queue>.dead``), and that the worker counted it on ``rerankq_task_messages_refused_total``.
+A worker that died is started again, so each probe is judged on its own.
 
 One line per probe, ``probe <name>: ok`` or ``probe <name>: FAIL <why>``; the exit status is
 non-zero on any failure. Loopback only; ``--timeout-s`` bounds each probe's good window.
@@ -25,18 +29,26 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
 import redis
 
+from ops.probe.queue_cases import (
+    ACKED_REFUSALS,
+    TaskMessage,
+    hostile_amqp_messages,
+    hostile_envelopes,
+    hostile_messages,
+    redis_entry,
+)
 from producer import RerankClient, load_settings
-from producer.celery_config import TASK_NAME
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 from worker.embedded.worker_process import WorkerProcess
 
@@ -44,96 +56,15 @@ ROOT = Path(__file__).resolve().parents[2]
 REFUSED_METRIC = "rerankq_task_messages_refused_total"
 #: kombu's Redis transport keeps unacknowledged messages in this hash (one per Redis db).
 UNACKED_HASH = "unacked"
-FAR_FUTURE = "2999-01-01T00:00:00+00:00"
-NO_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-JSON = "application/json"
-
-
-@dataclass(frozen=True)
-class TaskMessage:
-    """What a broker carries for one task: its headers, its body's bytes and content type."""
-
-    headers: dict[str, Any]
-    body: bytes
-    content_type: str = JSON
-
-    def with_body(self, body: Any) -> TaskMessage:
-        return replace(self, body=json.dumps(body).encode())
-
-    def with_headers(self, body: Any | None = None, **headers: Any) -> TaskMessage:
-        message = replace(self, headers={**self.headers, **headers})
-        return message if body is None else message.with_body(body)
-
-    def args(self) -> list[Any]:
-        return json.loads(self.body)[0]
-
-
-def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
-    """(name, message) for each hostile task message, built from a real one; for either broker."""
-    args = template.args()
-    return [
-        ("body-object", template.with_body({"a": 1})),
-        ("body-pair", template.with_body([1, 2])),
-        ("body-args-kwargs", template.with_body([args, {}])),
-        ("body-string", template.with_body("hello")),
-        ("body-null", template.with_body(None)),
-        ("body-args-not-a-list", template.with_body([{"stream_id": 1}, {}, NO_EMBED])),
-        ("body-embed-not-a-map", template.with_body([args, {}, [1]])),
-        ("body-three-args", template.with_body([[*args, 1], {}, NO_EMBED])),
-        (
-            "body-callback",
-            template.with_body(
-                [
-                    args,
-                    {},
-                    {**NO_EMBED, "callbacks": [{"task": "celery.accumulate", "args": [], "kwargs": {}, "options": {}}]},
-                ]
-            ),
-        ),
-        ("body-invalid-json", replace(template, body=b"{not json")),
-        ("content-python-serialize", replace(template, content_type="application/x-python-serialize")),
-        ("headers-timelimit", template.with_headers(timelimit=[1])),
-        ("headers-no-id", template.with_headers(id=None)),
-        ("task-celery.accumulate", template.with_headers([[1, 2], {}, NO_EMBED], task="celery.accumulate")),
-        ("task-celery.backend_cleanup", template.with_headers([[], {}, NO_EMBED], task="celery.backend_cleanup")),
-        (
-            "task-celery.map",
-            template.with_headers(
-                [[{"task": TASK_NAME, "args": [], "kwargs": {}, "options": {}}, [args]], {}, NO_EMBED],
-                task="celery.map",
-            ),
-        ),
-        ("task-celery.chord_unlock", template.with_headers([["g"], {}, NO_EMBED], task="celery.chord_unlock")),
-        ("task-unknown", template.with_headers(task="not.a.task")),
-        ("eta-far-future", template.with_headers(eta=FAR_FUTURE)),
-    ]
-
-
-def redis_entry(envelope: dict[str, Any], message: TaskMessage) -> bytes:
-    """A Redis list entry: kombu's envelope ``envelope`` carrying ``message``."""
-    return json.dumps(
-        {
-            **envelope,
-            "headers": message.headers,
-            "content-type": message.content_type,
-            "body": base64.b64encode(message.body).decode(),
-        }
-    ).encode()
-
-
-def hostile_envelopes(envelope: dict[str, Any]) -> list[tuple[str, bytes]]:
-    """(name, Redis list entry) where the envelope itself is hostile (Redis only)."""
-    return [
-        ("envelope-invalid-base64", json.dumps({**envelope, "body": "@@@@x"}).encode()),
-        ("envelope-list", json.dumps([envelope, "x", "y"]).encode()),
-        ("envelope-no-properties", json.dumps({k: v for k, v in envelope.items() if k != "properties"}).encode()),
-        ("envelope-headers-list", json.dumps({**envelope, "headers": [1, 2]}).encode()),
-        (
-            "envelope-delivery-info-list",
-            json.dumps({**envelope, "properties": {**envelope["properties"], "delivery_info": [1]}}).encode(),
-        ),
-        ("raw-not-json", b"not json at all \xff"),
-    ]
+#: How much the worker's main process may grow while it handles one hostile message.
+MEMORY_BOUND_MB = 64.0
+#: How long the probe waits for RabbitMQ to confirm (or refuse) a message it publishes.
+CONFIRM_TIMEOUT_S = 30.0
+#: What a TaskMessage carries in fields of its own, not among its AMQP ``properties``.
+AMQP_OWN_FIELDS = frozenset({"content_type", "content_encoding", "application_headers"})
+#: The replayed message's hostile time limit ([hard, soft] seconds): it once killed every
+#: process that ran the window, counted each as an attempt and failed the window for good.
+HOSTILE_TIMELIMIT = [0.1, 0.05]
 
 
 def worker_env(redis_url: str, namespace: str, metrics_port: int, broker_url: str | None = None) -> dict[str, str]:
@@ -156,18 +87,27 @@ def worker_env(redis_url: str, namespace: str, metrics_port: int, broker_url: st
     return env
 
 
-def refused_count(port: int) -> float:
-    """The worker's refused-message counter, summed over its labels (0 when absent or unreachable)."""
+def refused_counts(port: int) -> dict[str, float]:
+    """The worker's refused-message counter by reason (empty when absent or unreachable)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             text = reply.read().decode()
     except OSError:
-        return 0.0
-    return sum(
-        s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == REFUSED_METRIC
-    )
+        return {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == REFUSED_METRIC:
+                reason = sample.labels.get("reason", "")
+                counts[reason] = counts.get(reason, 0.0) + sample.value
+    return counts
+
+
+def refused_count(port: int) -> float:
+    """The worker's refused-message counter, summed over its labels."""
+    return sum(refused_counts(port).values())
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -179,30 +119,82 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
     return predicate()
 
 
+@contextmanager
+def peak_rss_mb(pid: int, every_s: float = 0.02) -> Iterator[list[float]]:
+    """Samples the process's resident memory while the block runs: ``[baseline, peak]`` in MiB."""
+    import psutil
+
+    process = psutil.Process(pid)
+    baseline = process.memory_info().rss / 2**20
+    seen = [baseline, baseline]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            try:
+                seen[1] = max(seen[1], process.memory_info().rss / 2**20)
+            except psutil.Error:
+                return
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        sampler.join()
+
+
+class NotSendable(Exception):
+    """A message the broker's client cannot encode, or the broker itself refuses: it never
+    reaches a worker."""
+
+
 class RedisQueue:
     """The worker's queue as Redis lists (kombu's Redis transport)."""
+
+    broker = "redis"
 
     def __init__(self, raw: redis.Redis, queue: str) -> None:
         self.raw = raw
         self.queue = queue
         self.envelope: dict[str, Any] = {}
 
+    @staticmethod
+    def _message(envelope: dict[str, Any]) -> TaskMessage:
+        return TaskMessage(
+            headers=envelope["headers"],
+            body=base64.b64decode(envelope["body"]),
+            content_type=envelope["content-type"],
+            content_encoding=envelope["content-encoding"],
+        )
+
     def take_template(self) -> TaskMessage:
-        entry = self.raw.lindex(self.queue, 0)
+        """The oldest message, left in the queue (its window is scored once the worker runs)."""
+        entry = self.raw.lindex(self.queue, -1)
         assert entry is not None, f"no message in {self.queue}"
         self.envelope = json.loads(entry)
-        return TaskMessage(
-            headers=self.envelope["headers"],
-            body=base64.b64decode(self.envelope["body"]),
-            content_type=self.envelope["content-type"],
-        )
+        return self._message(self.envelope)
+
+    def take(self) -> TaskMessage:
+        """The oldest message, taken out of the queue for good."""
+        entry = self.raw.rpop(self.queue)
+        assert entry is not None, f"no message in {self.queue}"
+        envelope = json.loads(entry)
+        self.envelope = self.envelope or envelope
+        return self._message(envelope)
+
+    def entry(self, message: TaskMessage) -> bytes:
+        """``message`` as a list entry of its own (a fresh delivery tag, as kombu gives each)."""
+        properties = {**self.envelope["properties"], "delivery_tag": str(uuid.uuid4())}
+        return redis_entry({**self.envelope, "properties": properties}, message)
 
     def entries(self, template: TaskMessage) -> list[tuple[str, bytes]]:
         messages = [(name, redis_entry(self.envelope, m)) for name, m in hostile_messages(template)]
         return messages + hostile_envelopes(self.envelope)
 
-    def inject(self, entry: bytes) -> None:
-        self.raw.lpush(self.queue, entry)
+    def inject(self, entry: Any) -> None:
+        self.raw.lpush(self.queue, entry if isinstance(entry, bytes) else self.entry(entry))
 
     def let_go(self) -> Callable[[], bool]:
         """Whether the injected message is no longer held unacknowledged."""
@@ -238,39 +230,79 @@ class RedisQueue:
 class AmqpQueue:
     """The worker's interactive lane queue on RabbitMQ, and its dead-letter queue."""
 
+    broker = "amqp"
+
     def __init__(self, url: str, queue: str) -> None:
         from kombu import Connection
 
-        self.connection = Connection(url, connect_timeout=5)
+        # Confirmed publishes: a message the broker itself refuses (an ``expiration`` that is
+        # not a number, a ``user_id`` that is not the connection's) raises here, not later.
+        self.connection = Connection(url, connect_timeout=5, transport_options={"confirm_publish": True})
         self.channel = self.connection.channel()
         self.queue = queue
         self.dead = queue + ".dead"
 
-    def take_template(self) -> TaskMessage:
+    def _get(self) -> Any:
         from kombu import Queue
 
         message = Queue(self.queue, no_declare=True)(self.channel).get(no_ack=False)
         assert message is not None, f"no message in {self.queue}"
+        return message
+
+    @staticmethod
+    def _message(message: Any) -> TaskMessage:
         body = message.body.encode() if isinstance(message.body, str) else bytes(message.body)
-        template = TaskMessage(headers=dict(message.headers), body=body, content_type=message.content_type)
+        headers = {k: v for k, v in message.headers.items() if k != "x-delivery-count"}
+        properties = {k: v for k, v in message.properties.items() if k not in AMQP_OWN_FIELDS}
+        return TaskMessage(
+            headers=headers,
+            body=body,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            properties=properties,
+        )
+
+    def take_template(self) -> TaskMessage:
+        message = self._get()
+        template = self._message(message)
         message.requeue()  # its window is scored once the worker runs
         return template
 
+    def take(self) -> TaskMessage:
+        message = self._get()
+        taken = self._message(message)
+        message.ack()
+        return taken
+
+    def entry(self, message: TaskMessage) -> TaskMessage:
+        return message
+
     def entries(self, template: TaskMessage) -> list[tuple[str, TaskMessage]]:
-        return hostile_messages(template)
+        return hostile_messages(template) + hostile_amqp_messages(template)
 
     def inject(self, message: TaskMessage) -> None:
-        from kombu import Producer
-
-        Producer(self.channel).publish(
-            message.body,
-            routing_key=self.queue,
-            exchange="",
-            headers=message.headers,
-            content_type=message.content_type,
-            content_encoding="utf-8",
-            serializer=None,
-        )
+        """Publish ``message`` as it is (no serializer, no property rewritten) and wait for the
+        broker's confirm. ``NotSendable`` when py-amqp cannot encode it or the broker refuses it
+        (its channel is then replaced); a broker that does not answer raises ``TimeoutError``."""
+        properties = dict(message.properties)
+        priority = properties.pop("priority", None)
+        try:
+            raw = self.channel.prepare_message(
+                message.body,
+                priority=priority,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                headers=message.headers,
+                properties=properties,
+            )
+            self.channel.basic_publish(raw, exchange="", routing_key=self.queue, confirm_timeout=CONFIRM_TIMEOUT_S)
+        except TimeoutError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever py-amqp or the broker refused
+            # A refusing broker closes the channel (its reply may not even decode: an
+            # ``expiration`` of raw bytes is quoted back raw); a closed channel takes nothing more.
+            self.channel = self.connection.channel()
+            raise NotSendable(f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
     def dead_count(self) -> int:
         try:
@@ -302,6 +334,8 @@ class QueueProbe:
         *,
         redis_url: str | None = None,
         broker_url: str | None = None,
+        worker_env_extra: dict[str, str] | None = None,
+        worker_args: tuple[str, ...] = ("--device", "cpu"),
     ) -> None:
         """``redis_url``, ``broker_url``: servers already running (the tests'), else private ones."""
         self.directory = directory
@@ -309,6 +343,8 @@ class QueueProbe:
         self.broker = broker
         self.redis_url = redis_url
         self.broker_url = broker_url
+        self.worker_env_extra = worker_env_extra or {}
+        self.worker_args = worker_args
         self.redis: EmbeddedRedis | None = None
         self.namespace = "probe" + uuid.uuid4().hex[:8]
         self.queue_name = f"{self.namespace}.cpu"
@@ -316,6 +352,8 @@ class QueueProbe:
         self.worker: WorkerProcess | None = None
         self.rabbitmq: Any = None
         self.starts = 0
+        #: A stream whose one window's message was taken out of the queue: (stream id, message).
+        self.held_back: tuple[str, TaskMessage] | None = None
 
     def __enter__(self) -> Self:
         redis_url = self.redis_url
@@ -329,9 +367,10 @@ class QueueProbe:
 
             self.rabbitmq = EmbeddedRabbitMQ(directory=str(self.directory / "rabbitmq")).start()
             broker_url = self.rabbitmq.url
-        self.env = worker_env(
-            redis_url, self.namespace, self.metrics_port, broker_url if self.broker == "amqp" else None
-        )
+        self.env = {
+            **worker_env(redis_url, self.namespace, self.metrics_port, broker_url if self.broker == "amqp" else None),
+            **self.worker_env_extra,
+        }
         self.raw = redis.Redis.from_url(redis_url)
         self.client = RerankClient(load_settings(self.env))
         self.queue: RedisQueue | AmqpQueue = (
@@ -352,16 +391,26 @@ class QueueProbe:
         if self.redis is not None:
             self.redis.stop()
 
+    def take_real_messages(self, count: int) -> list[tuple[str, TaskMessage]]:
+        """``count`` one-window streams whose messages are taken out of the queue (no worker may
+        run yet): real messages of real pending windows, to replay or mutate."""
+        taken = []
+        for i in range(count):
+            stream = self.client.open(f"held back query {i}", _candidates(3), window_size=3)
+            taken.append((stream, self.queue.take()))
+        return taken
+
     def entries(self) -> list[tuple[str, Any]]:
         """Every hostile message, built from a real one: a stream opened with no worker
         running leaves its message in the queue."""
+        [self.held_back] = self.take_real_messages(1)
         self.client.open("template query", _candidates(3), window_size=3)
         return self.queue.entries(self.queue.take_template())
 
     def start_worker(self) -> None:
         self.starts += 1
         log = self.directory / f"worker-{self.starts}.log"
-        self.worker = WorkerProcess.rerankq(self.env, log, "--device", "cpu", cwd=ROOT).start()
+        self.worker = WorkerProcess.rerankq(self.env, log, *self.worker_args, cwd=ROOT).start()
 
     def restart_worker(self) -> None:
         if self.worker is not None:
@@ -383,25 +432,83 @@ class QueueProbe:
                 return False
         return False
 
-    def run(self, entry: Any) -> str | None:
-        """Inject one hostile message; why the worker failed it, or None."""
+    def attempt(
+        self,
+        act: Callable[[], None],
+        *,
+        let_go: Callable[[], bool] | None,
+        refusals: int = 1,
+        reason: str | None = None,
+    ) -> str | None:
+        """Run ``act`` (which sends something hostile); why the worker failed it, or None.
+
+        The worker must stay the same process within ``MEMORY_BOUND_MB``, serve a good window
+        after it, let go of what it was sent (when ``let_go`` can tell) and count ``refusals``
+        (of ``reason``, or of any).
+        """
         assert self.worker is not None and self.worker.proc is not None
         pid = self.worker.proc.pid
-        before = refused_count(self.metrics_port)
-        let_go = self.queue.let_go()
-        self.queue.inject(entry)
-        if not self.good_window_scored():
+
+        def counted() -> float:
+            counts = refused_counts(self.metrics_port)
+            return counts.get(reason, 0.0) if reason is not None else sum(counts.values())
+
+        before = counted()
+        with peak_rss_mb(pid) as rss:
+            act()
+            scored = self.good_window_scored()
+        if not scored:
             return "a good window sent after it was not scored" + ("" if self.worker_alive() else " (worker exited)")
         if not self.worker_alive() or self.worker.proc.pid != pid:
             return "the worker exited"
-        if not wait_until(let_go, 5.0):
+        if rss[1] - rss[0] > MEMORY_BOUND_MB:
+            return f"the worker's main process grew {rss[1] - rss[0]:.0f} MiB (bound {MEMORY_BOUND_MB:.0f})"
+        if let_go is not None and not wait_until(let_go, 5.0):
             return (
                 "the message is held unacknowledged (handed back at every shutdown)"
                 if self.broker == "redis"
                 else "the message was not dead-lettered"
             )
-        if not wait_until(lambda: refused_count(self.metrics_port) > before, 3.0):
-            return f"not counted on {REFUSED_METRIC}"
+        if not wait_until(lambda: counted() >= before + refusals, 3.0):
+            label = f'reason="{reason}"' if reason else "any reason"
+            return f"{counted() - before:.0f} of {refusals} counted on {REFUSED_METRIC} ({label})"
+        return None
+
+    def run(self, entry: Any, name: str = "") -> str | None:
+        """Inject one hostile message; why the worker failed it, or None."""
+        dead_lettered = not (self.broker == "amqp" and name in ACKED_REFUSALS)
+        return self.attempt(lambda: self.queue.inject(entry), let_go=self.queue.let_go() if dead_lettered else None)
+
+    def replay_with_hostile_time_limit(self, copies: int = 3) -> str | None:
+        """Another stream's real message, replayed ``copies`` times with a time limit rerankq
+        never sends: each copy is refused, the window stays pending with no attempt counted, and
+        the real message then scores it (once this failed the window: "poison")."""
+        assert self.held_back is not None, "entries() holds a message back"
+        stream, real = self.held_back
+        hostile = real.with_headers(timelimit=HOSTILE_TIMELIMIT)
+
+        def replay() -> None:
+            for _ in range(copies):
+                self.queue.inject(self.queue.entry(hostile))
+
+        why = self.attempt(replay, let_go=None, refusals=copies)
+        if why is not None:
+            return why
+        window = self.client.status(stream).windows[0]
+        if window.state == "committed" or window.attempts:
+            return f"the replayed window was touched: {window.state}, {window.attempts} attempt(s)"
+        self.queue.inject(self.queue.entry(real))
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            window = self.client.status(stream).windows[0]
+            if window.state == "committed":
+                break
+            time.sleep(0.1)
+        if window.state != "committed" or window.failed or window.attempts != 1:
+            return (
+                f"the real message then left the window {window.state}, "
+                f"{window.failed} failed, {window.attempts} attempt(s)"
+            )
         return None
 
 
@@ -423,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="run only these probes (names as printed)")
     parser.add_argument("--keep", action="store_true", help="print where the logs are even when every probe passed")
     args = parser.parse_args(argv)
+    from ops.probe.control_commands import control_probes
+
     # The template stream is opened before any worker runs, on purpose: the client's warning
     # about that is not a finding.
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(message)s")
@@ -434,10 +543,15 @@ def main(argv: list[str] | None = None) -> int:
         if not probe.good_window_scored():
             print(f"probe baseline: FAIL the worker scores no window; logs: {directory}")
             return 1
-        for name, entry in entries:
+        probes: list[tuple[str, Callable[[], str | None]]] = [
+            (name, lambda entry=entry, name=name: probe.run(entry, name)) for name, entry in entries
+        ]
+        probes += control_probes(probe)
+        probes.append(("replay-hostile-timelimit", probe.replay_with_hostile_time_limit))
+        for name, run in probes:
             if args.only and name not in args.only:
                 continue
-            why = probe.run(entry)
+            why = run()
             print(f"probe {name}: ok" if why is None else f"probe {name}: FAIL {why}", flush=True)
             if why is not None:
                 failures += 1

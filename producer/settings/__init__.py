@@ -22,7 +22,7 @@ streams    WINDOW_SIZE, MAX_WINDOW_SIZE, MIN_SCORE, MIN_FINAL_SCORE,  ``streams.
 budget     MAX_RERANK_CANDIDATES[_LOW|_MID|_HIGH],                    ``budget.strategy_boosts``
            MAX_CANDIDATES_PER_SOURCE, STRATEGY_BOOSTS
 worker     DEVICE, WORKER_PROCESSES, TORCH_THREADS, SOFT_SHUTDOWN_S,  ``worker.device``
-           TASK_EVENTS, LOG_LEVEL
+           TASK_EVENTS, LOG_LEVEL, REMOTE_CONTROL_COMMANDS
 engine     PRECISION, TOKEN_BUDGET, COALESCE, COALESCE_DELAY_MS,      ``engine.precision``
            COALESCE_MAX_PAIRS
 chain      FLAT_MIN_WINDOW, FLAT_RANGE, MEMBER_RESTART_S,             ``chain.flat_range``

@@ -17,6 +17,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from producer.field_errors import NAME_LIST_PATTERN
 from producer.settings.members import MemberSettings
 from producer.settings.model import SECTIONS, Settings
 
@@ -145,6 +146,8 @@ def type_text(annotation: Any) -> str:
                     bound = getattr(meta, attr)
                     if bound is not None:
                         limits.append(f"{sign} {bound}")
+                if meta.pattern == NAME_LIST_PATTERN:
+                    return "names, comma-separated (a-z 0-9 _)"
                 if meta.pattern:
                     return "name (1-64 of A-Z a-z 0-9 _ . -)"  # field_errors.TOKEN_PATTERN
         annotation = typing.get_args(annotation)[0]

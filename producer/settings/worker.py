@@ -6,7 +6,11 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
+from producer.field_errors import NAME_LIST_PATTERN
 from producer.settings.types import PositiveFloat, PositiveInt, doc
+
+#: Comma-separated command names (Celery's are lower-case identifiers), or nothing.
+CommandNames = Annotated[str, msgspec.Meta(pattern=NAME_LIST_PATTERN)]
 
 
 class WorkerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -22,3 +26,16 @@ class WorkerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ] = 20.0
     task_events: Annotated[bool, doc("Celery task events (and worker heartbeats), for Flower")] = False
     log_level: Annotated[str, doc("worker log level (rerankq worker --loglevel overrides it)")] = "INFO"
+    # rerankq's own tools use ping and rerankq_worker (rerankq inspect); every other command
+    # a client of the broker sends (shutdown, rate_limit, revoke, conf, ...) is refused.
+    remote_control_commands: Annotated[
+        CommandNames,
+        doc(
+            "Celery remote-control commands a worker answers besides ping and rerankq_worker, "
+            "comma-separated (e.g. stats,active,registered for Flower); every other is refused"
+        ),
+    ] = ""
+
+    def extra_control_commands(self) -> frozenset[str]:
+        """The remote-control commands named in ``remote_control_commands``."""
+        return frozenset(name.strip() for name in self.remote_control_commands.split(",") if name.strip())

@@ -145,8 +145,8 @@ class WorkerMetrics(Recorder):
         )
         self.refused = Counter(
             "rerankq_task_messages_refused",
-            "Queue messages the worker refused and dropped: not a rerankq task message "
-            "(reason: envelope, headers, task, eta, content, body, arguments)",
+            "Broker messages the worker refused and dropped: not what rerankq sends "
+            "(reason: envelope, headers, task, eta, content, body, arguments, control)",
             ["device", "reason"],
             registry=None,
         )
