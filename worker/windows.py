@@ -224,6 +224,18 @@ class WindowScorer:
             if spec.long_documents == "passages"
             else None
         )
+        ceiling = self.settings.streams.max_window_passage_tokens
+        if passages is not None and passages.tokens > ceiling:
+            # open holds a stream under the ceiling; a stream opened under another one (an older
+            # producer, other settings) is refused here, before any member is sent a token.
+            reason = (
+                f"the window's passages would send {passages.tokens} tokens, over "
+                f"RERANKQ_MAX_WINDOW_PASSAGE_TOKENS ({ceiling})"
+            )
+            bound.error("window_over_passage_ceiling", tokens=passages.tokens, ceiling=ceiling)
+            return self._commit_failed(
+                stream_id, window, begun, reason, outcome="failed", attempts=begun.attempt, until=until, bound=bound
+            )
         request = ScoreRequest(
             query=spec.query,
             documents=passages.texts if passages else [documents[i] for i in scorable],

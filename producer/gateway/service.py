@@ -19,7 +19,8 @@ from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
 from producer.gateway.problems import Problem
 from producer.logs import get_logger
-from producer.options import REMOTE_PASSAGE_TOKENS, StreamOptions
+from producer.options import StreamOptions
+from producer.passage_budget import fitting_window_size
 from producer.settings import Settings
 from producer.wire import Device
 
@@ -119,7 +120,7 @@ class Gateway:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
         window_size = min(len(texts), self.settings.streams.max_window_size)
         if max_passages is not None:
-            fits = self.settings.streams.max_window_passage_tokens // (max_passages * REMOTE_PASSAGE_TOKENS)
+            fits = fitting_window_size(self.settings.streams.max_window_passage_tokens, max_passages)
             window_size = max(1, min(window_size, fits))
         options = StreamOptions(
             device=device,
