@@ -13,7 +13,7 @@ import redis.cluster
 from redis.typing import EncodableT
 
 from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
-from producer.keys import Keys, StreamKeys
+from producer.keys import FairShareKeys, Keys, StreamKeys
 from producer.redis_clients import BLOCK_CHUNK_S as BLOCK_CHUNK_S
 from producer.redis_clients import MIN_REDIS_VERSION as MIN_REDIS_VERSION
 from producer.redis_clients import server_version as server_version
@@ -77,6 +77,16 @@ class DueWindows(msgspec.Struct):
     held: int = 0
 
 
+class Admitted(msgspec.Struct):
+    """Windows a deeper admit took in, each one's cost, and the stream's fair-share bucket
+    (empty for a stream opened before buckets were kept) and expiry."""
+
+    windows: list[int]
+    costs: list[int]
+    bucket: str
+    expire_at_ms: int
+
+
 class Begun(msgspec.Struct):
     """A delivery's start on a window: the attempt number, when the window was admitted
     (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data."""
@@ -101,6 +111,10 @@ class Store:
     def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
         return self._script(keys=stream.all(), args=[command, _now_ms(), *args], client=client)
 
+    def run_ledger(self, ledger: FairShareKeys, command: str, *args: Any, client: Any = None) -> Any:
+        """One of ``store.lua``'s fair-share commands on a device's ledger (``producer.fair_share``)."""
+        return self._script(keys=ledger.all(), args=[command, _now_ms(), *args], client=client)
+
     # -- producer side -----------------------------------------------------
 
     def open(
@@ -113,8 +127,11 @@ class Store:
         enqueue_grace_s: float,
         fingerprint: str,
         lane: Lane = "interactive",
+        bucket: str = "",
+        costs: Sequence[int] = (),
     ) -> tuple[bool, list[int]]:
-        """Write a stream, index it and admit its first windows, in one script call.
+        """Write a stream, index it and admit its first windows, in one script call. ``bucket``
+        (its fair-share bucket) and ``costs`` (each window's) are kept for its later admits.
 
         Returns ``(created, admitted windows)``; a retried open with the same idempotency
         key and payload returns ``(False, [])`` and writes nothing.
@@ -135,17 +152,26 @@ class Store:
             deadline,
             spec.device,
             lane,
+            bucket,
+            ",".join(str(int(c)) for c in costs),
             *blobs,
         )
         if reply[0] == -1:
             raise IdempotencyConflict(stream_id.removeprefix("k_"))
         return reply[0] == 1, [int(w) for w in reply[1:]]
 
-    def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> list[int]:
+    def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> Admitted:
+        """Admit windows up to ``target_windows``; returns the new ones with what fair share needs."""
         reply = self._run(self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000))
         if reply and reply[0] == GONE:
             raise StreamNotFound(stream_id)
-        return [int(w) for w in reply[1:]]
+        pairs = reply[3:]
+        return Admitted(
+            windows=[int(w) for w in pairs[0::2]],
+            costs=[int(c) for c in pairs[1::2]],
+            bucket=reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1]),
+            expire_at_ms=int(reply[2]),
+        )
 
     def hurry(self, stream_id: str, windows: list[int]) -> None:
         """Make admitted windows due now: their message could not be sent, so the sweep sends it."""

@@ -11,6 +11,7 @@ import redis
 import structlog
 
 from producer import store as codes
+from producer.cost import WORK_SHARE_OF_LEASE
 from producer.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
 from producer.settings import Settings
 from producer.store import Begun, Store
@@ -26,6 +27,7 @@ from producer.wire import (
     spec_decoder,
 )
 from worker.chain import Chain, ChainOutcome
+from worker.fair_release import ShareReturn
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.calibration import Calibrations
@@ -101,12 +103,19 @@ class WindowScorer:
         chain: Chain,
         recorder: Recorder = NO_METRICS,
         calibrations: Calibrations | None = None,
+        share_return: ShareReturn | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.chain = chain
         self.recorder = recorder
         self.calibrations = calibrations
+        self.share_return = share_return
+
+    def _done_with(self, device: str, stream_id: str, window: int, bound: Any) -> None:
+        """The window is committed: its share of the device queue comes back (``worker.fair_release``)."""
+        if self.share_return is not None:
+            self.share_return.window_done(device, stream_id, window, bound)
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
@@ -149,7 +158,7 @@ class WindowScorer:
         began_at = time.time()  # the queue's part of a window's latency ends here
         bound = log.bind(stream=stream_id, window=window)
         # The lease is this attempt's whole budget, waits for a full Redis included.
-        until = time.monotonic() + self.settings.queues.redeliver_after_s * 0.9
+        until = time.monotonic() + self.settings.queues.redeliver_after_s * WORK_SHARE_OF_LEASE
         begun = self._through_full_redis(
             lambda: self.store.begin(
                 stream_id, window, work_deadline_s=self.settings.queues.redeliver_after_s, delivery=delivery
@@ -295,6 +304,7 @@ class WindowScorer:
             embeddings=embeddings,
             side_writes=side_writes,
         )
+        self._done_with(spec.device, stream_id, window, bound)
         if written == 1:
             bound.info(
                 "window_committed",
@@ -366,6 +376,8 @@ class WindowScorer:
             reason=reason,
         )
         self._commit(stream_id, result, outcome=outcome, begun=begun, until=until, bound=bound)
+        if spec is not None:
+            self._done_with(spec.device, stream_id, window, bound)
         return "failed"
 
     def _commit(

@@ -223,10 +223,8 @@ class QueueBridge:
         )
 
     def _open(self, job: RerankJob, key: str) -> bool:
-        """Open the job's stream (in a pool thread); True when this call created it and sent its windows."""
-        self.dispatcher.take_thread_sent()
-        self.client.open(job.query, job.candidates(), **job.open_options(key))
-        return self.dispatcher.take_thread_sent() > 0
+        """Open the job's stream (in a pool thread); True when this call created it."""
+        return self.client.open_stream(job.query, job.candidates(), job.open_options(key)).created
 
     # -- the stream API -------------------------------------------------------
 

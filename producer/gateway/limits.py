@@ -57,26 +57,17 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 
 class CountingDispatcher(Dispatcher):
-    """The client's dispatcher, counting the windows it sends: per queue for the drain rate,
-    and per thread, so the call that opened a stream knows whether it sent its windows (it
-    created the stream) or sent none (the stream was there already)."""
+    """The client's dispatcher, counting the windows it sends per queue, for the drain rate."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self._lock = threading.Lock()
         self._per_queue: Counter[str] = Counter()
-        self._thread = threading.local()
 
     def send(self, stream_id: str, windows: list[int], device: str, lane: Lane = "interactive") -> None:
         super().send(stream_id, windows, device, lane)
         with self._lock:
             self._per_queue[self.settings.queues.queue_for(device)] += len(windows)
-        self._thread.sent = getattr(self._thread, "sent", 0) + len(windows)
-
-    def take_thread_sent(self) -> int:
-        """Windows this thread sent since it last asked."""
-        sent, self._thread.sent = getattr(self._thread, "sent", 0), 0
-        return sent
 
     def take_sent(self) -> Counter[str]:
         with self._lock:
