@@ -82,8 +82,8 @@ class FairShare:
     def ledger(self, device: str) -> FairShareKeys:
         return self.store.keys.fair_share(device)
 
-    def _run(self, device: str, command: str, *args: Any, client: Any = None) -> Any:
-        return self.store.run_ledger(self.ledger(device), command, *self.bounds, *args, client=client)
+    def _run(self, device: str, command: str, *args: Any) -> Any:
+        return self.store.run_ledger(self.ledger(device), command, *self.bounds, *args)
 
     def enter(
         self,
@@ -107,11 +107,15 @@ class FairShare:
     def done(self, device: str, members: Iterable[str]) -> list[Released]:
         """Give back the share of windows done with (committed, or gone); returns what that released."""
         names = list(members)
-        return parse_released(self._run(device, "fair_done", *names)) if names else []
+        return parse_released(self.done_reply(device, names)) if names else []
 
-    def queue_done(self, pipe: Any, device: str, members: Iterable[str]) -> None:
+    def done_reply(self, device: str, members: Sequence[str]) -> Any:
+        """``done``'s raw reply, for ``parse_released``."""
+        return self._run(device, "fair_done", *members)
+
+    def queue_done(self, pipe: Any, device: str, members: Sequence[str]) -> None:
         """``done`` queued on a pipeline (the commit's round trip); its reply goes to ``parse_released``."""
-        self._run(device, "fair_done", *members, client=pipe)
+        self.store.queue_ledger(pipe, self.ledger(device), "fair_done", *self.bounds, *members)
 
     def release(self, device: str) -> list[Released]:
         """Release whatever fits now (the sweep's backstop)."""

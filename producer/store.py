@@ -111,9 +111,16 @@ class Store:
     def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
         return self._script(keys=stream.all(), args=[command, _now_ms(), *args], client=client)
 
-    def run_ledger(self, ledger: FairShareKeys, command: str, *args: Any, client: Any = None) -> Any:
+    def run_ledger(self, ledger: FairShareKeys, command: str, *args: Any) -> Any:
         """One of ``store.lua``'s fair-share commands on a device's ledger (``producer.fair_share``)."""
-        return self._script(keys=ledger.all(), args=[command, _now_ms(), *args], client=client)
+        return self._script(keys=ledger.all(), args=[command, _now_ms(), *args])
+
+    def queue_ledger(self, pipe: Any, ledger: FairShareKeys, command: str, *args: Any) -> None:
+        """``run_ledger`` queued on a pipeline as a bare EVALSHA (a registered script would cost
+        the pipeline a SCRIPT EXISTS round trip); a Redis that lost the script answers
+        NoScriptError, and the caller runs it again with ``run_ledger``."""
+        keys = ledger.all()
+        pipe.evalsha(self._script.sha, len(keys), *keys, command, _now_ms(), *args)
 
     # -- producer side -----------------------------------------------------
 
@@ -303,13 +310,15 @@ class Store:
         outcome: str,
         embeddings: WindowEmbeddings | None = None,
         side_writes: Sequence[Any] = (),
+        after: Sequence[Any] = (),
     ) -> int:
         """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
         its ``embeddings``, when given, are written in the same script call, or not at all.
 
         ``side_writes`` (the worker's: cache entries, counters) go in the same round trip, ahead
         of the commit, each a command of its own: each is given ``queue(pipeline)`` to queue one
-        command and ``settle(reply)`` with what it answered.
+        command and ``settle(reply)`` with what it answered. ``after`` (giving the window's fair
+        share back) goes the same way, behind the commit.
 
         Returns 1 when written, 0 when already committed, or a negative code.
         """
@@ -324,24 +333,29 @@ class Store:
             encode(embeddings) if embeddings is not None else b"",
             len(result.failovers),
         ]
-        if not side_writes:
-            return int(self._script(keys=stream.all(), args=args))
-        if self._cluster:
+        if self._cluster or not (side_writes or after):
             # A cluster pipeline refuses scripts, and the side writes' keys live on other
-            # slots than the stream's: each goes on its own, ahead of the commit.
+            # slots than the stream's: each goes on its own, around the commit.
             for side_write in side_writes:
                 side_write.run_now()
-            return int(self._script(keys=stream.all(), args=args))
+            written = int(self._script(keys=stream.all(), args=args))
+            for side_write in after:
+                side_write.run_now()
+            return written
         keys = stream.all()
         pipe = self.client.pipeline(transaction=False)
         for side_write in side_writes:
             side_write.queue(pipe)
         # EVALSHA itself: a registered script would cost the pipeline a SCRIPT EXISTS round trip.
         pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        for side_write in after:
+            side_write.queue(pipe)
         replies = pipe.execute(raise_on_error=False)
         for side_write, reply in zip(side_writes, replies):
             side_write.settle(reply)
-        reply = replies[-1]
+        reply = replies[len(side_writes)]
+        for side_write, later in zip(after, replies[len(side_writes) + 1 :]):
+            side_write.settle(later)
         if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis: the call loads it
             return int(self._script(keys=keys, args=args))
         if isinstance(reply, Exception):

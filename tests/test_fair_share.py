@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import BROKERS, make_candidates
+from gateway_helpers import GatewayProcess, write_keys
 
 from producer import RerankClient, ValidationError
 from producer.fair_share import member
@@ -142,3 +145,59 @@ def test_a_window_that_could_outlive_the_time_limit_is_refused_at_open(
     assert err.value.field == "max_passages"
     assert not list(raw_redis.scan_iter(match=f"{namespace}:*"))
     assert client.open("why did checkout fail", items, window_size=10)
+
+
+def test_through_the_gateway_b_is_answered_while_a_floods_and_a_past_its_backlog_is_refused(
+    start_worker: Callable[..., WorkerProcess],
+    make_client: Callable[..., RerankClient],
+    base_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    share = {
+        "RERANKQ_TENANT_QUEUED_WINDOWS": "2",
+        "RERANKQ_TENANT_MAX_WAITING": "100",
+        "RERANKQ_GATEWAY_DRAIN_SAMPLE_S": "0.1",
+    }
+    env = {**base_env, **SLOW, **share, "TEST_PROVIDER_SLEEP_S": "0.1"}
+    keys = write_keys(
+        tmp_path / "keys.json", [{"name": "a", "tenant": "tenant-a"}, {"name": "b", "tenant": "tenant-b"}]
+    )
+    start_worker(env=env)
+    gateway = GatewayProcess(env, tmp_path / "gateway.log", "--keys-file", str(tmp_path / "keys.json")).start()
+    client = make_client(tenant_queued_windows=2)
+    auth = {name: {"Authorization": f"Bearer {key}"} for name, key in keys.items()}
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=60) as http:
+            # Tenant A: four stream opens of 40 one-candidate windows, answered 201 at once.
+            flood = []
+            for i in range(4):
+                opened = http.post(
+                    "/v1/streams",
+                    json={
+                        "query": f"a flood {i}",
+                        "candidates": make_candidates(40, prefix=f"a{i}-"),
+                        "window_size": 1,
+                        "first_windows": 40,
+                    },
+                    headers=auth["a"],
+                )
+                assert opened.status_code == 201, opened.text
+                flood.append(opened.json()["stream_id"])
+            started = time.time()
+            answer = http.post(
+                "/v2/rerank", json={"model": "m", "query": "b asks", "documents": ["x", "y"]}, headers=auth["b"]
+            )
+            answered = time.time()
+            assert answer.status_code == 200, answer.text
+            a_meanwhile = [t for s in flood for t in committed_at(client, s) if started < t < answered]
+            assert len(a_meanwhile) <= 2, f"tenant A committed {len(a_meanwhile)} windows while tenant B waited"
+            # A's own backlog (158 windows waiting) is past its bound: A is refused, B is not.
+            more = {"query": "a again", "candidates": make_candidates(1), "window_size": 1}
+            deadline = time.monotonic() + 10
+            while (refused := http.post("/v1/streams", json=more, headers=auth["a"])).status_code != 429:
+                assert time.monotonic() < deadline, refused.text
+                time.sleep(0.1)
+            assert "tenant has" in refused.json()["error"]["message"] and refused.headers["retry-after"]
+            assert http.post("/v1/streams", json={**more, "query": "b too"}, headers=auth["b"]).status_code == 201
+    finally:
+        gateway.stop()

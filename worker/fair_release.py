@@ -16,9 +16,10 @@ import redis
 from kombu.exceptions import OperationalError
 
 from producer.dispatch import Dispatcher
-from producer.fair_share import LEDGER_ERRORS, FairShare, Released, member, send_released
+from producer.fair_share import FairShare, Released, member, parse_released, send_released
 from producer.settings import Settings
 from producer.store import Store
+from worker.side_writes import SideWrite
 
 SEND_ERRORS = (redis.RedisError, OperationalError, OSError)
 
@@ -34,13 +35,15 @@ class ShareReturn:
             self._dispatcher = Dispatcher(self.settings)
         return self._dispatcher
 
-    def window_done(self, device: str, stream_id: str, window: int, bound: Any) -> None:
-        try:
-            released = self.fair_share.done(device, [member(stream_id, window)])
-        except LEDGER_ERRORS as exc:
-            bound.warning("fair_share_not_given_back", error=type(exc).__name__, recovery="the sweep gives it back")
-            return
-        self.send(device, released, bound)
+    def after_commit(self, device: str, stream_id: str, window: int, released: list[Released]) -> SideWrite:
+        """Giving the window's share back, as a write that rides behind its commit in the commit's
+        round trip; what it releases lands in ``released``, for ``send`` once the commit is back."""
+        names = [member(stream_id, window)]
+        return SideWrite(
+            queue=lambda pipe: self.fair_share.queue_done(pipe, device, names),
+            run=lambda: self.fair_share.done_reply(device, names),
+            done=lambda reply: released.extend(parse_released(reply)),
+        )
 
     def send(self, device: str, released: list[Released], bound: Any) -> None:
         if not released:

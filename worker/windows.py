@@ -12,6 +12,7 @@ import structlog
 
 from producer import store as codes
 from producer.cost import WORK_SHARE_OF_LEASE
+from producer.fair_share import Released
 from producer.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
 from producer.settings import Settings
 from producer.store import Begun, Store
@@ -111,11 +112,6 @@ class WindowScorer:
         self.recorder = recorder
         self.calibrations = calibrations
         self.share_return = share_return
-
-    def _done_with(self, device: str, stream_id: str, window: int, bound: Any) -> None:
-        """The window is committed: its share of the device queue comes back (``worker.fair_release``)."""
-        if self.share_return is not None:
-            self.share_return.window_done(device, stream_id, window, bound)
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
@@ -303,8 +299,8 @@ class WindowScorer:
             bound=bound,
             embeddings=embeddings,
             side_writes=side_writes,
+            device=spec.device,
         )
-        self._done_with(spec.device, stream_id, window, bound)
         if written == 1:
             bound.info(
                 "window_committed",
@@ -375,9 +371,15 @@ class WindowScorer:
             decisions=decisions,
             reason=reason,
         )
-        self._commit(stream_id, result, outcome=outcome, begun=begun, until=until, bound=bound)
-        if spec is not None:
-            self._done_with(spec.device, stream_id, window, bound)
+        self._commit(
+            stream_id,
+            result,
+            outcome=outcome,
+            begun=begun,
+            until=until,
+            bound=bound,
+            device=spec.device if spec is not None else None,
+        )
         return "failed"
 
     def _commit(
@@ -391,22 +393,37 @@ class WindowScorer:
         bound: Any,
         embeddings: WindowEmbeddings | None = None,
         side_writes: list[SideWrite] | None = None,
+        device: str | None = None,
     ) -> int:
         """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts.
 
         The held ``side_writes`` ride on the first try only: a retry (Redis full) is the commit alone.
+        Behind the commit, in its round trip, the window's share of ``device``'s queue is given
+        back, and the windows that released are sent (``worker.fair_release``); a share a retry
+        leaves counted is the sweep's to give back.
         """
         start = time.perf_counter()
         riding = list(side_writes or ())
         if side_writes:
             side_writes.clear()
+        released: list[Released] = []
+        behind = (
+            [self.share_return.after_commit(device, stream_id, result.window, released)]
+            if self.share_return is not None and device is not None
+            else []
+        )
 
         def attempt() -> int:
-            nonlocal riding
+            nonlocal riding, behind
             ride, riding = riding, []
-            return self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride)
+            then, behind = behind, []
+            return self.store.commit(
+                stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride, after=then
+            )
 
         written = self._through_full_redis(attempt, until=until, bound=bound)
+        if self.share_return is not None and device is not None:
+            self.share_return.send(device, released, bound)
         self.recorder.window_committed(
             member=result.served_by,
             outcome=outcome,

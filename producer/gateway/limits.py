@@ -33,8 +33,10 @@ from starlette.requests import Request
 from producer.amqp_broker import AsyncAmqpBroker
 from producer.broker_queues import queue_lists
 from producer.dispatch import Dispatcher
+from producer.fair_share import bucket_for
 from producer.gateway.config import Device, GatewaySettings
 from producer.gateway.problems import Problem
+from producer.keys import Keys
 from producer.settings import Settings
 from producer.wire import Lane
 
@@ -76,45 +78,71 @@ class CountingDispatcher(Dispatcher):
 
 
 class Backlog:
-    """Queue depths per device (sampled), the drain rate each queue shows, and the 429 they lead to."""
+    """Queue depths per device (sampled), the drain rate each queue shows, and the 429 they lead to;
+    and each tenant's windows waiting for its share (``producer.fair_share``), sampled too, so a
+    tenant whose own backlog is past its bound is answered 429 while the others are served."""
 
     def __init__(
-        self, broker: Any, dispatcher: CountingDispatcher, settings: Settings, gateway: GatewaySettings
+        self,
+        broker: Any,
+        dispatcher: CountingDispatcher,
+        settings: Settings,
+        gateway: GatewaySettings,
+        store: Any = None,
     ) -> None:
         self.broker = broker
+        self.store = store
         self.dispatcher = dispatcher
         self.queues: dict[str, str] = {device: settings.queues.queue_for(device) for device in ("cpu", "gpu", "any")}
+        self.ledgers = {device: Keys(settings.store.namespace).fair_share(device).queued for device in self.queues}
         self.bound = gateway.max_backlog
+        self.tenant_bound = settings.fair_share.tenant_max_waiting
         self.max_retry_after_s = gateway.max_retry_after_s
         self.sample_s = gateway.drain_sample_s
         self._last: dict[str, tuple[float, int]] = {}
         #: windows per second each queue drained; None until an interval with work was seen.
         self.rate: dict[str, float | None] = dict.fromkeys(self.queues.values())
+        #: per device: each bucket's windows waiting for its share, at the last sample.
+        self.waiting: dict[str, dict[str, int]] = {device: {} for device in self.queues}
 
     def depth(self, device: str) -> int:
         last = self._last.get(self.queues[device])
         return last[1] if last else 0
 
-    def over_bound(self, device: str) -> bool:
-        return self.depth(device) > self.bound
+    def tenant_waiting(self, device: str, tenant: str | None, lane: Lane) -> int:
+        """The tenant's windows waiting for its share of the device's queue (0 without a tenant:
+        a stream without one is a bucket of its own)."""
+        return self.waiting[device].get(bucket_for(tenant, lane, ""), 0) if tenant is not None else 0
 
-    def check(self, device: Device) -> None:
+    def over_bound(self, device: str, tenant: str | None = None, lane: Lane = "interactive") -> bool:
+        return self.depth(device) > self.bound or self.tenant_waiting(device, tenant, lane) > self.tenant_bound
+
+    def check(self, device: Device, tenant: str | None = None, lane: Lane = "interactive") -> None:
         depth = self.depth(device)
-        if depth <= self.bound:
-            return
-        wait = self.retry_after_s(self.queues[device], depth)
-        raise Problem(
-            "overloaded",
-            f"too many requests: the {device} queue holds {depth} waiting windows, over the "
-            f"bound of {self.bound}; retry after {wait} s",
-            retry_after_s=wait,
-        )
+        if depth > self.bound:
+            wait = self.retry_after_s(self.queues[device], depth - self.bound)
+            raise Problem(
+                "overloaded",
+                f"too many requests: the {device} queue holds {depth} waiting windows, over the "
+                f"bound of {self.bound}; retry after {wait} s",
+                retry_after_s=wait,
+            )
+        waiting = self.tenant_waiting(device, tenant, lane)
+        if waiting > self.tenant_bound:
+            wait = self.retry_after_s(self.queues[device], waiting - self.tenant_bound)
+            raise Problem(
+                "overloaded",
+                f"too many requests: this API key's tenant has {waiting} windows waiting for its share of "
+                f"the {device} queue, over the bound of {self.tenant_bound}; retry after {wait} s",
+                retry_after_s=wait,
+            )
 
-    def retry_after_s(self, queue: str, depth: int) -> int:
+    def retry_after_s(self, queue: str, excess: int) -> int:
+        """How long the queue's measured drain rate takes to work off ``excess`` windows."""
         rate = self.rate.get(queue)
         if not rate:
             return self.max_retry_after_s
-        return max(1, min(self.max_retry_after_s, math.ceil((depth - self.bound) / rate)))
+        return max(1, min(self.max_retry_after_s, math.ceil(excess / rate)))
 
     async def read_depths(self) -> dict[str, int]:
         """Messages waiting per device queue, both lanes: Redis lists, or RabbitMQ's counts."""
@@ -132,7 +160,23 @@ class Backlog:
             at += n
         return depths
 
+    async def read_waiting(self) -> None:
+        """Each bucket's waiting windows, from the devices' fair-share ledgers (``'<bucket> n'``)."""
+        if self.store is None:
+            return
+        pipe = self.store.pipeline(transaction=False)
+        for key in self.ledgers.values():
+            pipe.hgetall(key)
+        for device, fields in zip(self.ledgers, await pipe.execute()):
+            counts = {}
+            for name, value in fields.items():
+                bucket, _, kind = name.decode().rpartition(" ")
+                if kind == "n":
+                    counts[bucket] = int(value)
+            self.waiting[device] = counts
+
     async def sample(self) -> None:
+        await self.read_waiting()
         depths = await self.read_depths()
         now = time.monotonic()
         sent_by_queue = self.dispatcher.take_sent()
