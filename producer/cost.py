@@ -49,7 +49,7 @@ def window_costs(spec: StreamSpec, candidates: Sequence[Candidate]) -> list[int]
 
 def most_window_cost(settings: Settings) -> int:
     """The cost one worker process scores within a window's time limit, at the declared rate."""
-    return int(settings.fair_share.scoring_tokens_per_s * settings.queues.redeliver_after_s * WORK_SHARE_OF_LEASE)
+    return int(settings.fairness.scoring_tokens_per_s * settings.queues.redeliver_after_s * WORK_SHARE_OF_LEASE)
 
 
 def check_window_costs(spec: StreamSpec, costs: Sequence[int], settings: Settings) -> None:
@@ -59,7 +59,7 @@ def check_window_costs(spec: StreamSpec, costs: Sequence[int], settings: Setting
     worst = max(costs, default=0)
     if worst <= limit:
         return
-    rate = settings.fair_share.scoring_tokens_per_s
+    rate = settings.fairness.scoring_tokens_per_s
     field = "max_passages" if spec.long_documents == "passages" else "window_size"
     raise ValidationError(
         field,

@@ -77,7 +77,7 @@ class FairShare:
 
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
-        self.bounds = (settings.fair_share.tenant_queued_windows, settings.fair_share.tenant_queued_tokens)
+        self.bounds = (settings.fairness.tenant_queued_windows, settings.fairness.tenant_queued_tokens)
 
     def ledger(self, device: str) -> FairShareKeys:
         return self.store.keys.fair_share(device)

@@ -30,7 +30,7 @@ local now = tonumber(ARGV[2])
 --
 -- KEYS (the device's ledger, one hash tag): queued, inflight, waiting, deferred, turns.
 --   queued    HASH  '<bucket> w' windows and '<bucket> t' tokens sent and not done, '<bucket> n'
---                   windows waiting; 'seq' orders the waiting entries
+--                   windows and '<bucket> c' tokens waiting; 'seq' orders the waiting entries
 --   inflight  HASH  '<stream>:<window>' -> '<bucket> <cost> <expire_at>'
 --   waiting   ZSET  (score 0, by name) '<bucket> <seq> <stream>:<window> <cost> <expire_at> <lane>'
 --   deferred  HASH  '<stream>:<window>' -> its waiting entry
@@ -67,12 +67,14 @@ if string.sub(command, 1, 5) == 'fair_' then
   end
 
   local function unwait(entry)
-    local bucket, member = string.match(entry, '^(%S+) %S+ (%S+)')
+    local bucket, member, cost = string.match(entry, '^(%S+) %S+ (%S+) (%d+)')
     redis.call('ZREM', waiting_key, entry)
     redis.call('HDEL', deferred_key, member)
     if redis.call('HINCRBY', queued_key, bucket .. ' n', -1) <= 0 then
-      redis.call('HDEL', queued_key, bucket .. ' n')
+      redis.call('HDEL', queued_key, bucket .. ' n', bucket .. ' c')
       redis.call('LREM', turns_key, 0, bucket)  -- its turn ends with its last waiting window
+    else
+      redis.call('HINCRBY', queued_key, bucket .. ' c', -tonumber(cost))
     end
   end
 
@@ -136,6 +138,7 @@ if string.sub(command, 1, 5) == 'fair_' then
           local entry = string.format('%s %012d %s %d %s %s', bucket, seq, member, cost, expire_at, lane)
           redis.call('ZADD', waiting_key, 0, entry)
           redis.call('HSET', deferred_key, member, entry)
+          redis.call('HINCRBY', queued_key, bucket .. ' c', cost)
           if redis.call('HINCRBY', queued_key, bucket .. ' n', 1) == 1 then
             redis.call('RPUSH', turns_key, bucket)
           end

@@ -17,6 +17,12 @@ took, smoothed by an exponential average. "Windows sent" are the messages this p
 dispatcher sent (``CountingDispatcher``), so windows other producers (or other gateway
 processes) sent in an interval count as not drained: the estimate can only err low, and
 Retry-After long; while every gateway refuses work, nothing is being sent and it is exact.
+
+**A tenant's own backlog.** A device queue holds at most a share of each tenant
+(``producer.fair_share``); what a tenant sends past its share waits in Redis, so it fills no
+queue and the depth above stays low. A tenant with more than ``RERANKQ_TENANT_MAX_WAITING``
+windows, or ``RERANKQ_TENANT_MAX_WAITING_TOKENS`` of cost, waiting is answered 429 while the
+other tenants are served; the counts are the ledgers', read with each sample.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import math
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
@@ -77,6 +83,16 @@ class CountingDispatcher(Dispatcher):
         return sent
 
 
+class Waiting(NamedTuple):
+    """A bucket's windows waiting for its share, and what they cost."""
+
+    windows: int
+    tokens: int
+
+
+NOTHING_WAITING = Waiting(0, 0)
+
+
 class Backlog:
     """Queue depths per device (sampled), the drain rate each queue shows, and the 429 they lead to;
     and each tenant's windows waiting for its share (``producer.fair_share``), sampled too, so a
@@ -96,26 +112,38 @@ class Backlog:
         self.queues: dict[str, str] = {device: settings.queues.queue_for(device) for device in ("cpu", "gpu", "any")}
         self.ledgers = {device: Keys(settings.store.namespace).fair_share(device).queued for device in self.queues}
         self.bound = gateway.max_backlog
-        self.tenant_bound = settings.fair_share.tenant_max_waiting
+        self.tenant_bound = settings.fairness.tenant_max_waiting
+        self.tenant_bound_tokens = settings.fairness.tenant_max_waiting_tokens
         self.max_retry_after_s = gateway.max_retry_after_s
         self.sample_s = gateway.drain_sample_s
         self._last: dict[str, tuple[float, int]] = {}
         #: windows per second each queue drained; None until an interval with work was seen.
         self.rate: dict[str, float | None] = dict.fromkeys(self.queues.values())
-        #: per device: each bucket's windows waiting for its share, at the last sample.
-        self.waiting: dict[str, dict[str, int]] = {device: {} for device in self.queues}
+        #: per device: each bucket's windows waiting for its share and their cost, at the last sample.
+        self.waiting: dict[str, dict[str, Waiting]] = {device: {} for device in self.queues}
 
     def depth(self, device: str) -> int:
         last = self._last.get(self.queues[device])
         return last[1] if last else 0
 
-    def tenant_waiting(self, device: str, tenant: str | None, lane: Lane) -> int:
-        """The tenant's windows waiting for its share of the device's queue (0 without a tenant:
-        a stream without one is a bucket of its own)."""
-        return self.waiting[device].get(bucket_for(tenant, lane, ""), 0) if tenant is not None else 0
+    def tenant_waiting(self, device: str, tenant: str | None, lane: Lane) -> Waiting:
+        """The tenant's windows waiting for its share of the device's queue, and their cost (none
+        without a tenant: a stream without one is a bucket of its own)."""
+        if tenant is None:
+            return NOTHING_WAITING
+        return self.waiting[device].get(bucket_for(tenant, lane, ""), NOTHING_WAITING)
+
+    def tenant_excess(self, device: str, tenant: str | None, lane: Lane) -> tuple[Waiting, int]:
+        """The tenant's waiting windows, and how many of them are past its bounds (in windows, or
+        the part of its windows whose cost is past the bound in tokens)."""
+        waiting = self.tenant_waiting(device, tenant, lane)
+        excess = waiting.windows - self.tenant_bound
+        if waiting.tokens > self.tenant_bound_tokens:
+            excess = max(excess, math.ceil(waiting.windows * (1 - self.tenant_bound_tokens / waiting.tokens)))
+        return waiting, excess
 
     def over_bound(self, device: str, tenant: str | None = None, lane: Lane = "interactive") -> bool:
-        return self.depth(device) > self.bound or self.tenant_waiting(device, tenant, lane) > self.tenant_bound
+        return self.depth(device) > self.bound or self.tenant_excess(device, tenant, lane)[1] > 0
 
     def check(self, device: Device, tenant: str | None = None, lane: Lane = "interactive") -> None:
         depth = self.depth(device)
@@ -127,13 +155,14 @@ class Backlog:
                 f"bound of {self.bound}; retry after {wait} s",
                 retry_after_s=wait,
             )
-        waiting = self.tenant_waiting(device, tenant, lane)
-        if waiting > self.tenant_bound:
-            wait = self.retry_after_s(self.queues[device], waiting - self.tenant_bound)
+        waiting, excess = self.tenant_excess(device, tenant, lane)
+        if excess > 0:
+            wait = self.retry_after_s(self.queues[device], excess)
             raise Problem(
                 "overloaded",
-                f"too many requests: this API key's tenant has {waiting} windows waiting for its share of "
-                f"the {device} queue, over the bound of {self.tenant_bound}; retry after {wait} s",
+                f"too many requests: this API key's tenant has {waiting.windows} windows (about "
+                f"{waiting.tokens} tokens) waiting for its share of the {device} queue, over its bound of "
+                f"{self.tenant_bound} windows or {self.tenant_bound_tokens} tokens; retry after {wait} s",
                 retry_after_s=wait,
             )
 
@@ -161,19 +190,22 @@ class Backlog:
         return depths
 
     async def read_waiting(self) -> None:
-        """Each bucket's waiting windows, from the devices' fair-share ledgers (``'<bucket> n'``)."""
+        """Each bucket's waiting windows and their cost, from the devices' fair-share ledgers
+        (``'<bucket> n'`` and ``'<bucket> c'``)."""
         if self.store is None:
             return
         pipe = self.store.pipeline(transaction=False)
         for key in self.ledgers.values():
             pipe.hgetall(key)
         for device, fields in zip(self.ledgers, await pipe.execute()):
-            counts = {}
+            counts: dict[str, dict[str, int]] = {}
             for name, value in fields.items():
                 bucket, _, kind = name.decode().rpartition(" ")
-                if kind == "n":
-                    counts[bucket] = int(value)
-            self.waiting[device] = counts
+                if kind in ("n", "c"):
+                    counts.setdefault(bucket, {})[kind] = int(value)
+            self.waiting[device] = {
+                bucket: Waiting(windows=count.get("n", 0), tokens=count.get("c", 0)) for bucket, count in counts.items()
+            }
 
     async def sample(self) -> None:
         await self.read_waiting()

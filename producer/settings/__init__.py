@@ -8,35 +8,35 @@ Where a variable lives: ``RERANKQ_`` + the section's prefix + the field in capit
 (``producer.settings.variables``). The variable names are the ones users set, so a new
 setting keeps the flat name it would have had and goes in the section below that owns it:
 
-==========  ========================================================  ===============================
-section     flat names (``RERANKQ_`` + ...)                           field path
-==========  ========================================================  ===============================
-store       REDIS_URL, BROKER_URL, NAMESPACE                          ``store.redis_url``
-queues      CPU_QUEUE, GPU_QUEUE, ANY_QUEUE, MAX_ATTEMPTS,             ``queues.redeliver_after_s``
-            REDELIVER_AFTER_S, VISIBILITY_TIMEOUT_S,
-            AMQP_CONSUMER_TIMEOUT_S, QUEUED_MAX_AGE_S, SWEEP_INTERVAL_S
-streams     WINDOW_SIZE, MAX_WINDOW_SIZE, MIN_SCORE, MIN_FINAL_SCORE,  ``streams.window_size``
-            STREAM_TTL_S, MAX_CANDIDATES, MAX_QUERY_CHARS,
-            MAX_TEXT_CHARS, DOCUMENT_BUDGET, MAX_STREAM_BYTES,
-            EVENT_LOG_MAXLEN
-fair_share  TENANT_QUEUED_WINDOWS, TENANT_QUEUED_TOKENS,               ``fair_share.tenant_queued_windows``
-            SCORING_TOKENS_PER_S, TENANT_MAX_WAITING
-budget      MAX_RERANK_CANDIDATES[_LOW|_MID|_HIGH],                    ``budget.strategy_boosts``
-            MAX_CANDIDATES_PER_SOURCE, STRATEGY_BOOSTS
-worker      DEVICE, WORKER_PROCESSES, TORCH_THREADS, SOFT_SHUTDOWN_S,  ``worker.device``
-            TASK_EVENTS, LOG_LEVEL
-engine      PRECISION, TOKEN_BUDGET, COALESCE, COALESCE_DELAY_MS,      ``engine.precision``
-            COALESCE_MAX_PAIRS
-chain       FLAT_MIN_WINDOW, FLAT_RANGE, MEMBER_RESTART_S,             ``chain.flat_range``
-            PAIR_CACHE, PAIR_CACHE_SHARED_ACROSS_TENANTS, CACHE_TTL_S;
-            CALIBRATION; CHAIN_<NAME> (profiles);                      ``chain.profiles``
-            CALIBRATION_<PROFILE> (a profile's calibration file)       ``chain.calibration_profiles``
-            RERANKER_[<n>_]<FIELD> (members, ``members.py``)           ``chain.members[n].url``
-breaker     BREAKER_FAILURES, BREAKER_COOLDOWN_S                       ``breaker.failures``
-metrics     METRICS_PORT, METRICS_HOST, METRICS_DIR                    ``metrics.port``
-exporter    EXPORTER_PORT                                              ``exporter.port``
-gateway     GATEWAY_<FIELD> (``gateway.py``)                           ``gateway.max_backlog``
-==========  ========================================================  ===============================
+=========  ========================================================  ===============================
+section    flat names (``RERANKQ_`` + ...)                           field path
+=========  ========================================================  ===============================
+store      REDIS_URL, BROKER_URL, NAMESPACE                          ``store.redis_url``
+queues     CPU_QUEUE, GPU_QUEUE, ANY_QUEUE, MAX_ATTEMPTS,             ``queues.redeliver_after_s``
+           REDELIVER_AFTER_S, VISIBILITY_TIMEOUT_S,
+           AMQP_CONSUMER_TIMEOUT_S, QUEUED_MAX_AGE_S, SWEEP_INTERVAL_S
+streams    WINDOW_SIZE, MAX_WINDOW_SIZE, MIN_SCORE, MIN_FINAL_SCORE,  ``streams.window_size``
+           STREAM_TTL_S, MAX_CANDIDATES, MAX_QUERY_CHARS,
+           MAX_TEXT_CHARS, DOCUMENT_BUDGET, MAX_STREAM_BYTES,
+           EVENT_LOG_MAXLEN
+fairness   TENANT_QUEUED_WINDOWS, TENANT_QUEUED_TOKENS,               ``fairness.tenant_queued_windows``
+           SCORING_TOKENS_PER_S, TENANT_MAX_WAITING[_TOKENS]
+budget     MAX_RERANK_CANDIDATES[_LOW|_MID|_HIGH],                    ``budget.strategy_boosts``
+           MAX_CANDIDATES_PER_SOURCE, STRATEGY_BOOSTS
+worker     DEVICE, WORKER_PROCESSES, TORCH_THREADS, SOFT_SHUTDOWN_S,  ``worker.device``
+           TASK_EVENTS, LOG_LEVEL
+engine     PRECISION, TOKEN_BUDGET, COALESCE, COALESCE_DELAY_MS,      ``engine.precision``
+           COALESCE_MAX_PAIRS
+chain      FLAT_MIN_WINDOW, FLAT_RANGE, MEMBER_RESTART_S,             ``chain.flat_range``
+           PAIR_CACHE, PAIR_CACHE_SHARED_ACROSS_TENANTS, CACHE_TTL_S;
+           CALIBRATION; CHAIN_<NAME> (profiles);                      ``chain.profiles``
+           CALIBRATION_<PROFILE> (a profile's calibration file)       ``chain.calibration_profiles``
+           RERANKER_[<n>_]<FIELD> (members, ``members.py``)           ``chain.members[n].url``
+breaker    BREAKER_FAILURES, BREAKER_COOLDOWN_S                       ``breaker.failures``
+metrics    METRICS_PORT, METRICS_HOST, METRICS_DIR                    ``metrics.port``
+exporter   EXPORTER_PORT                                              ``exporter.port``
+gateway    GATEWAY_<FIELD> (``gateway.py``)                           ``gateway.max_backlog``
+=========  ========================================================  ===============================
 
 ``RERANKQ_CONFIG_FILE`` names the file; ``RERANKQ_RERANKER_0_<FIELD>`` is member 0, like the
 unindexed names. The reference, ``docs/configuration.md``, is generated from these structs:
@@ -54,7 +54,7 @@ from producer.settings.default_chain import (
 )
 from producer.settings.engine import EngineSettings
 from producer.settings.exporter import ExporterSettings
-from producer.settings.fair_share import FairShareSettings
+from producer.settings.fairness import FairnessSettings
 from producer.settings.gateway import GatewaySettings
 from producer.settings.loader import Loaded, load_settings, override, read_settings
 from producer.settings.members import MemberSettings
@@ -91,7 +91,7 @@ __all__ = [
     "ChainSettings",
     "EngineSettings",
     "ExporterSettings",
-    "FairShareSettings",
+    "FairnessSettings",
     "GatewaySettings",
     "Loaded",
     "MemberSettings",

@@ -3,7 +3,9 @@
 A tenant (a stream without one is a tenant of its own) may have this much sent to a device
 queue and not yet committed, per lane; its windows past it wait in Redis and are sent as its
 earlier ones commit (``producer.fair_share``). The sizes are the fleet's: a tenant alone uses
-at most its share, and another tenant's window waits behind at most each other tenant's share.
+at most its share, and another tenant's window waits behind at most each other tenant's share
+(and what is running). Size the windows to about the worker processes serving a queue, and
+the tokens to what they score in the wait one tenant may cost another.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from producer.settings.types import doc
 _MAX = 2**40
 
 
-class FairShareSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class FairnessSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prefix: ClassVar[str] = ""
 
     tenant_queued_windows: Annotated[
@@ -32,9 +34,10 @@ class FairShareSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         Annotated[int, msgspec.Meta(ge=1, le=_MAX)],
         doc(
             "per tenant, device queue and lane: the cost (tokens, as open estimates them) of the windows sent "
-            "and not yet committed; a tenant with nothing queued may always send one window"
+            "and not yet committed; a tenant with nothing queued may always send one window (about what the "
+            "queue's workers score in the wait one tenant may cost another)"
         ),
-    ] = 2_097_152
+    ] = 262_144
     scoring_tokens_per_s: Annotated[
         Annotated[int, msgspec.Meta(ge=1, le=_MAX)],
         doc(
@@ -44,5 +47,14 @@ class FairShareSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     ] = 10_000
     tenant_max_waiting: Annotated[
         Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)],
-        doc("the gateway: a tenant with more windows than this waiting on a device queue is answered 429"),
+        doc(
+            "the gateway: a tenant with more windows than this waiting for its share of a device queue is answered 429"
+        ),
     ] = 5000
+    tenant_max_waiting_tokens: Annotated[
+        Annotated[int, msgspec.Meta(ge=1, le=_MAX)],
+        doc(
+            "the gateway: a tenant whose windows waiting for its share of a device queue cost more than this "
+            "is answered 429"
+        ),
+    ] = 16_777_216
