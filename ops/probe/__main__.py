@@ -1,6 +1,6 @@
-"""Every hostile probe in turn: the queue's messages (Redis, then RabbitMQ where it is installed)
-and the gateway's doors. Exits with the worst exit status of the parts, so one failing door
-fails the whole run."""
+"""Every hostile probe in turn: the queue's messages (Redis, then RabbitMQ where it is installed),
+the gateway's doors, and what one tenant can make the queue do to another (``tenant_shares``).
+Exits with the worst exit status of the parts, so one failing door fails the whole run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import sys
 from types import ModuleType
 
-from ops.probe import gateway_doors, queue_messages
+from ops.probe import gateway_doors, queue_messages, tenant_shares
 
 
 def main() -> int:
@@ -19,6 +19,7 @@ def main() -> int:
     if shutil.which("rabbitmq-server") or os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
         parts.append(("queue messages on rabbitmq", ["--broker", "amqp"], queue_messages))
     parts.append(("gateway doors", [], gateway_doors))
+    parts.append(("tenant shares and passage bounds", [], tenant_shares))
     worst = 0
     for title, argv, module in parts:
         print(f"== {title}", flush=True)
