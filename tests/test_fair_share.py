@@ -201,3 +201,60 @@ def test_through_the_gateway_b_is_answered_while_a_floods_and_a_past_its_backlog
             assert http.post("/v1/streams", json={**more, "query": "b too"}, headers=auth["b"]).status_code == 201
     finally:
         gateway.stop()
+
+
+def test_a_stream_without_a_tenant_is_a_bucket_of_its_own(
+    start_worker: Callable[..., WorkerProcess], make_client: Callable[..., RerankClient]
+) -> None:
+    # A pipeline on RerankClient with no tenant: each stream has its own share, so one stream's
+    # backlog holds another stream back by at most that share.
+    start_worker(env={**SLOW, "RERANKQ_TENANT_QUEUED_WINDOWS": "2"})
+    client = make_client(tenant_queued_windows=2)
+    flood = client.open("a backlog", make_candidates(10, text="note {i}"), window_size=1, first_windows=10)
+    assert client.fair_share.deferred("cpu", [member(flood, w) for w in range(10)]) == {
+        member(flood, w) for w in range(2, 10)
+    }
+    opened = time.time()
+    other = client.open("another stream", make_candidates(2, prefix="o"), window_size=2)
+    assert client.pull(other, 0, 2, timeout=60).complete
+    other_done = max(committed_at(client, other))
+    before_other = [t for t in committed_at(client, flood) if opened < t < other_done]
+    assert len(before_other) <= 2, f"the first stream committed {len(before_other)} windows while the other waited"
+    wait_all(client, [flood])
+
+
+def test_the_gateway_answers_429_to_a_tenant_whose_waiting_windows_cost_past_its_bound(
+    base_env: dict[str, str], make_client: Callable[..., RerankClient], tmp_path: Path
+) -> None:
+    # No worker: nothing commits, so what A opens past its share waits, and its cost adds up.
+    env = {
+        **base_env,
+        "RERANKQ_TENANT_QUEUED_WINDOWS": "1",
+        "RERANKQ_TENANT_MAX_WAITING_TOKENS": "20000",
+        "RERANKQ_GATEWAY_DRAIN_SAMPLE_S": "0.1",
+    }
+    keys = write_keys(
+        tmp_path / "keys.json", [{"name": "a", "tenant": "tenant-a"}, {"name": "b", "tenant": "tenant-b"}]
+    )
+    gateway = GatewayProcess(env, tmp_path / "gateway.log", "--keys-file", str(tmp_path / "keys.json")).start()
+    auth = {name: {"Authorization": f"Bearer {key}"} for name, key in keys.items()}
+    long = "payment gateway error {i} " + "the checkout service returned 502 " * 60
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=60) as http:
+            # Ten windows of four 2,000-character documents: about 8,000 tokens each, nine waiting.
+            body = {"query": "a asks", "candidates": make_candidates(40, text=long), "window_size": 4}
+            assert http.post("/v1/streams", json={**body, "first_windows": 10}, headers=auth["a"]).status_code == 201
+            few = {"query": "one more", "candidates": make_candidates(1), "window_size": 1}
+            deadline = time.monotonic() + 10
+            # Nine windows are under RERANKQ_TENANT_MAX_WAITING (5000): the cost is what refuses.
+            while (refused := http.post("/v1/streams", json=few, headers=auth["a"])).status_code != 429:
+                assert refused.status_code == 201, refused.text
+                assert time.monotonic() < deadline, "tenant A was never refused"
+                time.sleep(0.1)
+            assert "20000 tokens" in refused.json()["error"]["message"] and refused.headers["retry-after"]
+            assert http.post("/v1/streams", json={**few, "query": "b"}, headers=auth["b"]).status_code == 201
+    finally:
+        gateway.stop()
+    client = make_client()
+    waiting = client.store.client.hget(client.store.keys.fair_share("cpu").queued, "tenant-a/interactive c")
+    assert int(waiting) > 20000
