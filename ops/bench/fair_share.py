@@ -4,24 +4,29 @@ One private Redis, one CPU worker (``--processes``, prefork, the bench cross-enc
 ``local`` member: MiniLM-L6-sized, ``ops/bench/common.py`` ``bench_model``), and the gateway
 with two API keys, tenant A and tenant B. Tenant B calls ``POST /v2/rerank`` with two
 documents, one call after another, each a new query (every call opens a stream and waits for
-its window). Its latency is measured in four phases, in this order:
+its window). Its latency is measured in phases, in rounds (``--rounds``; the host is shared,
+so each flood is compared with the idle phase right before it):
 
 1. ``idle``: nothing else runs;
-2. ``count flood``: tenant A keeps at least 80 one-candidate windows waiting, through
+2. ``count flood``: tenant A keeps at least 80 one-candidate windows uncommitted, through
    ``POST /v1/streams`` (streams of 40 windows, every window admitted at open: the issue's
-   flood), for the whole phase;
-3. ``idle again``, once A's backlog drained (the two idle phases make the baseline);
-4. ``cost flood``: tenant A opens one passages stream of 256 documents of 1,200 words
+   flood), for the whole phase; then A's backlog drains, and the next round starts;
+
+and after the rounds, an idle phase and then
+
+3. ``cost flood``: tenant A opens one passages stream of 256 documents of 1,200 words
    (``passage_tokens=16``, ``max_passages=128``: 128 passages a document, 25 documents a
    window), which keeps the worker busy for longer than the phase; the run checks it did.
 
-The worker runs with the fair share sized to it: ``RERANKQ_TENANT_QUEUED_WINDOWS`` is the
-worker's process count, ``RERANKQ_TENANT_QUEUED_TOKENS`` its default. ``--unshared`` runs the
+The worker runs with the fair share sized to it: ``RERANKQ_TENANT_QUEUED_WINDOWS`` one fewer
+than its processes (``--share``: a flooding tenant leaves a process to the others; at the
+process count, B's window waits for one of A's to end), ``RERANKQ_TENANT_QUEUED_TOKENS`` its
+default (one of the cost flood's windows fits it). ``--unshared`` runs the
 same with both at their maximum, what the queue did before fair share (B's call waits behind
 A's whole backlog: expect timeouts, counted, under the cost flood).
 
 Reported per phase: B's p50 and p95 (ms), the calls that failed, and each flood's p50 over the
-idle p50 (the goal: at most 2).
+p50 of the idle phase before it (the count flood: the median of the rounds'; the goal: at most 2).
 
     python -m ops.bench.fair_share --quick --json /tmp/fair_share.json
 """
@@ -30,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +55,8 @@ from producer.keys import Keys
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 
 NAMESPACE = "bfs"
-#: Tenant A's count flood keeps at least this many windows waiting for its share.
-FLOOD_WAITING = 80
+#: Tenant A's count flood keeps at least this many windows not committed (most of them waiting for its share).
+FLOOD_BACKLOG = 80
 FLOOD_WINDOWS = 40
 COST_DOCUMENTS = 256
 COST_WORDS = 1200
@@ -100,18 +107,21 @@ class Tenants:
 
 
 class Ledger:
-    """Tenant A's windows waiting for its share of the cpu queue, read from the ledger."""
+    """Tenant A's windows on the cpu queue, read from the fair-share ledger: waiting for its share,
+    and sent and not committed (with the shares at their maximum, every window is sent)."""
 
     def __init__(self, redis_url: str) -> None:
         self.client = redis.Redis.from_url(redis_url)
         self.queued = Keys(NAMESPACE).fair_share("cpu").queued
-        self.field = bucket_for("tenant-a", "interactive", "") + " n"
-
-    def a_waiting(self) -> int:
-        return int(self.client.hget(self.queued, self.field) or 0)
+        self.bucket = bucket_for("tenant-a", "interactive", "")
 
     def a_in_flight(self) -> int:
-        return int(self.client.hget(self.queued, bucket_for("tenant-a", "interactive", "") + " w") or 0)
+        return int(self.client.hget(self.queued, f"{self.bucket} w") or 0)
+
+    def a_backlog(self) -> int:
+        """A's windows not committed: waiting, and sent."""
+        waiting, sent = self.client.hmget(self.queued, f"{self.bucket} n", f"{self.bucket} w")
+        return int(waiting or 0) + int(sent or 0)
 
 
 def b_phase(tenants: Tenants, name: str, calls: int, during: Any = None) -> dict[str, Any]:
@@ -130,7 +140,7 @@ def b_phase(tenants: Tenants, name: str, calls: int, during: Any = None) -> dict
 
 
 class CountFlood:
-    """Tenant A's streams of one-candidate windows, opened whenever fewer than FLOOD_WAITING wait."""
+    """Tenant A's streams of one-candidate windows, opened whenever fewer than FLOOD_BACKLOG are not committed."""
 
     def __init__(self, tenants: Tenants, ledger: Ledger) -> None:
         self.tenants, self.ledger = tenants, ledger
@@ -142,7 +152,7 @@ class CountFlood:
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                if self.ledger.a_waiting() < FLOOD_WAITING:
+                if self.ledger.a_backlog() < FLOOD_BACKLOG:
                     n = self.opened
                     self.tenants.a_open(
                         {
@@ -161,7 +171,7 @@ class CountFlood:
     def __enter__(self) -> CountFlood:
         self.thread.start()
         deadline = time.monotonic() + 60
-        while self.ledger.a_waiting() < FLOOD_WAITING // 2:
+        while self.ledger.a_backlog() < FLOOD_BACKLOG // 2:
             if self.error is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"tenant A's flood did not build up: {self.error!r}")
             time.sleep(0.05)
@@ -176,21 +186,48 @@ class CountFlood:
 
 def wait_drained(ledger: Ledger, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while ledger.a_waiting() or ledger.a_in_flight():
+    while ledger.a_backlog() or ledger.a_in_flight():
         if time.monotonic() > deadline:
             raise RuntimeError("tenant A's backlog did not drain")
         time.sleep(0.2)
 
 
+def warm(tenants: Tenants, processes: int) -> None:
+    """Calls in parallel, so every process loads the model before anything is measured."""
+    with ThreadPoolExecutor(processes) as pool:
+        list(pool.map(tenants.b_rerank, [f"warm {i}" for i in range(4 * processes)]))
+
+
+def open_cost_flood(tenants: Tenants) -> str:
+    return tenants.a_open(
+        {
+            "query": "a cost flood: why did checkout fail",
+            "candidates": [{"id": f"c{i}", "text": long_text(i, COST_WORDS)} for i in range(COST_DOCUMENTS)],
+            "long_documents": "passages",
+            "passage_tokens": 16,
+            "max_passages": 128,
+            "first_windows": -(-COST_DOCUMENTS // 25),
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="15 calls a phase (else 60)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 calls a phase (else 4 of 20)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of idle, then count flood")
     parser.add_argument("--calls", type=int, default=None, help="tenant B's calls per phase")
     parser.add_argument("--processes", type=int, default=2, help="the worker's pool processes")
+    parser.add_argument(
+        "--share",
+        type=int,
+        default=None,
+        help="RERANKQ_TENANT_QUEUED_WINDOWS (default: one process fewer than --processes)",
+    )
     parser.add_argument("--unshared", action="store_true", help="the shares at their maximum: no fair share")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
-    calls = args.calls or (15 if args.quick else 60)
+    rounds = args.rounds or (2 if args.quick else 4)
+    calls = args.calls or (10 if args.quick else 20)
 
     keys = {"a": new_key(), "b": new_key()}
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-fair-share-"))
@@ -198,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         "[" + ",".join(f'{{"key_sha256": "{digest(k)}", "tenant": "tenant-{n}"}}' for n, k in keys.items()) + "]"
     )
     redis_server = EmbeddedRedis(directory=str(logs)).start()
-    shares = UNSHARED if args.unshared else {"RERANKQ_TENANT_QUEUED_WINDOWS": str(args.processes)}
+    share = args.share or max(1, args.processes - 1)
+    shares = UNSHARED if args.unshared else {"RERANKQ_TENANT_QUEUED_WINDOWS": str(share)}
     env = worker_env(
         redis_server.url,
         NAMESPACE,
@@ -214,33 +252,26 @@ def main(argv: list[str] | None = None) -> None:
     port = free_port()
     gateway = None
     tenants = None
-    phases: dict[str, dict[str, Any]] = {}
+    idle: list[dict[str, Any]] = []
+    count: list[dict[str, Any]] = []
+    cost: dict[str, Any] = {}
     cost_stream_unfinished = None
     try:
         worker.start(timeout_s=300)
         gateway = start_gateway(env, port, logs / "gateway.log", 1, auth=())
         tenants = Tenants(f"http://127.0.0.1:{port}", keys)
         ledger = Ledger(redis_server.url)
-        for i in range(5):  # warm: the model in both processes, connections, scripts
-            tenants.b_rerank(f"warm {i}")
-        print(f"tenant B: {calls} calls a phase; logs in {logs}", flush=True)
-        phases["idle"] = b_phase(tenants, "idle", calls)
-        with CountFlood(tenants, ledger) as flood:
-            phases["count flood"] = b_phase(tenants, "count flood", calls, during=ledger.a_waiting)
-        print(f"  (tenant A opened {flood.opened} streams of {FLOOD_WINDOWS} windows)", flush=True)
-        wait_drained(ledger, timeout_s=600)
-        phases["idle again"] = b_phase(tenants, "idle again", calls)
-        cost_stream = tenants.a_open(
-            {
-                "query": "a cost flood: why did checkout fail",
-                "candidates": [{"id": f"c{i}", "text": long_text(i, COST_WORDS)} for i in range(COST_DOCUMENTS)],
-                "long_documents": "passages",
-                "passage_tokens": 16,
-                "max_passages": 128,
-                "first_windows": -(-COST_DOCUMENTS // 25),
-            }
-        )
-        phases["cost flood"] = b_phase(tenants, "cost flood", calls, during=ledger.a_in_flight)
+        warm(tenants, args.processes)
+        print(f"tenant B: {rounds} rounds, {calls} calls a phase; logs in {logs}", flush=True)
+        for r in range(rounds):
+            idle.append(b_phase(tenants, f"idle {r}", calls))
+            with CountFlood(tenants, ledger) as flood:
+                count.append(b_phase(tenants, f"count flood {r}", calls, during=ledger.a_backlog))
+            print(f"  (tenant A opened {flood.opened} streams of {FLOOD_WINDOWS} windows)", flush=True)
+            wait_drained(ledger, timeout_s=600)
+        idle.append(b_phase(tenants, "idle before the cost flood", calls))
+        cost_stream = open_cost_flood(tenants)
+        cost = b_phase(tenants, "cost flood", calls, during=ledger.a_in_flight)
         windows = tenants.http["a"].get(f"/v1/streams/{cost_stream}").json()["windows"]
         cost_stream_unfinished = any(w["state"] != "committed" for w in windows)
     finally:
@@ -253,39 +284,67 @@ def main(argv: list[str] | None = None) -> None:
         worker.kill()
         redis_server.stop()
 
-    idle = phases["idle"]["latencies_ms"] + phases["idle again"]["latencies_ms"]
-    idle_p50 = p50(idle)
+    def ratio(flood: dict[str, Any], before: dict[str, Any]) -> float:
+        if not flood["latencies_ms"] or not before["latencies_ms"]:
+            return float("inf")
+        return p50(flood["latencies_ms"]) / p50(before["latencies_ms"])
+
+    idle_all = [ms for phase in idle for ms in phase["latencies_ms"]]
+    count_all = [ms for phase in count for ms in phase["latencies_ms"]]
+    count_ratios = [ratio(flood, before) for flood, before in zip(count, idle)]
+    cost_ratio = ratio(cost, idle[-1])
     figures: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
+        "rounds": rounds,
         "calls_per_phase": calls,
         "processes": args.processes,
+        "share_windows": None if args.unshared else share,
         "unshared": args.unshared,
-        "idle_ms_p50": idle_p50,
-        "idle_ms_p95": percentile(idle, 0.95),
+        "idle_ms_p50": p50(idle_all),
+        "idle_ms_p95": percentile(idle_all, 0.95),
+        "count_flood_ms_p50": p50(count_all) if count_all else None,
+        "count_flood_ms_p95": percentile(count_all, 0.95) if count_all else None,
+        "count_flood_failed": sum(phase["failed"] for phase in count),
+        "count_flood_ratio_per_round": count_ratios,
+        "count_flood_ratio_median": statistics.median(count_ratios),
+        "count_flood_a_backlog_min": min(min(phase["flood_seen"]) for phase in count),
+        "cost_flood_ms_p50": p50(cost["latencies_ms"]) if cost["latencies_ms"] else None,
+        "cost_flood_ms_p95": percentile(cost["latencies_ms"], 0.95) if cost["latencies_ms"] else None,
+        "cost_flood_failed": cost["failed"],
+        "cost_flood_ratio": cost_ratio,
+        "cost_flood_a_in_flight_min": min(cost["flood_seen"]),
         "cost_flood_outlasted_the_phase": cost_stream_unfinished,
     }
-    rows = [["idle (both phases)", len(idle), idle_p50, percentile(idle, 0.95), 0, ""]]
-    for name in ("count flood", "cost flood"):
-        phase = phases[name]
-        latencies = phase["latencies_ms"]
-        key = name.replace(" ", "_")
-        ratio = p50(latencies) / idle_p50 if latencies else float("inf")
-        figures[f"{key}_ms_p50"] = p50(latencies) if latencies else None
-        figures[f"{key}_ms_p95"] = percentile(latencies, 0.95) if latencies else None
-        figures[f"{key}_failed"] = phase["failed"]
-        figures[f"{key}_ratio_p50"] = ratio
-        figures[f"{key}_a_backlog_min"] = min(phase["flood_seen"]) if phase["flood_seen"] else None
-        p95 = percentile(latencies, 0.95) if latencies else float("nan")
-        rows.append([name, len(latencies), figures[f"{key}_ms_p50"] or float("nan"), p95, phase["failed"], ratio])
+
+    def row(name: str, latencies: list[float], failed: int, against: str) -> list[Any]:
+        if not latencies:
+            return [name, 0, float("nan"), float("nan"), failed, against]
+        return [name, len(latencies), p50(latencies), percentile(latencies, 0.95), failed, against]
+
     print_table(
         f"fair share: tenant B's POST /v2/rerank (2 documents) under tenant A's flood, {args.processes}-process "
-        f"worker, {'no fair share' if args.unshared else 'fair share sized to the worker'}",
-        ["phase", "answered", "p50 ms", "p95 ms", "failed", "p50 / idle"],
-        rows,
+        f"worker, {'no fair share' if args.unshared else f'a share of {share} windows'}",
+        ["phase", "answered", "p50 ms", "p95 ms", "failed", "p50 / idle p50"],
+        [
+            row("idle (every idle phase)", idle_all, 0, ""),
+            row(
+                "count flood",
+                count_all,
+                figures["count_flood_failed"],
+                f"{figures['count_flood_ratio_median']:.2f} (median of rounds: "
+                + ", ".join(f"{r:.2f}" for r in count_ratios)
+                + ")",
+            ),
+            row(
+                "cost flood", cost["latencies_ms"], cost["failed"], f"{cost_ratio:.2f} (against the idle phase before)"
+            ),
+        ],
     )
     print(
-        f"\ntenant A's backlog while B called: at least {figures['count_flood_a_backlog_min']} windows waiting "
-        f"(count flood); cost flood stream still running at the end: {cost_stream_unfinished}"
+        f"\ntenant A while B called: at least {figures['count_flood_a_backlog_min']} windows not committed "
+        "(count flood), "
+        f"at least {figures['cost_flood_a_in_flight_min']} window in flight (cost flood); the cost flood's stream "
+        f"still running at the end: {cost_stream_unfinished}"
     )
     write_json(args.json_path, figures)
 

@@ -4,8 +4,9 @@ A tenant (a stream without one is a tenant of its own) may have this much sent t
 queue and not yet committed, per lane; its windows past it wait in Redis and are sent as its
 earlier ones commit (``producer.fair_share``). The sizes are the fleet's: a tenant alone uses
 at most its share, and another tenant's window waits behind at most each other tenant's share
-(and what is running). Size the windows to about the worker processes serving a queue, and
-the tokens to what they score in the wait one tenant may cost another.
+(and what is running). Size the windows to the worker processes serving a queue (one fewer
+leaves a process free for other tenants), and the tokens to what they score in the wait one
+tenant may cost another.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class FairnessSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
         Annotated[int, msgspec.Meta(ge=1, le=1_000_000)],
         doc(
             "per tenant, device queue and lane: windows sent and not yet committed; the rest wait in Redis, in "
-            "order (about the number of worker processes that serve the queue)"
+            "order (at most the worker processes that serve the queue; one fewer leaves a process to the other "
+            "tenants while one floods)"
         ),
     ] = 16
     tenant_queued_tokens: Annotated[
