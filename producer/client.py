@@ -17,15 +17,17 @@ from kombu.exceptions import OperationalError
 
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
 from producer.consumers import ConsumerCheck, no_worker_warning
+from producer.cost import check_window_costs, window_costs
 from producer.dispatch import Dispatcher
 from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
+from producer.fair_share import LEDGER_ERRORS, FairShare, bucket_for
 from producer.logs import get_logger
 from producer.options import DEFAULT_MAX_PASSAGES, DEFAULT_PASSAGE_TOP_K, takes_stream_options
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
 from producer.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
 from producer.settings import Settings, load_settings
-from producer.store import Snapshot, Store, connect
+from producer.store import Admitted, Snapshot, Store, connect
 from producer.validation import (
     check_candidates,
     check_options,
@@ -150,6 +152,12 @@ def store_errors(
         raise
 
 
+class Opened(msgspec.Struct, frozen=True):
+    stream_id: str
+    #: This call wrote the stream; False for a retried open of the same job.
+    created: bool
+
+
 class RerankClient:
     """A producer: light (no torch), safe to share across threads of one process."""
 
@@ -163,6 +171,7 @@ class RerankClient:
             event_log_maxlen=settings.streams.event_log_maxlen,
         )
         self.dispatcher = dispatcher or Dispatcher(settings)
+        self.fair_share = FairShare(self.store, settings)
         self._consumers = ConsumerCheck(self.store.client, self.store.keys)
         # Streams this client just created, as their open left them (nothing committed, the
         # event log empty): the usual open-then-pull skips a read that could only find that.
@@ -207,6 +216,13 @@ class RerankClient:
 
         Options:
         """
+        return self.open_stream(query, candidates, options).stream_id
+
+    def open_stream(
+        self, query: str, candidates: Iterable[Candidate | Mapping[str, Any]], options: Mapping[str, Any]
+    ) -> Opened:
+        """``open``, saying also whether this call wrote the stream (a retried open of the same job
+        writes nothing): what the gateway needs to tell a fresh answer from a retained one."""
         chosen = check_options(options)
         check_query(query)
         first_windows = chosen.first_windows or 1
@@ -261,8 +277,12 @@ class RerankClient:
             ),
             settings,
         )
+        costs = window_costs(spec, items)
+        check_window_costs(spec, costs, settings)
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)
+        bucket = bucket_for(spec.tenant, lane, stream_id)
         with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.store.redis_url):
+            opened_at_ms = int(time.time() * 1000)
             created, admitted = self.store.open(
                 stream_id,
                 spec,
@@ -271,6 +291,8 @@ class RerankClient:
                 enqueue_grace_s=self.settings.queues.redeliver_after_s,
                 fingerprint=fingerprint,
                 lane=lane,
+                bucket=bucket,
+                costs=costs,
             )
         if created:
             self._remember_fresh(
@@ -287,7 +309,13 @@ class RerankClient:
             )
         # From here the stream exists: a message that cannot be sent is the sweep's to send,
         # not the caller's to retry (a retry without an idempotency key would pay twice).
-        self._send(stream_id, admitted, spec.device, lane)
+        admission = Admitted(
+            windows=admitted,
+            costs=[costs[w] for w in admitted],
+            bucket=bucket,
+            expire_at_ms=opened_at_ms + spec.ttl_s * 1000,
+        )
+        self._send(stream_id, self._within_share(stream_id, admission, spec.device, lane), spec.device, lane)
         unserved = self.unserved_warning(spec.device) if admitted else None
         if unserved is not None:
             log.warning(
@@ -307,7 +335,7 @@ class RerankClient:
             budget_dropped_per_source=budgeted.dropped_per_source,
             budget_dropped_global=budgeted.dropped_global,
         )
-        return stream_id
+        return Opened(stream_id=stream_id, created=created)
 
     def unserved_warning(self, device: str) -> str | None:
         """What to tell a caller when no live worker consumes ``device``'s queue (the windows would
@@ -335,7 +363,32 @@ class RerankClient:
             return None
         return found[1]
 
+    def _within_share(self, stream_id: str, admission: Admitted, device: str, lane: Lane) -> list[int]:
+        """The admitted windows that fit their bucket's share, to send now; the ledger holds the
+        others and releases them as the bucket's earlier windows commit (``producer.fair_share``).
+        A ledger that cannot be reached lets every window go: late is worse than unshared."""
+        if not admission.windows or not admission.bucket:  # a stream opened before buckets: unshared
+            return admission.windows
+        try:
+            now = self.fair_share.enter(
+                stream_id,
+                device=device,
+                bucket=admission.bucket,
+                lane=lane,
+                expire_at_ms=admission.expire_at_ms,
+                windows=admission.windows,
+                costs=admission.costs,
+            )
+        except LEDGER_ERRORS as exc:
+            log.warning("fair_share_unavailable", stream=stream_id, error=type(exc).__name__, sent=admission.windows)
+            return admission.windows
+        if len(now) < len(admission.windows):
+            log.info("windows_waiting_for_share", stream=stream_id, waiting=len(admission.windows) - len(now))
+        return now
+
     def _send(self, stream_id: str, windows: list[int], device: str, lane: Lane) -> None:
+        if not windows:
+            return
         try:
             self.dispatcher.send(stream_id, windows, device, lane)
         except SEND_ERRORS as exc:
@@ -379,12 +432,13 @@ class RerankClient:
                 if target < 0:
                     return page
                 if target > snapshot.admitted:
-                    admitted = self.store.admit(
+                    admission = self.store.admit(
                         stream_id, target, enqueue_grace_s=self.settings.queues.redeliver_after_s
                     )
-                    if admitted:
-                        self._send(stream_id, admitted, snapshot.device, snapshot.lane)
-                        log.info("windows_admitted", stream=stream_id, windows=admitted)
+                    if admission.windows:
+                        now = self._within_share(stream_id, admission, snapshot.device, snapshot.lane)
+                        self._send(stream_id, now, snapshot.device, snapshot.lane)
+                        log.info("windows_admitted", stream=stream_id, windows=admission.windows, sent=now)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if snapshot is fresh:

@@ -80,6 +80,22 @@ class StreamKeys:
 
 
 @dataclass(frozen=True)
+class FairShareKeys:
+    """One device queue's fair-share ledger (``producer.fair_share``): one hash tag, so each
+    script call on it stays on one Cluster slot."""
+
+    queued: str
+    inflight: str
+    waiting: str
+    deferred: str
+    turns: str
+
+    def all(self) -> list[str]:
+        """In the order ``store.lua``'s fair-share commands expect them."""
+        return [self.queued, self.inflight, self.waiting, self.deferred, self.turns]
+
+
+@dataclass(frozen=True)
 class Keys:
     namespace: str
 
@@ -116,6 +132,18 @@ class Keys:
         """ZSET of one shard's admitted, uncommitted windows of one device (``<stream>:<window>``
         scored by the stream's expiry), so the backlog per device is counted without a scan."""
         return f"{self.namespace}:uncommitted:{{{tag}}}:{device}"
+
+    def fair_share(self, device: str) -> FairShareKeys:
+        """The ledger of what each tenant (or tenant-less stream) has queued on ``device``'s queue
+        and the windows it holds back."""
+        base = f"{self.namespace}:fair:{{{device}}}"
+        return FairShareKeys(
+            queued=f"{base}:queued",
+            inflight=f"{base}:inflight",
+            waiting=f"{base}:waiting",
+            deferred=f"{base}:deferred",
+            turns=f"{base}:turns",
+        )
 
     def counters_for(self, stream_id: str | None) -> str:
         """The counters a stream's events go to; any shard's for events of no stream (spread, not hot)."""

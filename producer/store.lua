@@ -25,6 +25,154 @@ local embeddings_key = KEYS[10]
 local command = ARGV[1]
 local now = tonumber(ARGV[2])
 
+-- == Fair share: each device queue's ledger of what each bucket (a tenant and lane, or a
+-- stream without a tenant) has queued, and the windows it holds back. ==
+--
+-- KEYS (the device's ledger, one hash tag): queued, inflight, waiting, deferred, turns.
+--   queued    HASH  '<bucket> w' windows and '<bucket> t' tokens sent and not done, '<bucket> n'
+--                   windows and '<bucket> c' tokens waiting; 'seq' orders the waiting entries
+--   inflight  HASH  '<stream>:<window>' -> '<bucket> <cost> <expire_at>'
+--   waiting   ZSET  (score 0, by name) '<bucket> <seq> <stream>:<window> <cost> <expire_at> <lane>'
+--   deferred  HASH  '<stream>:<window>' -> its waiting entry
+--   turns     LIST  the buckets with windows waiting, in the order they are served
+-- ARGV[3], ARGV[4]: a bucket's bound in windows and in tokens. A bucket with nothing in flight
+-- may always send one window, whatever it costs, so every bucket makes progress. Bucket names
+-- and members never hold a space (tokens, stream ids), so ' ' separates fields.
+if string.sub(command, 1, 5) == 'fair_' then
+  local queued_key, inflight_key, waiting_key, deferred_key, turns_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+  local max_windows, max_tokens = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+  local function fits(bucket, cost)
+    local held = redis.call('HMGET', queued_key, bucket .. ' w', bucket .. ' t')
+    local windows, tokens = tonumber(held[1]) or 0, tonumber(held[2]) or 0
+    return windows == 0 or (windows < max_windows and tokens + cost <= max_tokens)
+  end
+
+  local function take(bucket, member, cost, expire_at)
+    redis.call('HINCRBY', queued_key, bucket .. ' w', 1)
+    redis.call('HINCRBY', queued_key, bucket .. ' t', cost)
+    redis.call('HSET', inflight_key, member, bucket .. ' ' .. cost .. ' ' .. expire_at)
+  end
+
+  local function give_back(member)
+    local entry = redis.call('HGET', inflight_key, member)
+    if not entry then return end
+    local bucket, cost = string.match(entry, '^(%S+) (%d+)')
+    redis.call('HDEL', inflight_key, member)
+    if redis.call('HINCRBY', queued_key, bucket .. ' w', -1) <= 0 then
+      redis.call('HDEL', queued_key, bucket .. ' w', bucket .. ' t')
+    else
+      redis.call('HINCRBY', queued_key, bucket .. ' t', -tonumber(cost))
+    end
+  end
+
+  local function unwait(entry)
+    local bucket, member, cost = string.match(entry, '^(%S+) %S+ (%S+) (%d+)')
+    redis.call('ZREM', waiting_key, entry)
+    redis.call('HDEL', deferred_key, member)
+    if redis.call('HINCRBY', queued_key, bucket .. ' n', -1) <= 0 then
+      redis.call('HDEL', queued_key, bucket .. ' n', bucket .. ' c')
+      redis.call('LREM', turns_key, 0, bucket)  -- its turn ends with its last waiting window
+    else
+      redis.call('HINCRBY', queued_key, bucket .. ' c', -tonumber(cost))
+    end
+  end
+
+  local function oldest(bucket)
+    local found = redis.call('ZRANGEBYLEX', waiting_key, '[' .. bucket .. ' ', '(' .. bucket .. '!', 'LIMIT', 0, 1)
+    return found[1]
+  end
+
+  -- One window per bucket per turn, round robin over the buckets that have any waiting, for
+  -- as long as a whole round releases something (at most 64 windows a call). A waiting entry
+  -- of a stream that expired is dropped on the way.
+  local function release()
+    local released = {}
+    local steps = 0
+    while #released < 64 and steps < 512 do
+      local round = redis.call('LLEN', turns_key)
+      if round == 0 then break end
+      local before = #released
+      for _ = 1, round do
+        steps = steps + 1
+        local bucket = redis.call('LPOP', turns_key)
+        if not bucket then break end
+        local entry = oldest(bucket)
+        while entry do
+          local expire_at = tonumber(string.match(entry, '^%S+ %S+ %S+ %d+ (%d+)'))
+          if expire_at > now then break end
+          unwait(entry)
+          entry = oldest(bucket)
+        end
+        if entry then
+          local member, cost, expire_at, lane = string.match(entry, '^%S+ %S+ (%S+) (%d+) (%d+) (%S+)$')
+          if fits(bucket, tonumber(cost)) then
+            unwait(entry)
+            take(bucket, member, tonumber(cost), expire_at)
+            table.insert(released, member)
+            table.insert(released, lane)
+          end
+          if oldest(bucket) then redis.call('RPUSH', turns_key, bucket) end
+        end
+        if #released >= 64 then break end
+      end
+      if #released == before then break end
+    end
+    return released
+  end
+
+  if command == 'fair_enter' then
+    -- Windows a producer admitted. ARGV: bounds, bucket, stream id, expire_at, lane, then
+    -- (window, cost) pairs. Returns the windows to send now; the rest wait, in order, behind
+    -- the bucket's earlier ones. A window entered before is left as it is (not sent again).
+    local bucket, stream, expire_at, lane = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+    local send = {}
+    for i = 9, #ARGV - 1, 2 do
+      local member, cost = stream .. ':' .. ARGV[i], tonumber(ARGV[i + 1])
+      if redis.call('HEXISTS', inflight_key, member) == 0 and redis.call('HEXISTS', deferred_key, member) == 0 then
+        if not redis.call('HGET', queued_key, bucket .. ' n') and fits(bucket, cost) then
+          take(bucket, member, cost, expire_at)
+          table.insert(send, ARGV[i])
+        else
+          local seq = redis.call('HINCRBY', queued_key, 'seq', 1)
+          local entry = string.format('%s %012d %s %d %s %s', bucket, seq, member, cost, expire_at, lane)
+          redis.call('ZADD', waiting_key, 0, entry)
+          redis.call('HSET', deferred_key, member, entry)
+          redis.call('HINCRBY', queued_key, bucket .. ' c', cost)
+          if redis.call('HINCRBY', queued_key, bucket .. ' n', 1) == 1 then
+            redis.call('RPUSH', turns_key, bucket)
+          end
+        end
+      end
+    end
+    return send
+
+  elseif command == 'fair_done' then
+    -- Windows done with (committed, or found committed or gone): their share comes back, and
+    -- whatever now fits is released. ARGV: bounds, member... Returns {member, lane, ...}, the
+    -- windows the caller now sends.
+    for i = 5, #ARGV do
+      give_back(ARGV[i])
+      local entry = redis.call('HGET', deferred_key, ARGV[i])
+      if entry then unwait(entry) end  -- it ran while it waited (a re-send): it waits no more
+    end
+    return release()
+
+  elseif command == 'fair_release' then
+    -- The sweep's backstop: release whatever fits. ARGV: bounds. Returns as fair_done.
+    return release()
+
+  elseif command == 'fair_deferred' then
+    -- Which of these members are waiting. ARGV: bounds (unused), member... Returns 1 or 0 each.
+    local out = {}
+    for i = 5, #ARGV do
+      table.insert(out, redis.call('HEXISTS', deferred_key, ARGV[i]))
+    end
+    return out
+  end
+  return redis.error_reply('unknown command ' .. tostring(command))
+end
+
 local function expire_own(expire_at)
   for i = 1, 7 do
     redis.call('PEXPIREAT', KEYS[i], expire_at)
@@ -112,9 +260,11 @@ end
 
 if command == 'open' then
   -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
-  -- lane, candidate... Returns {1, admitted windows...}; {0} for a retried open of the same job
-  -- and {-1} for another job under the same key, both without writing anything. The device and
-  -- lane are kept in meta: every later send of a window (a deeper pull, the sweep) goes there.
+  -- lane, fair-share bucket, window costs (comma-separated, one per window), candidate...
+  -- Returns {1, admitted windows...}; {0} for a retried open of the same job
+  -- and {-1} for another job under the same key, both without writing anything. The device,
+  -- lane, bucket and costs are kept in meta: every later send of a window (a deeper pull, the
+  -- sweep) goes there, and a deeper admit answers each window's cost.
   local fingerprint, expire_at = ARGV[4], tonumber(ARGV[5])
   if redis.call('EXISTS', meta_key) == 1 then
     if redis.call('HGET', meta_key, 'fingerprint') ~= fingerprint then
@@ -122,7 +272,7 @@ if command == 'open' then
     end
     return {0}
   end
-  local first_candidate = 12
+  local first_candidate = 14
   local n = #ARGV - first_candidate + 1
   redis.call('SET', spec_key, ARGV[6])
   for i = first_candidate, #ARGV, 500 do
@@ -130,7 +280,18 @@ if command == 'open' then
   end
   redis.call('HSET', meta_key, 'n', n, 'window_size', ARGV[7], 'admitted', 0, 'committed', 0,
     'fingerprint', fingerprint, 'created_at', now, 'expire_at', expire_at, 'device', ARGV[10],
-    'lane', ARGV[11])
+    'lane', ARGV[11], 'bucket', ARGV[12])
+  local costs, w = {}, 0
+  for cost in string.gmatch(ARGV[13], '%d+') do
+    table.insert(costs, 'cost:' .. w)
+    table.insert(costs, cost)
+    w = w + 1
+    if #costs >= 1000 then
+      redis.call('HSET', meta_key, unpack(costs))
+      costs = {}
+    end
+  end
+  if #costs > 0 then redis.call('HSET', meta_key, unpack(costs)) end
   local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]))
   expire_own(expire_at)
   redis.call('ZADD', active_key, expire_at, stream_id)
@@ -139,11 +300,17 @@ if command == 'open' then
   return new
 
 elseif command == 'admit' then
-  -- ARGV: target window count, deadline
+  -- ARGV: target window count, deadline. Returns {1, bucket, expire_at, window, cost, ...}
+  -- (the cost 0 where open kept none).
   if redis.call('EXISTS', meta_key) == 0 then return {-3} end
   local new = admit(tonumber(ARGV[3]), tonumber(ARGV[4]))
-  table.insert(new, 1, 1)
-  return new
+  local info = redis.call('HMGET', meta_key, 'bucket', 'expire_at')
+  local reply = {1, info[1] or '', tonumber(info[2]) or 0}
+  for _, w in ipairs(new) do
+    table.insert(reply, w)
+    table.insert(reply, tonumber(redis.call('HGET', meta_key, 'cost:' .. w)) or 0)
+  end
+  return reply
 
 elseif command == 'begin' then
   -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id, takeover

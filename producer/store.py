@@ -13,7 +13,7 @@ import redis.cluster
 from redis.typing import EncodableT
 
 from producer.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
-from producer.keys import Keys, StreamKeys
+from producer.keys import FairShareKeys, Keys, StreamKeys
 from producer.redis_clients import BLOCK_CHUNK_S as BLOCK_CHUNK_S
 from producer.redis_clients import MIN_REDIS_VERSION as MIN_REDIS_VERSION
 from producer.redis_clients import server_version as server_version
@@ -77,6 +77,16 @@ class DueWindows(msgspec.Struct):
     held: int = 0
 
 
+class Admitted(msgspec.Struct):
+    """Windows a deeper admit took in, each one's cost, and the stream's fair-share bucket
+    (empty for a stream opened before buckets were kept) and expiry."""
+
+    windows: list[int]
+    costs: list[int]
+    bucket: str
+    expire_at_ms: int
+
+
 class Begun(msgspec.Struct):
     """A delivery's start on a window: the attempt number, when the window was admitted
     (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data."""
@@ -101,6 +111,17 @@ class Store:
     def _run(self, stream: StreamKeys, command: str, *args: Any, client: Any = None) -> Any:
         return self._script(keys=stream.all(), args=[command, _now_ms(), *args], client=client)
 
+    def run_ledger(self, ledger: FairShareKeys, command: str, *args: Any) -> Any:
+        """One of ``store.lua``'s fair-share commands on a device's ledger (``producer.fair_share``)."""
+        return self._script(keys=ledger.all(), args=[command, _now_ms(), *args])
+
+    def queue_ledger(self, pipe: Any, ledger: FairShareKeys, command: str, *args: Any) -> None:
+        """``run_ledger`` queued on a pipeline as a bare EVALSHA (a registered script would cost
+        the pipeline a SCRIPT EXISTS round trip); a Redis that lost the script answers
+        NoScriptError, and the caller runs it again with ``run_ledger``."""
+        keys = ledger.all()
+        pipe.evalsha(self._script.sha, len(keys), *keys, command, _now_ms(), *args)
+
     # -- producer side -----------------------------------------------------
 
     def open(
@@ -113,8 +134,11 @@ class Store:
         enqueue_grace_s: float,
         fingerprint: str,
         lane: Lane = "interactive",
+        bucket: str = "",
+        costs: Sequence[int] = (),
     ) -> tuple[bool, list[int]]:
-        """Write a stream, index it and admit its first windows, in one script call.
+        """Write a stream, index it and admit its first windows, in one script call. ``bucket``
+        (its fair-share bucket) and ``costs`` (each window's) are kept for its later admits.
 
         Returns ``(created, admitted windows)``; a retried open with the same idempotency
         key and payload returns ``(False, [])`` and writes nothing.
@@ -135,17 +159,26 @@ class Store:
             deadline,
             spec.device,
             lane,
+            bucket,
+            ",".join(str(int(c)) for c in costs),
             *blobs,
         )
         if reply[0] == -1:
             raise IdempotencyConflict(stream_id.removeprefix("k_"))
         return reply[0] == 1, [int(w) for w in reply[1:]]
 
-    def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> list[int]:
+    def admit(self, stream_id: str, target_windows: int, *, enqueue_grace_s: float) -> Admitted:
+        """Admit windows up to ``target_windows``; returns the new ones with what fair share needs."""
         reply = self._run(self.keys.stream(stream_id), "admit", target_windows, _now_ms() + int(enqueue_grace_s * 1000))
         if reply and reply[0] == GONE:
             raise StreamNotFound(stream_id)
-        return [int(w) for w in reply[1:]]
+        pairs = reply[3:]
+        return Admitted(
+            windows=[int(w) for w in pairs[0::2]],
+            costs=[int(c) for c in pairs[1::2]],
+            bucket=reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1]),
+            expire_at_ms=int(reply[2]),
+        )
 
     def hurry(self, stream_id: str, windows: list[int]) -> None:
         """Make admitted windows due now: their message could not be sent, so the sweep sends it."""
@@ -292,13 +325,15 @@ class Store:
         outcome: str,
         embeddings: WindowEmbeddings | None = None,
         side_writes: Sequence[Any] = (),
+        after: Sequence[Any] = (),
     ) -> int:
         """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
         its ``embeddings``, when given, are written in the same script call, or not at all.
 
         ``side_writes`` (the worker's: cache entries, counters) go in the same round trip, ahead
         of the commit, each a command of its own: each is given ``queue(pipeline)`` to queue one
-        command and ``settle(reply)`` with what it answered.
+        command and ``settle(reply)`` with what it answered. ``after`` (giving the window's fair
+        share back) goes the same way, behind the commit.
 
         Returns 1 when written, 0 when already committed, or a negative code.
         """
@@ -313,24 +348,29 @@ class Store:
             encode(embeddings) if embeddings is not None else b"",
             len(result.failovers),
         ]
-        if not side_writes:
-            return int(self._script(keys=stream.all(), args=args))
-        if self._cluster:
+        if self._cluster or not (side_writes or after):
             # A cluster pipeline refuses scripts, and the side writes' keys live on other
-            # slots than the stream's: each goes on its own, ahead of the commit.
+            # slots than the stream's: each goes on its own, around the commit.
             for side_write in side_writes:
                 side_write.run_now()
-            return int(self._script(keys=stream.all(), args=args))
+            written = int(self._script(keys=stream.all(), args=args))
+            for side_write in after:
+                side_write.run_now()
+            return written
         keys = stream.all()
         pipe = self.client.pipeline(transaction=False)
         for side_write in side_writes:
             side_write.queue(pipe)
         # EVALSHA itself: a registered script would cost the pipeline a SCRIPT EXISTS round trip.
         pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        for side_write in after:
+            side_write.queue(pipe)
         replies = pipe.execute(raise_on_error=False)
         for side_write, reply in zip(side_writes, replies):
             side_write.settle(reply)
-        reply = replies[-1]
+        reply = replies[len(side_writes)]
+        for side_write, later in zip(after, replies[len(side_writes) + 1 :]):
+            side_write.settle(later)
         if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis: the call loads it
             return int(self._script(keys=keys, args=args))
         if isinstance(reply, Exception):

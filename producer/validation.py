@@ -22,9 +22,9 @@ from producer.options import (
     MAX_TTL_S,
     MIN_PASSAGE_TOKENS,
     OPTION_NAMES,
-    REMOTE_PASSAGE_TOKENS,
     StreamOptions,
 )
+from producer.passage_budget import text_tokens, window_tokens
 from producer.settings import Settings
 from producer.wire import Candidate, StreamSpec, TimeRange, encode
 
@@ -344,19 +344,19 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
 
 def check_passages(spec: StreamSpec, settings: Settings) -> None:
     """A passages stream's cost is bounded at open: passages per document, and the tokens a
-    window can send (window_size x max_passages x passage_tokens), so no window can ask a
-    worker for more than the deployment allows."""
+    window can send, each passage's header included (``producer.passage_budget``), so no window
+    can ask a worker or a member for more than the deployment allows."""
     if spec.passage_tokens is not None and spec.passage_tokens < MIN_PASSAGE_TOKENS:
         raise ValidationError("passage_tokens", f"must be at least {MIN_PASSAGE_TOKENS}, got {spec.passage_tokens}")
     if spec.passage_stride is not None:
         if spec.passage_stride < 1:
             raise ValidationError("passage_stride", f"must be at least 1, got {spec.passage_stride}")
         # A stride past the passage length would leave text between passages that no pair reads.
-        if spec.passage_stride > (spec.passage_tokens or REMOTE_PASSAGE_TOKENS):
+        if spec.passage_stride > text_tokens(spec):
             raise ValidationError(
                 "passage_stride",
                 f"{spec.passage_stride} is longer than passage_tokens "
-                f"({spec.passage_tokens or REMOTE_PASSAGE_TOKENS}): text "
+                f"({text_tokens(spec)}): text "
                 "between passages would never be read",
             )
     if not 1 <= spec.max_passages <= MAX_PASSAGES:
@@ -365,13 +365,13 @@ def check_passages(spec: StreamSpec, settings: Settings) -> None:
         raise ValidationError("passage_top_k", f"must be between 1 and {MAX_PASSAGES}, got {spec.passage_top_k}")
     if spec.long_documents != "passages":
         return
-    tokens = spec.passage_tokens or REMOTE_PASSAGE_TOKENS
-    window_tokens = spec.window_size * spec.max_passages * tokens
-    if window_tokens > settings.streams.max_window_passage_tokens:
+    tokens = text_tokens(spec)
+    window = window_tokens(spec)
+    if window > settings.streams.max_window_passage_tokens:
         raise ValidationError(
             "max_passages",
             f"window_size {spec.window_size} x max_passages {spec.max_passages} "
-            f"x passage_tokens {tokens} is {window_tokens} tokens a window, over "
+            f"x (passage_tokens {tokens} + a header of up to {tokens}) is {window} tokens a window, over "
             "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS "
             f"({settings.streams.max_window_passage_tokens})"
             "; lower one of them",

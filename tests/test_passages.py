@@ -75,7 +75,9 @@ def test_passages_cut_on_token_boundaries_keep_whole_characters_and_index_the_te
         assert p.text == head + UNICODE[p.start : p.end]
         assert is_boundary(UNICODE, p.start) and is_boundary(UNICODE, p.end)
         inside = [t for t in tokens if p.start <= t[0] and t[1] <= p.end]
-        assert 16 <= len(inside) <= 17 or p is passages[-1]
+        assert 14 <= len(inside) <= 16 or p is passages[-1]
+        # Counted as sent: the header and the span, under twice passage_tokens.
+        assert p.tokens == len(cutter.offsets(p.text)) <= 32
         assert p.start == min(t[0] for t in inside) and p.end == max(t[1] for t in inside)
         covered |= {i for i, t in enumerate(tokens) if p.start <= t[0] and t[1] <= p.end}
     assert covered == set(range(len(tokens)))  # every token is read by some passage
@@ -86,9 +88,10 @@ def test_passages_cut_on_token_boundaries_keep_whole_characters_and_index_the_te
     )
 
 
-def test_a_cut_inside_a_grapheme_is_widened_to_the_whole_character():
+def test_a_cut_inside_a_grapheme_moves_to_the_character_edge_within_the_passage_tokens():
     # A byte-level tokenizer splits a ZWJ family or a flag pair into several tokens; a passage
-    # boundary falling between them moves out to the character's edges.
+    # boundary falling between them moves to the character's edge, never past the passage's
+    # tokens, and the next passage starts where this one stopped reading.
     text = "ab 👩\u200d👩\u200d👧 🇯🇵🇫🇷 cd"
     family = text.index("👩")
     offsets = [
@@ -101,12 +104,21 @@ def test_a_cut_inside_a_grapheme_is_widened_to_the_whole_character():
         (text.index("🇫"), text.index("🇫") + 2),
         (len(text) - 2, len(text)),
     ]
-    spans = cut(text, offsets, tokens=2, stride=2, max_passages=10)
-    for start, end in spans:
-        assert is_boundary(text, start) and is_boundary(text, end)
-    assert spans[0] == (0, family + 5)  # the whole family, though the second token ends mid-way
+
+    def read(span: tuple[int, int]) -> list[int]:
+        return [i for i, (a, b) in enumerate(offsets) if a < span[1] and b > span[0]]
+
+    spans = cut(text, offsets, tokens=3, stride=3, max_passages=10)
+    for span in spans:
+        assert is_boundary(text, span[0]) and is_boundary(text, span[1])
+        assert len(read(span)) <= 3
+    assert spans[0] == (0, family)  # "ab ", not the first two tokens of the family
     assert text[spans[1][0] : spans[1][1]] == "👩\u200d👩\u200d👧"
     assert "🇯🇵" in text[spans[2][0] : spans[2][1]]
+    assert sorted({i for span in spans for i in read(span)}) == list(range(len(offsets)))
+    # A character longer than a whole passage is the one cut inside it.
+    for span in cut(text, offsets, tokens=2, stride=2, max_passages=10):
+        assert len(read(span)) <= 2
 
 
 def test_a_short_document_is_one_passage_and_max_passages_keeps_the_first():
@@ -315,3 +327,62 @@ def test_a_top_n_remote_member_scores_passages_and_omits_documents_with_none_kep
     # A document none of whose passages the member kept is omitted (kept, not paged).
     window = client.status(stream).windows[0]
     assert (window.ranked, window.omitted) == (len(holding), 4 - len(holding))
+
+
+def test_a_passage_sends_its_header_clipped_and_the_member_receives_what_the_bound_says(
+    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], server: Callable[..., Any]
+) -> None:
+    # The worker's own ceiling is lower than the producer's: what a window really sends is
+    # counted where it is sent, and a window over the worker's ceiling reaches no member.
+    tei = server("tei")
+    start_worker(
+        env={
+            "RERANKQ_RERANKER_PROVIDER": "tei",
+            "RERANKQ_RERANKER_URL": tei.url,
+            "RERANKQ_RERANKER_BATCH_SIZE": "4096",
+            "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS": "45000",
+        },
+        drop=("RERANKQ_RERANKER_BACKEND",),
+    )
+    client = make_client()
+    # The request: ten documents whose context is 60,000 characters, cut into 16-token
+    # passages a token apart, up to 128 of them: the header used to ride whole in every one.
+    context = " ".join(FILLER) * 650
+    assert len(context) > 60_000
+    items = [{"id": f"d{i}", "text": long_text(10, offset=i), "context": context[:60_000]} for i in range(10)]
+    options = dict(long_documents="passages", passage_tokens=16, passage_stride=1, max_passages=128)
+    page = client.pull(client.open(QUERY, items, **options), 0, 10, timeout=60)
+    assert page.complete and all(r.kind == "ranked" for r in page.rows), page
+
+    sent = [d for seen in tei.requests for d in seen.body["texts"]]
+    assert len(sent) == 10 * 128
+    counted = minilm().offsets  # the tokenizer a chain of remote members is cut with
+    # Each passage: its text (16 tokens) and a header clipped to as many, half the budget at most.
+    assert max(len(counted(d)) for d in sent) <= 2 * 16
+    assert max(len(d) for d in sent) < 2048 // 2 + 200
+    assert all(d.startswith(context[:20]) and "\u2026 " in d for d in sent)
+    # The window: what the bound at open says, window_size x max_passages x 2 x passage_tokens.
+    assert sum(len(counted(d)) for d in sent) <= 25 * 128 * 2 * 16
+    # The bytes on the wire, as the member's server read them: it was one request of 77 MB.
+    assert sum(int(seen.headers["content-length"]) for seen in tei.requests) < 1_000_000
+
+    # Twice the passage length: under the producer's ceiling, over the worker's.
+    before = tei.count
+    stream = client.open(QUERY, items, **{**options, "passage_tokens": 32})
+    page = client.pull(stream, 0, 10, timeout=60)
+    assert page.complete and {r.kind for r in page.rows} == {"failed"}
+    assert "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS (45000)" in (page.rows[0].decision.reason or "")
+    assert tei.count == before
+
+
+def test_a_stream_whose_passages_and_headers_would_pass_the_ceiling_is_refused_with_nothing_written(
+    make_client: Callable[..., RerankClient], raw_redis: Any, namespace: str
+) -> None:
+    client = make_client()
+    items = [{"id": f"c{i}", "text": "payment gateway outage", "context": "Runbooks"} for i in range(64)]
+    # 64 x 32 x 512 tokens of text is the default ceiling exactly; the headers are counted too.
+    with pytest.raises(ValidationError) as err:
+        client.open(QUERY, items, window_size=64, long_documents="passages")
+    assert err.value.field == "max_passages" and "header" in str(err.value)
+    assert not list(raw_redis.scan_iter(match=f"{namespace}:*"))
+    assert client.open(QUERY, items, window_size=32, long_documents="passages")

@@ -14,6 +14,7 @@ import structlog
 from producer.settings import MemberSettings, Settings
 from producer.store import Store, connect
 from worker.chain import Chain
+from worker.fair_release import ShareReturn
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import Provider
 from worker.scoring.calibration import Calibrations
@@ -43,8 +44,14 @@ class Runtime:
         self.chain = Chain.from_settings(
             settings, wrap=self._wrap_member, on_failover=self._count_failover, redis_client=self.store.client
         )
+        self.share_return = ShareReturn(settings, self.store)
         self.scorer = WindowScorer(
-            settings, self.store, self.chain, recorder, calibrations=Calibrations.from_settings(settings)
+            settings,
+            self.store,
+            self.chain,
+            recorder,
+            calibrations=Calibrations.from_settings(settings),
+            share_return=self.share_return,
         )
 
     def _wrap_member(self, index: int, member: MemberSettings, provider: Provider) -> Provider:
@@ -143,6 +150,7 @@ class Runtime:
 
     def close(self) -> None:
         self.chain.close()
+        self.share_return.close()
         self.store.client.close()
 
 

@@ -37,6 +37,8 @@ from kombu.exceptions import OperationalError
 from producer.amqp_broker import AmqpQueueProbe
 from producer.broker_queues import QueueProbe
 from producer.dispatch import Dispatcher
+from producer.fair_share import FairShare, member, send_released
+from producer.keys import DEVICES
 from producer.redis_clients import broker_client, is_redis_broker
 from producer.settings import Settings
 from producer.store import DueWindows, Store, connect
@@ -75,10 +77,12 @@ def sweep_once(
         return 0
     listed = probe.queued_windows(settings.queues.all_queues()) if probe is not None else None
     queued = listed or set()
+    held_back = _held_back(FairShare(store, settings), due)
     sent = 0
     waiting = sum(claimed.held for claimed in due.values())
     for stream_id, claimed in due.items():
-        lost = [w for w in claimed.windows if (stream_id, w) not in queued]
+        # A window waiting for its tenant's share is the ledger's to send, when it fits.
+        lost = [w for w in claimed.windows if (stream_id, w) not in queued and member(stream_id, w) not in held_back]
         waiting += len(claimed.windows) - len(lost)
         if not lost:
             continue
@@ -103,7 +107,50 @@ def sweep_once(
         log.warning("windows_redelivered", stream=stream_id, windows=lost)
     if waiting:
         log.info("sweep_left_queued", windows=waiting)
+    if held_back:
+        log.info("sweep_left_waiting_for_share", windows=len(held_back))
     return sent
+
+
+def _held_back(fair_share: FairShare, due: dict[str, DueWindows]) -> set[str]:
+    """The claimed windows that wait in a device's fair-share ledger."""
+    by_device: dict[str, list[str]] = {}
+    for stream_id, claimed in due.items():
+        by_device.setdefault(claimed.device, []).extend(member(stream_id, w) for w in claimed.windows)
+    found: set[str] = set()
+    for device, members in by_device.items():
+        found |= fair_share.deferred(device, members)
+    return found
+
+
+def repair_shares(store: Store, dispatcher: Dispatcher, settings: Settings) -> int:
+    """The fair-share ledgers' backstop: give back every share whose window is done (committed,
+    or its stream gone) though nobody said so (a worker killed between its commit and the
+    ledger, a Redis that lost the last second), then release and send whatever fits. Returns
+    how many windows it released."""
+    fair_share = FairShare(store, settings)
+    released_total = 0
+    for device in DEVICES:
+        try:
+            stale = fair_share.stale(device)
+            released = fair_share.done(device, stale) if stale else []
+            released += fair_share.release(device)
+        except SEND_ERRORS as exc:
+            log.warning("fair_share_repair_failed", device=device, error=type(exc).__name__)
+            continue
+        if stale:
+            log.warning("fair_share_given_back", device=device, windows=stale)
+        if not released:
+            continue
+        try:
+            send_released(dispatcher, device, released)
+        except SEND_ERRORS as exc:
+            # Released, so pending like any window: overdue, the sweep sends it.
+            log.warning("released_windows_not_sent", device=device, error=type(exc).__name__)
+            continue
+        released_total += len(released)
+        log.info("windows_released", device=device, windows=[member(r.stream_id, r.window) for r in released])
+    return released_total
 
 
 def broker_probe(settings: Settings) -> QueueProbe | None:
@@ -151,6 +198,7 @@ class SweepTimer:
                         sent = sweep_once(store, dispatcher, probe, self.settings, self.recorder)
                         if sent:
                             log.warning("sweep_resent", windows=sent)
+                        repair_shares(store, dispatcher, self.settings)
                 except SEND_ERRORS as exc:
                     # Redis down, restarting or full: the next interval tries again.
                     log.warning("sweep_failed", error=type(exc).__name__)

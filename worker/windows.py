@@ -11,6 +11,8 @@ import redis
 import structlog
 
 from producer import store as codes
+from producer.cost import WORK_SHARE_OF_LEASE
+from producer.fair_share import Released
 from producer.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
 from producer.settings import Settings
 from producer.store import Begun, Store
@@ -26,6 +28,7 @@ from producer.wire import (
     spec_decoder,
 )
 from worker.chain import Chain, ChainOutcome
+from worker.fair_release import ShareReturn
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.calibration import Calibrations
@@ -101,12 +104,14 @@ class WindowScorer:
         chain: Chain,
         recorder: Recorder = NO_METRICS,
         calibrations: Calibrations | None = None,
+        share_return: ShareReturn | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.chain = chain
         self.recorder = recorder
         self.calibrations = calibrations
+        self.share_return = share_return
 
     def _through_full_redis(self, call: Callable[[], T], *, until: float, bound: Any) -> T:
         """``call()``, retried while Redis is at maxmemory, or failing over (a cluster slot without a
@@ -150,7 +155,7 @@ class WindowScorer:
         began_at = time.time()  # the queue's part of a window's latency ends here
         bound = log.bind(stream=stream_id, window=window)
         # The lease is this attempt's whole budget, waits for a full Redis included.
-        until = time.monotonic() + self.settings.queues.redeliver_after_s * 0.9
+        until = time.monotonic() + self.settings.queues.redeliver_after_s * WORK_SHARE_OF_LEASE
         begun = self._through_full_redis(
             lambda: self.store.begin(
                 stream_id,
@@ -229,6 +234,18 @@ class WindowScorer:
             if spec.long_documents == "passages"
             else None
         )
+        ceiling = self.settings.streams.max_window_passage_tokens
+        if passages is not None and passages.tokens > ceiling:
+            # open holds a stream under the ceiling; a stream opened under another one (an older
+            # producer, other settings) is refused here, before any member is sent a token.
+            reason = (
+                f"the window's passages would send {passages.tokens} tokens, over "
+                f"RERANKQ_MAX_WINDOW_PASSAGE_TOKENS ({ceiling})"
+            )
+            bound.error("window_over_passage_ceiling", tokens=passages.tokens, ceiling=ceiling)
+            return self._commit_failed(
+                stream_id, window, begun, reason, outcome="failed", attempts=begun.attempt, until=until, bound=bound
+            )
         request = ScoreRequest(
             query=spec.query,
             documents=passages.texts if passages else [documents[i] for i in scorable],
@@ -287,6 +304,7 @@ class WindowScorer:
             bound=bound,
             embeddings=embeddings,
             side_writes=side_writes,
+            device=spec.device,
         )
         if written == 1:
             bound.info(
@@ -361,7 +379,15 @@ class WindowScorer:
             decisions=decisions,
             reason=reason,
         )
-        self._commit(stream_id, result, outcome=outcome, begun=begun, until=until, bound=bound)
+        self._commit(
+            stream_id,
+            result,
+            outcome=outcome,
+            begun=begun,
+            until=until,
+            bound=bound,
+            device=spec.device if spec is not None else None,
+        )
         return "failed"
 
     def _commit(
@@ -375,22 +401,37 @@ class WindowScorer:
         bound: Any,
         embeddings: WindowEmbeddings | None = None,
         side_writes: list[SideWrite] | None = None,
+        device: str | None = None,
     ) -> int:
         """Commit once (waiting out a full Redis) and tell the metrics, counted as the script counts.
 
         The held ``side_writes`` ride on the first try only: a retry (Redis full) is the commit alone.
+        Behind the commit, in its round trip, the window's share of ``device``'s queue is given
+        back, and the windows that released are sent (``worker.fair_release``); a share a retry
+        leaves counted is the sweep's to give back.
         """
         start = time.perf_counter()
         riding = list(side_writes or ())
         if side_writes:
             side_writes.clear()
+        released: list[Released] = []
+        behind = (
+            [self.share_return.after_commit(device, stream_id, result.window, released)]
+            if self.share_return is not None and device is not None
+            else []
+        )
 
         def attempt() -> int:
-            nonlocal riding
+            nonlocal riding, behind
             ride, riding = riding, []
-            return self.store.commit(stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride)
+            then, behind = behind, []
+            return self.store.commit(
+                stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride, after=then
+            )
 
         written = self._through_full_redis(attempt, until=until, bound=bound)
+        if self.share_return is not None and device is not None:
+            self.share_return.send(device, released, bound)
         self.recorder.window_committed(
             member=result.served_by,
             outcome=outcome,

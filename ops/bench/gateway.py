@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from ops.bench.common import ROOT, p50, percentile, print_table, rerankq_worker, worker_env, write_json
@@ -37,14 +38,17 @@ def documents(tag: str) -> list[str]:
     return [f"{tag} incident note {i}: the gateway returned 502 after a certificate expired" for i in range(WINDOW)]
 
 
-def start_gateway(env: dict[str, str], port: int, log_path: Path, workers: int) -> subprocess.Popen[bytes]:
+def start_gateway(
+    env: dict[str, str], port: int, log_path: Path, workers: int, auth: Sequence[str] = ("--insecure-no-auth",)
+) -> subprocess.Popen[bytes]:
+    """The gateway, ready; ``auth``: its arguments for keys (none: the keys file in ``env``)."""
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "producer.gateway",
-                "--insecure-no-auth",
+                *auth,
                 "--port",
                 str(port),
                 "--workers",

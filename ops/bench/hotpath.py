@@ -177,6 +177,8 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     # Producer.
     clock.wrap(client, "open", "producer: open")
     clock.wrap(client.store, "open", "store.open (script)")
+    if hasattr(client, "fair_share"):  # the older producer had no fair-share ledger
+        clock.wrap(client.fair_share, "enter", "fair share: enter (script)")
     clock.wrap(client, "_send", "send (Celery publish)")
     client_module.log = TimedLogger(client_module.log, clock, "log line")
     clock.wrap(client, "pull", "reader: pull (page)")

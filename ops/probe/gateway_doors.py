@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -77,20 +78,27 @@ def check(condition: bool, why: str) -> None:
 
 
 class SlowMember:
-    """A TEI-shaped rerank server on loopback: a fixed score per text, MEMBER_DELAY_S a call."""
+    """A TEI-shaped rerank server on loopback: a fixed score per text, MEMBER_DELAY_S a call and
+    ``per_text_s`` a text more; it counts its requests and keeps the largest it was sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_text_s: float = 0.0) -> None:
         self.requests = 0
+        #: The largest request body (bytes, as received) and the longest text in any request.
+        self.largest_body = 0
+        self.longest_text = 0
         self._lock = threading.Lock()
         member = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = json.loads(raw or b"{}")
+                texts = body.get("texts") or []
                 with member._lock:
                     member.requests += 1
-                time.sleep(MEMBER_DELAY_S)
-                texts = body.get("texts") or []
+                    member.largest_body = max(member.largest_body, len(raw))
+                    member.longest_text = max([member.longest_text, *(len(t) for t in texts)])
+                time.sleep(MEMBER_DELAY_S + per_text_s * len(texts))
                 answer = sorted(
                     ({"index": i, "score": 0.05 + 0.9 * (sum(t.encode()) % 1000) / 1000} for i, t in enumerate(texts)),
                     key=lambda r: -r["score"],
@@ -127,11 +135,12 @@ class SlowMember:
 
 
 class Deployment:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str] | None = None, member_per_text_s: float = 0.0) -> None:
+        """``env``: settings of this deployment's own, over the probe's."""
         self.tmp = tmp
         (tmp / "redis").mkdir()
         self.redis = EmbeddedRedis(directory=str(tmp / "redis")).start()
-        self.member = SlowMember().start()
+        self.member = SlowMember(member_per_text_s).start()
         namespace = "probe" + uuid.uuid4().hex[:6]
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
         self.env.update(
@@ -146,6 +155,7 @@ class Deployment:
                 "RERANKQ_RERANKER_URL": self.member.url,
                 "RERANKQ_RERANKER_TIMEOUT_S": "5",
                 "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+                **(env or {}),
             }
         )
         self.keys = {"a": new_key(), "b": new_key()}
@@ -464,9 +474,10 @@ def probes(quiet_s: float) -> list[tuple[str, Callable[[Deployment], None]]]:
 
 
 @contextlib.contextmanager
-def deployment(keep: bool) -> Iterator[Deployment]:
+def deployment(keep: bool, **options: Any) -> Iterator[Deployment]:
+    """A started deployment (``options``: ``Deployment``'s), stopped and removed on the way out."""
     tmp = Path(tempfile.mkdtemp(prefix="rerankq-probe-"))
-    d = Deployment(tmp)
+    d = Deployment(tmp, **options)
     try:
         yield d.start()
     finally:
@@ -477,31 +488,21 @@ def deployment(keep: bool) -> Iterator[Deployment]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ops.probe.gateway_doors",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--quiet-s",
-        type=float,
-        default=16.0,
-        help="how long the quiet event stream is watched (past the 15 s Redis socket timeout)",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the deployment's logs")
-    parser.add_argument("--only", action="append", help="run only this probe (repeatable)")
-    args = parser.parse_args(argv)
+def run_probes(
+    chosen: list[tuple[str, Callable[[Deployment], None]]], only: list[str] | None, *, keep: bool, **options: Any
+) -> int:
+    """Each probe in turn against one deployment, a line each, then the gateway's log read for
+    errors; returns the exit status (0, 1 on any failure, 2 when the deployment did not start)."""
     failed = 0
     try:
-        context = deployment(args.keep)
+        context = deployment(keep, **options)
         d = context.__enter__()
     except Exception as exc:  # noqa: BLE001 - any failure to start is reported, not raised
         print(f"probe deployment: FAIL {type(exc).__name__}: {str(exc)[:300]}")
         return 2
     try:
-        for name, probe in probes(args.quiet_s):
-            if args.only and name not in args.only:
+        for name, probe in chosen:
+            if only and name not in only:
                 continue
             try:
                 probe(d)
@@ -522,6 +523,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         context.__exit__(None, None, None)
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ops.probe.gateway_doors",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=16.0,
+        help="how long the quiet event stream is watched (past the 15 s Redis socket timeout)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the deployment's logs")
+    parser.add_argument("--only", action="append", help="run only this probe (repeatable)")
+    args = parser.parse_args(argv)
+    return run_probes(probes(args.quiet_s), args.only, keep=args.keep)
 
 
 if __name__ == "__main__":

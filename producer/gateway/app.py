@@ -114,7 +114,7 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
                 if settings.store.broker == settings.store.redis_url
                 else async_redis(settings.store.broker, config)
             )
-        backlog = Backlog(broker_redis, dispatcher, settings, config)
+        backlog = Backlog(broker_redis, dispatcher, settings, config, store=store_redis)
         app.state.gateway = Gateway(
             settings,
             config,

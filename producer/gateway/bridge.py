@@ -188,7 +188,8 @@ class QueueBridge:
             key = job.idempotency_key(generation)
             stream_id = "k_" + key
             created, found = False, None
-            if self.backlog.over_bound(job.device):
+            tenant = job.options.tenant
+            if self.backlog.over_bound(job.device, tenant):
                 # Under backpressure only what is already there is answered: nothing is sent.
                 try:
                     found = await self.snapshot(stream_id)
@@ -197,7 +198,7 @@ class QueueBridge:
                 if found is not None and len(found.results) >= found.n_windows and failure(found) is not None:
                     found = None
                 if found is None:
-                    self.backlog.check(job.device)  # 429, unless the backlog fell under the bound meanwhile
+                    self.backlog.check(job.device, tenant)  # 429, unless the backlog fell under the bound meanwhile
             if found is None:
                 try:
                     created = await self.blocking(self._open, job, key)
@@ -223,10 +224,8 @@ class QueueBridge:
         )
 
     def _open(self, job: RerankJob, key: str) -> bool:
-        """Open the job's stream (in a pool thread); True when this call created it and sent its windows."""
-        self.dispatcher.take_thread_sent()
-        self.client.open(job.query, job.candidates(), **job.open_options(key))
-        return self.dispatcher.take_thread_sent() > 0
+        """Open the job's stream (in a pool thread); True when this call created it."""
+        return self.client.open_stream(job.query, job.candidates(), job.open_options(key)).created
 
     # -- the stream API -------------------------------------------------------
 
@@ -234,7 +233,7 @@ class QueueBridge:
         self, principal: Principal, query: str, candidates: list[dict[str, Any]], options: dict[str, Any]
     ) -> str:
         device = options["device"]
-        self.backlog.check(device)
+        self.backlog.check(device, options.get("tenant"), options.get("lane") or "interactive")
         stream_id = await self.blocking(self.client.open, query, candidates, **options)
         log.info("gateway_stream_opened", stream=stream_id, tenant=principal.tenant, device=device)
         return stream_id

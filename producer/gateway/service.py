@@ -12,6 +12,7 @@ import redis
 from starlette.requests import Request
 from starlette.responses import Response
 
+from producer.cost import window_size_within
 from producer.errors import StoreError, StreamNotFound, ValidationError
 from producer.gateway.auth import KeyRing, Principal
 from producer.gateway.bridge import QueueBridge, store_problem
@@ -19,9 +20,10 @@ from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
 from producer.gateway.problems import Problem
 from producer.logs import get_logger
-from producer.options import REMOTE_PASSAGE_TOKENS, StreamOptions
+from producer.options import DEFAULT_MAX_PASSAGES, StreamOptions
+from producer.passage_budget import fitting_window_size
 from producer.settings import Settings
-from producer.wire import Device
+from producer.wire import Candidate, Device, StreamSpec
 
 log = get_logger("rerankq.gateway")
 
@@ -113,14 +115,23 @@ class Gateway:
     ) -> RerankJob:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
         fields, the API key and the gateway's settings say. With ``max_passages`` the documents
-        are split into passages, and windows are made small enough for the per-window ceiling."""
+        are split into passages, and windows are made small enough for the per-window ceiling;
+        any window small enough to be scored within the task's time limit (``producer.cost``)."""
         budget = self.settings.streams.document_budget
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
         window_size = min(len(texts), self.settings.streams.max_window_size)
         if max_passages is not None:
-            fits = self.settings.streams.max_window_passage_tokens // (max_passages * REMOTE_PASSAGE_TOKENS)
+            fits = fitting_window_size(self.settings.streams.max_window_passage_tokens, max_passages)
             window_size = max(1, min(window_size, fits))
+        sized = StreamSpec(
+            query=query,
+            window_size=window_size,
+            document_budget=budget,
+            long_documents="passages" if max_passages is not None else "excerpt",
+            max_passages=max_passages or DEFAULT_MAX_PASSAGES,
+        )
+        window_size = window_size_within(self.settings, sized, [Candidate(id="", text=text) for text in texts])
         options = StreamOptions(
             device=device,
             chain=principal.chain,

@@ -19,6 +19,8 @@ streams    WINDOW_SIZE, MAX_WINDOW_SIZE, MIN_SCORE, MIN_FINAL_SCORE,  ``streams.
            STREAM_TTL_S, MAX_CANDIDATES, MAX_QUERY_CHARS,
            MAX_TEXT_CHARS, DOCUMENT_BUDGET, MAX_STREAM_BYTES,
            EVENT_LOG_MAXLEN
+fairness   TENANT_QUEUED_WINDOWS, TENANT_QUEUED_TOKENS,               ``fairness.tenant_queued_windows``
+           SCORING_TOKENS_PER_S, TENANT_MAX_WAITING[_TOKENS]
 budget     MAX_RERANK_CANDIDATES[_LOW|_MID|_HIGH],                    ``budget.strategy_boosts``
            MAX_CANDIDATES_PER_SOURCE, STRATEGY_BOOSTS
 worker     DEVICE, WORKER_PROCESSES, TORCH_THREADS, SOFT_SHUTDOWN_S,  ``worker.device``
@@ -52,6 +54,7 @@ from producer.settings.default_chain import (
 )
 from producer.settings.engine import EngineSettings
 from producer.settings.exporter import ExporterSettings
+from producer.settings.fairness import FairnessSettings
 from producer.settings.gateway import GatewaySettings
 from producer.settings.loader import Loaded, load_settings, override, read_settings
 from producer.settings.members import MemberSettings
@@ -88,6 +91,7 @@ __all__ = [
     "ChainSettings",
     "EngineSettings",
     "ExporterSettings",
+    "FairnessSettings",
     "GatewaySettings",
     "Loaded",
     "MemberSettings",

@@ -11,6 +11,7 @@ from producer.settings.budget import BudgetSettings
 from producer.settings.chain import ChainSettings
 from producer.settings.engine import EngineSettings
 from producer.settings.exporter import ExporterSettings
+from producer.settings.fairness import FairnessSettings
 from producer.settings.gateway import GatewaySettings
 from producer.settings.metrics import MetricsSettings
 from producer.settings.queues import QueueSettings
@@ -25,6 +26,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     queues: QueueSettings = msgspec.field(default_factory=QueueSettings)
     streams: StreamSettings = msgspec.field(default_factory=StreamSettings)
+    fairness: FairnessSettings = msgspec.field(default_factory=FairnessSettings)
     budget: BudgetSettings = msgspec.field(default_factory=BudgetSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)

@@ -236,10 +236,10 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
             # Off unless asked for: a batch run's embedding cache (on with it) is worth measuring too.
             env.setdefault("RERANKQ_PAIR_CACHE", "false")
             env.setdefault("RERANKQ_MAX_WINDOW_SIZE", str(max(256, max_depth)))
-            # One window holds a query's whole depth, every passage of it too.
+            # One window holds a query's whole depth, every passage of it too, each with its header.
             env.setdefault(
                 "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS",
-                str(max(1_048_576, max_depth * DEFAULT_MAX_PASSAGES * REMOTE_PASSAGE_TOKENS)),
+                str(max(1_048_576, max_depth * DEFAULT_MAX_PASSAGES * 2 * REMOTE_PASSAGE_TOKENS)),
             )
             for index in members:
                 env[f"RERANKQ_CHAIN_{profile_name(index).upper()}"] = str(index)

@@ -16,6 +16,7 @@ character a word of its own.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import importlib
 import re
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from producer.options import MIN_PASSAGE_TOKENS, REMOTE_PASSAGE_TOKENS
+from producer.passage_budget import header_chars, passage_tokens, text_tokens
 from producer.settings import PACKAGED_EMBEDDING_MODULE
 from producer.wire import Candidate, PassageAggregate, PassageSpan, StreamSpec
 from worker.providers.base import Scale
-from worker.scoring.documents import _back_to_boundary, _forward_to_boundary, has_text, header
+from worker.scoring.documents import ELLIPSIS, _back_to_boundary, has_text, header
 
 #: A text's tokens as (start, end) code-point offsets into it, in order.
 Offsets = Callable[[str], list[tuple[int, int]]]
@@ -53,6 +55,8 @@ class Passage:
     end: int
     #: What is scored: the document's header and ``text[start:end]``.
     text: str
+    #: Tokens of ``text``, as the cutter's tokenizer reads it.
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,33 +178,87 @@ def chain_cutter(members: Sequence[Any] | None) -> Cutter:
 def cut(
     text: str, offsets: list[tuple[int, int]], *, tokens: int, stride: int, max_passages: int
 ) -> list[tuple[int, int]]:
-    """Spans of ``text``, each of ``tokens`` tokens, ``stride`` tokens apart, the first
-    ``max_passages``. A text that fits in one passage is one span: the whole text."""
+    """Spans of ``text``, each of at most ``tokens`` tokens, ``stride`` tokens apart, the first
+    ``max_passages``. A text that fits in one passage is one span: the whole text.
+
+    A span keeps whole characters: where a cut would split one (a ZWJ emoji, a flag pair, an
+    accent several tokens long), its start moves back to the character's start and its end
+    back to the character's start before it, so the span never holds more than ``tokens``
+    tokens; the next span starts no later than the first token this one left out, so every
+    token is read. Only a character longer than a whole passage is cut inside.
+    """
     if len(offsets) <= tokens:
         return [(0, len(text))]
+    ends = [b for _, b in offsets]
     spans = []
     first = 0
     while len(spans) < max_passages:
-        last = min(first + tokens, len(offsets)) - 1
         start = _back_to_boundary(text, offsets[first][0])
-        end = _forward_to_boundary(text, offsets[last][1])
+        # Tokens before `first` that the move back takes in come off the end.
+        taken = first - bisect.bisect_right(ends, start)
+        last = min(first + tokens - taken, len(offsets)) - 1
+        if last < first:  # one character longer than the passage: cut inside it
+            start, last = offsets[first][0], min(first + tokens, len(offsets)) - 1
+        end = offsets[last][1] if last == len(offsets) - 1 else _back_to_boundary(text, offsets[last][1])
+        if end <= start:
+            end = offsets[last][1]
         spans.append((start, end))
-        if last == len(offsets) - 1:
+        if last == len(offsets) - 1 and end >= offsets[-1][1]:
             break
-        first += stride
+        # The next span starts `stride` on, or at the first token this one did not read whole.
+        # (At least one on: a token that runs past the end of a character is read in part.)
+        first = max(first + 1, min(first + stride, bisect.bisect_right(ends, end)))
     return spans
 
 
+def passage_header(head: str, offsets: Offsets, *, chars: int, tokens: int) -> str:
+    """The document's header as each passage carries it: at most ``chars`` code points and
+    ``tokens`` tokens (``producer.passage_budget``). A header cut short ends in an ellipsis and
+    a space, so the passage's text still starts a word of its own."""
+    spans = offsets(head)
+    if len(head) <= chars and len(spans) <= tokens:
+        return head
+    if chars < 3 or tokens < 2:
+        return ""
+    # Room for the ellipsis: a code point and a token.
+    at = chars - 2
+    if len(spans) > tokens:
+        at = min(at, spans[tokens - 2][1])
+    kept = head[: _back_to_boundary(head, at)].rstrip()
+    return kept + ELLIPSIS + " " if kept else ""
+
+
 def split(candidate: Candidate, query: str, cutter: Cutter, spec: StreamSpec) -> list[Passage]:
-    """A candidate's passages, each with the document's header; none for a candidate without text."""
+    """A candidate's passages, each with the document's header (clipped to its budget) and
+    counted as sent; none for a candidate without text."""
     if not has_text(candidate):
         return []
-    head = header(candidate)
-    tokens = spec.passage_tokens or cutter.passage_tokens(query, head)
+    limit = text_tokens(spec)
+    head = passage_header(header(candidate), cutter.offsets, chars=header_chars(spec), tokens=limit)
+    # A member in process that reads less than the limit cuts shorter; never longer.
+    tokens = spec.passage_tokens or min(limit, cutter.passage_tokens(query, head))
     stride = spec.passage_stride or max(1, tokens // 2)
     text = candidate.text
     spans = cut(text, cutter.offsets(text), tokens=tokens, stride=stride, max_passages=spec.max_passages)
-    return [Passage(start=a, end=b, text=head + text[a:b]) for a, b in spans]
+    return [_counted(head, text, a, b, cutter.offsets, bound=passage_tokens(spec)) for a, b in spans]
+
+
+def _counted(head: str, text: str, start: int, end: int, offsets: Offsets, *, bound: int) -> Passage:
+    """The passage as sent, its tokens counted on the text as sent; where the header and the
+    span read more together than apart (a tokenizer that merges across the join), the header
+    gives way, so no passage sends more than ``bound`` tokens."""
+    while True:
+        sent = head + text[start:end]
+        count = len(offsets(sent))
+        if count <= bound:
+            return Passage(start=start, end=end, text=sent, tokens=count)
+        if head:
+            spans = offsets(head)
+            head = passage_header(head, offsets, chars=len(head), tokens=max(0, len(spans) - (count - bound)))
+            continue
+        # No header left and still over (never seen): the span gives way at its end.
+        spans = offsets(text[start:end])
+        end = start + spans[bound - 1][1]
 
 
 # -- aggregating ---------------------------------------------------------------
@@ -245,6 +303,11 @@ class WindowPassages:
     @property
     def texts(self) -> list[str]:
         return [p.text for passages in self.per_candidate for p in passages]
+
+    @property
+    def tokens(self) -> int:
+        """Every token the window's passages send, headers included."""
+        return sum(p.tokens for passages in self.per_candidate for p in passages)
 
     def aggregate(
         self, scores: Sequence[float | None], spec: StreamSpec, scale: Scale, normalise: Callable[[float, str], float]
