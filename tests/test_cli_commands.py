@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -67,6 +69,40 @@ def test_bash_completion_is_generated_and_completes_commands_and_options() -> No
     assert "plain,--tenant" in options.stdout.split()
 
 
+# -- serve's start --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["a port in use", "a host that does not resolve"])
+def test_serve_that_cannot_listen_exits_3_at_once(redis_server, tmp_path: Path, where: str) -> None:
+    """A real ``rerankq serve`` against a port really taken (or a host no resolver knows) says
+    why and exits 3 within seconds, instead of hanging in its shutdown."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        host = "127.0.0.1" if where == "a port in use" else "999.1.1.1"
+        env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_NAMESPACE="k" + uuid.uuid4().hex[:10])
+        started = time.monotonic()
+        with subprocess.Popen(
+            [str(RERANKQ), "serve", "--insecure-no-auth", "--host", host, "--port", str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as serve:
+            try:
+                out, _ = serve.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                out, _ = serve.communicate()
+                pytest.fail(f"rerankq serve still running 30 s after it could not listen:\n{out[-2000:]}")
+        took = time.monotonic() - started
+    assert serve.returncode == 3, out[-2000:]
+    assert took < 20, f"took {took:.1f} s"
+    assert "gateway_cannot_listen" in out and f"{host}:{port}" in out, out[-2000:]
+    assert "Application startup" not in out  # it never started the app (no Redis connections to undo)
+
+
 # -- serve keygen ---------------------------------------------------------------------------------
 
 
@@ -112,7 +148,7 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
         gateway.stop()
     # rerankq renders the gateway's records (its modules configure no logging); no key is in them.
     log = gateway.log()
-    assert " INFO uvicorn.error " in log and "Uvicorn running on" in log
+    assert " INFO uvicorn.error " in log and f"gateway_listening address='127.0.0.1:{gateway.port}'" in log
     assert acme not in log and ops not in log
 
 

@@ -705,6 +705,32 @@ def test_retry_after_follows_the_measured_drain_rate(redis_server) -> None:
     assert retry_after == math.ceil((80 - 10) / rate)
 
 
+def test_the_backlog_sampler_stops_even_when_its_cancellation_is_lost(redis_server) -> None:
+    """The gateway's shutdown waits for its sampler: stopped at any moment of its first sample
+    (when redis-py is still connecting, and may swallow a cancellation), it ends within its
+    sample interval, 100 times out of 100."""
+    settings = load_settings(queue_env(redis_server.url, "r" + uuid.uuid4().hex[:10]))
+    gateway = load_gateway_settings({}, drain_sample_s=0.05)
+
+    async def run() -> int:
+        ended = 0
+        for attempt in range(100):
+            client = redis.asyncio.Redis.from_url(redis_server.url)  # a fresh connection each time
+            backlog = Backlog(client, CountingDispatcher(settings), settings, gateway)
+            sampler = asyncio.create_task(backlog.sample_forever())
+            await asyncio.sleep((attempt % 20) * 0.0001)
+            backlog.stop()
+            sampler.cancel()
+            done, _ = await asyncio.wait({sampler}, timeout=5)
+            ended += len(done)
+            if not done:
+                sampler.cancel()  # leave nothing behind when it fails
+            await client.aclose()
+        return ended
+
+    assert asyncio.run(run()) == 100
+
+
 # -- the process --------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ Retry-After long; while every gateway refuses work, nothing is being sent and it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -99,6 +100,7 @@ class Backlog:
         self._last: dict[str, tuple[float, int]] = {}
         #: windows per second each queue drained; None until an interval with work was seen.
         self.rate: dict[str, float | None] = dict.fromkeys(self.queues.values())
+        self._stopped = asyncio.Event()
 
     def depth(self, device: str) -> int:
         last = self._last.get(self.queues[device])
@@ -155,9 +157,16 @@ class Backlog:
             self.rate[queue] = drained if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * drained
 
     async def sample_forever(self) -> None:
-        while True:
+        """Sample every ``sample_s`` until ``stop()``. Stopping is a flag as well as a
+        cancellation: redis-py (8.1) can swallow a cancel that lands while it opens a
+        connection, and the gateway's shutdown, which waits for this task, would wait forever."""
+        while not self._stopped.is_set():
             try:
                 await self.sample()
             except Exception:  # noqa: BLE001 - a Redis blip skips a sample; /ready reports Redis itself
                 pass
-            await asyncio.sleep(self.sample_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self.sample_s)
+
+    def stop(self) -> None:
+        self._stopped.set()
