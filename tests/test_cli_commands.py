@@ -152,6 +152,43 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
     assert acme not in log and ops not in log
 
 
+def test_ten_keygens_at_once_on_one_file_keep_all_ten_keys(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.json"
+    runs = [
+        subprocess.Popen(
+            [str(RERANKQ), "serve", "keygen", "--tenant", f"t{i}", "--keys-file", str(keys_file), "--json"],
+            env=plain_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(10)
+    ]
+    printed = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        printed.append(json.loads(out)["entry"]["key_sha256"])
+    kept = [entry["key_sha256"] for entry in json.loads(keys_file.read_text())]
+    assert sorted(kept) == sorted(printed)  # every key printed is a key the gateway will accept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keys.json"]  # no temporary or lock file left
+
+
+def test_keygen_writes_through_a_symlinked_keys_file_to_its_target(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    target = tmp_path / "secrets" / "keys.json"
+    target.write_text("[]\n")
+    target.chmod(0o640)
+    link = tmp_path / "keys.json"
+    link.symlink_to(target)
+    done = keygen("--tenant", "acme", "--keys-file", str(link))
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and link.resolve() == target  # the link is still the link
+    assert [e["tenant"] for e in json.loads(target.read_text())] == ["acme"]
+    assert oct(target.stat().st_mode & 0o777) == oct(0o640)  # the target keeps its mode
+    assert sorted(p.name for p in (tmp_path / "secrets").iterdir()) == ["keys.json"]
+
+
 def test_keygen_leaves_a_file_that_is_not_a_keys_file_as_it_was(tmp_path: Path) -> None:
     other = tmp_path / "notes.json"
     other.write_text('{"not": "a list of keys"}\n')

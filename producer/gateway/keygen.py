@@ -3,15 +3,21 @@
 The key itself goes to stdout, once, and nowhere else: the file keeps only its SHA-256
 (``producer.gateway.auth``). The file is replaced atomically, so a gateway reading it
 never sees half of it, and only when it already is a keys file: a file that is not one
-is left as it was.
+is left as it was. Runs at once on one file each keep their entry: the read, the check and
+the replace happen under an exclusive lock on the file's directory (a lock on the file
+itself would be lost with the inode the replace retires). A keys file that is a symbolic
+link is written through to its target, so the link stays a link.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +124,32 @@ def _check_chain(entry: dict[str, Any]) -> None:
         )
 
 
+@contextlib.contextmanager
+def _directory_locked(directory: Path, source: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory``: it leaves no lock file behind, and every
+    keygen on a file in it waits its turn (released when the descriptor closes)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ConfigError(source, f"cannot open its directory {directory}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _append(path: Path, entry: dict[str, Any]) -> int:
     """Add ``entry`` to the keys file at ``path`` atomically; the number of keys it holds now."""
     source = f"--keys-file {path}"
+    # Through a symbolic link to the file it names: replacing the link would cut it.
+    target = Path(os.path.realpath(path))
+    directory = target.parent
+    with _directory_locked(directory, source):
+        return _append_locked(target, entry, source)
+
+
+def _append_locked(path: Path, entry: dict[str, Any], source: str) -> int:
     try:
         raw = path.read_bytes()
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -138,9 +167,8 @@ def _append(path: Path, entry: dict[str, Any]) -> int:
         existing = json.loads(raw)  # as the file has them: checked above, rewritten unchanged
     entries_out = [*existing, entry]
     data = (json.dumps(entries_out, indent=1) + "\n").encode()
-    directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         raise ConfigError(source, f"cannot write beside it: {exc.strerror}") from None
     try:
