@@ -171,6 +171,20 @@ def test_secrets_in_the_url_are_masked_in_the_access_log(doors: Doors) -> None:
     assert secret not in log
 
 
+def test_every_secret_looking_query_value_is_masked_in_the_access_log(doors: Doors) -> None:
+    secret = "rq_" + uuid.uuid4().hex
+    names = ["x_api_key", "X-Api-Key", "bearer", "key[]", "key%5B%5D", "api%5Fkey", "access_token", "signature"]
+    query = "&".join(f"{name}={secret}{i}" for i, name in enumerate(names))
+    doors.http.get(f"/health?{query}&keep=visible2")
+    deadline = time.monotonic() + 5
+    while "keep=visible2" not in doors.gateway.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = doors.gateway.log()
+    assert "keep=visible2" in log
+    assert secret not in log
+    assert "x_api_key=***&X-Api-Key=***&bearer=***&key[]=***" in log
+
+
 # -- bodies -------------------------------------------------------------------------------------
 
 

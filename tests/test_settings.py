@@ -227,6 +227,50 @@ def test_rerankq_config_prints_the_effective_settings_and_their_sources_with_sec
     assert "RERANKQ_WINDOW_SIZE" in table and "RERANKQ_BREAKER_FAILURES" not in table and "hunter2" not in table
 
 
+def test_rerankq_config_masks_every_secret_a_url_carries():
+    """What ``inspect`` and the logs mask, ``config`` masks too: a member URL's query secrets
+    and every Sentinel host's password, in the table and in --json."""
+    secrets = ["s3cret-one", "s3cret-two", "s3cret-three", "s3cret-four", "s3cret-five", "s3cret-six"]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "RERANKQ_REDIS_URL": f"redis+sentinel://:{secrets[0]}@h1:26379,:{secrets[1]}@h2:26379/svc",
+        "RERANKQ_BROKER_URL": f"redis://127.0.0.1:6379/1?password={secrets[2]}",
+        "RERANKQ_RERANKER_PROVIDER": "http",
+        "RERANKQ_RERANKER_URL": f"https://rerank.example/v1?api_key={secrets[3]}&token={secrets[4]}&region=eu",
+        "RERANKQ_RERANKER_1_PROVIDER": "tei",
+        "RERANKQ_RERANKER_1_URL": f"https://tei.example/?x-api-key={secrets[5]}",
+    }
+    for args in (["config", "--json"], ["config"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", *args],
+            env={**env, "COLUMNS": "400"},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        for secret in secrets:
+            assert secret not in done.stdout, (args, secret)
+        assert "region=eu" in done.stdout  # what is not secret stays readable
+    rows = {row["variable"]: row["value"] for row in json.loads(done_json(env))["settings"]}
+    assert rows["RERANKQ_RERANKER_URL"] == "https://rerank.example/v1?api_key=***&token=***&region=eu"
+    assert "h1:26379" in rows["RERANKQ_REDIS_URL"] and "h2:26379/svc" in rows["RERANKQ_REDIS_URL"]
+
+
+def done_json(env: dict[str, str]) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", "config", "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
 def test_the_sections_hold_what_the_flat_struct_held():
     settings = Settings()
     assert settings.queues.all_queues() == ["rerankq.cpu", "rerankq.gpu", "rerankq.any"]
