@@ -19,13 +19,13 @@ from producer.errors import ValidationError
 from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
 from producer.options import (
     MAX_PASSAGES,
-    MAX_TTL_S,
     MIN_PASSAGE_TOKENS,
     OPTION_NAMES,
     REMOTE_PASSAGE_TOKENS,
     StreamOptions,
 )
 from producer.settings import Settings
+from producer.settings.types import MAX_TTL_S
 from producer.wire import Candidate, StreamSpec, TimeRange, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
