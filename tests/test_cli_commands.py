@@ -189,6 +189,20 @@ def test_keygen_writes_through_a_symlinked_keys_file_to_its_target(tmp_path: Pat
     assert sorted(p.name for p in (tmp_path / "secrets").iterdir()) == ["keys.json"]
 
 
+def test_a_keys_file_that_is_a_fifo_is_refused_by_keygen_and_serve_at_once(redis_server, tmp_path: Path) -> None:
+    fifo = tmp_path / "keys.json"
+    os.mkfifo(fifo)
+    env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_GATEWAY_KEYS_FILE=str(fifo))
+    for args in (["serve", "keygen", "--tenant", "acme"], ["serve", "--port", "1"]):
+        try:
+            done = rerankq(args, env, timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rerankq {' '.join(args)} still waiting on the FIFO 60 s later")
+        assert done.returncode == 2, done.stderr
+        assert "not a regular file" in done.stderr and str(fifo) in done.stderr
+        assert done.stdout == ""  # no key printed for a file it could not write
+
+
 def test_keygen_leaves_a_file_that_is_not_a_keys_file_as_it_was(tmp_path: Path) -> None:
     other = tmp_path / "notes.json"
     other.write_text('{"not": "a list of keys"}\n')

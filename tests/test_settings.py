@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -358,6 +359,23 @@ def test_every_setting_that_is_an_options_default_has_the_options_bounds():
         setting = bounds(field.annotation)
         for limit, value in options[option].items():
             assert setting.get(limit) == value, (section, name, option, limit, setting)
+
+
+def test_a_settings_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "rerankq.toml"
+    os.mkfifo(fifo)  # a reader would wait for a writer that never comes
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "config"],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_CONFIG_FILE": str(fifo)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("rerankq config still waiting on the FIFO 60 s later")
+    assert done.returncode != 0 and "RERANKQ_CONFIG_FILE" in done.stderr and "not a regular file" in done.stderr
 
 
 def test_the_sections_hold_what_the_flat_struct_held():

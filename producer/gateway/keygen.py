@@ -24,8 +24,9 @@ from typing import Any
 import click
 
 from producer.errors import ConfigError
-from producer.gateway.auth import ALL_DEVICES, TENANT_NAME, digest, new_key, parse_entries
+from producer.gateway.auth import ALL_DEVICES, MAX_KEYS_FILE_BYTES, TENANT_NAME, digest, new_key, parse_entries
 from producer.gateway.config import variable
+from producer.setting_files import read_regular_file
 
 EPILOG = """\b
 Examples:
@@ -150,13 +151,12 @@ def _append(path: Path, entry: dict[str, Any]) -> int:
 
 
 def _append_locked(path: Path, entry: dict[str, Any], source: str) -> int:
-    try:
-        raw = path.read_bytes()
+    if os.path.lexists(path):  # no one else creates it while the directory is locked
+        # What the gateway will read, checked as it checks it: a regular file of bounded size.
+        raw = read_regular_file(str(path), limit=MAX_KEYS_FILE_BYTES, variable=source)
         mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
+    else:
         raw, mode = b"", 0o600
-    except OSError as exc:
-        raise ConfigError(source, f"cannot read it: {exc.strerror}") from None
     existing: list[dict[str, Any]] = []
     if raw.strip() not in (b"", b"[]"):
         try:

@@ -91,8 +91,11 @@ def config(changed: bool, as_json: bool) -> int:
     default, environment, or file (RERANKQ_CONFIG_FILE). An unknown RERANKQ_* name, or a bad
     value, fails here as it would fail a worker's start."""
     from producer.settings import read_settings
+    from worker.scoring.calibration import Calibrations
 
     loaded = read_settings()
+    # The calibration files as a worker's start reads them: one it would refuse fails here first.
+    Calibrations.from_settings(loaded.settings)
     rows = effective_rows(loaded)
     if changed:
         rows = [row for row in rows if not row.source.startswith("default")]
