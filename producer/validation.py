@@ -14,6 +14,7 @@ from typing import Any, overload
 
 import msgspec
 
+from producer.blank_text import is_blank
 from producer.budget import parse_strategy_boosts
 from producer.errors import ValidationError
 from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
@@ -302,8 +303,8 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     if query_range is not None:
         query_range = TimeRange(start=_utc(query_range.start), end=_utc(query_range.end))
     spec = msgspec.structs.replace(spec, reference_time=_utc(spec.reference_time), query_range=query_range)
-    if not spec.query or not spec.query.strip():
-        raise ValidationError("query", "must not be empty")
+    if is_blank(spec.query):
+        raise ValidationError("query", "must not be empty or blank (white space, control or format characters only)")
     if len(spec.query) > settings.streams.max_query_chars:
         raise ValidationError(
             "query", f"{len(spec.query)} characters exceeds the limit of {settings.streams.max_query_chars}"

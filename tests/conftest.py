@@ -110,6 +110,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: rather than a mark in each module (xdist's own `xdist_group` mark is lost on pytest 9.2).
 ONE_PROCESS_MODULES = frozenset(
     {
+        "test_blank_documents.py",
         "test_calibration.py",
         "test_cluster.py",
         "test_front_door.py",

@@ -213,8 +213,10 @@ def test_cohere_errors_name_the_field_with_cohere_codes(deployment: Deployment) 
     refused({"model": "m", "query": q, "documents": ["a", "x" * (MAX_CHARS + 1)]}, 400, "documents[1]", str(MAX_CHARS))
     refused({"model": "m", "query": q, "documents": ["x" * 2000] * MAX_DOCUMENTS * 3}, 413, "bytes")
     refused(None, 400, "not valid JSON", raw=b'{"model": "m", "query": ')
-    v1 = deployment.post("/v1/rerank", {"query": q, "documents": [{"title": "no text"}]})
-    assert v1.status_code == 400 and "documents[0]" in v1.json()["message"]
+    # An object without text is an empty text (scored last, test_blank_documents.py); rank_fields
+    # that no document has is a mistake, refused.
+    v1 = deployment.post("/v1/rerank", {"query": q, "documents": [{"title": "t"}], "rank_fields": ["titel"]})
+    assert v1.status_code == 400 and "rank_fields" in v1.json()["message"]
 
 
 def test_more_documents_than_a_window_holds_are_scored_in_windows_and_ranked_together(deployment: Deployment) -> None:
