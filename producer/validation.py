@@ -42,6 +42,9 @@ MAX_NESTING_DEPTH = 32
 # Lone surrogates come out of json.loads of real payloads (an escaped \ud800) and cannot be encoded as
 # UTF-8, so they would fail at the first write or log line instead of here.
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# An id is a name that commands print, runs and logs carry a line each: no control character
+# (ESC would drive the terminal that prints it, a newline would split a TREC line).
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 # What metadata (free data, stored as msgpack and handed back as it decodes) may hold.
 _PLAIN_SCALARS = (
     type(None),
@@ -232,6 +235,13 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
             raise ValidationError(f"{at}.id", "must not be empty")
         if len(c.id) > MAX_ID_CHARS:
             raise ValidationError(f"{at}.id", f"longer than {MAX_ID_CHARS} characters")
+        control = _CONTROL_RE.search(c.id)
+        if control:
+            raise ValidationError(
+                f"{at}.id",
+                f"contains the control character U+{ord(control.group()):04X} at position {control.start()}; "
+                "an id is a name: printable characters only",
+            )
         if c.id in seen:
             raise ValidationError(f"{at}.id", f"duplicate candidate id {c.id!r}")
         seen.add(c.id)
