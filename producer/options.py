@@ -97,8 +97,8 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     chain: Annotated[
         Token | None,
         Meta(
-            description="a chain profile (RERANKQ_CHAIN_<NAME>) that scores the stream instead of the whole chain  "
-            "[default: the whole chain]"
+            description="a chain profile (RERANKQ_CHAIN_<NAME>, configured where the stream is opened) that "
+            "scores the stream instead of the whole chain  [default: the whole chain]"
         ),
     ] = None
     tenant: Annotated[

@@ -25,7 +25,7 @@ from producer.options import (
     REMOTE_PASSAGE_TOKENS,
     StreamOptions,
 )
-from producer.settings import Settings
+from producer.settings import Settings, chain_profile_variable
 from producer.settings.types import MAX_TTL_S
 from producer.wire import Candidate, StreamSpec, TimeRange, encode
 
@@ -318,6 +318,15 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     if len(spec.query) > settings.streams.max_query_chars:
         raise ValidationError(
             "query", f"{len(spec.query)} characters exceeds the limit of {settings.streams.max_query_chars}"
+        )
+    if spec.chain is not None and spec.chain.lower() not in settings.chain.profiles:
+        # Refused here, not failed in the worker: a profile exists to keep a stream's data away
+        # from some members, so an unknown one is never widened to the whole chain either.
+        configured = ", ".join(sorted(settings.chain.profiles)) or "none"
+        raise ValidationError(
+            "chain",
+            f"{spec.chain!r} names no chain profile (configured: {configured}); "
+            f"set {chain_profile_variable(spec.chain)} where streams are opened and where workers run",
         )
     if not 1 <= spec.window_size <= settings.streams.max_window_size:
         raise ValidationError(

@@ -183,8 +183,9 @@ def start_worker(
 def make_client(base_env: dict[str, str]) -> Iterator[Callable[..., RerankClient]]:
     clients: list[RerankClient] = []
 
-    def make(**overrides: Any) -> RerankClient:
-        client = RerankClient(load_settings(base_env, **overrides))
+    def make(env: dict[str, str] | None = None, **overrides: Any) -> RerankClient:
+        """A client of the test's deployment; ``env`` as the worker's (chain profiles are checked at open)."""
+        client = RerankClient(load_settings({**base_env, **(env or {})}, **overrides))
         clients.append(client)
         return client
 

@@ -28,7 +28,7 @@ def test_inspect_reports_queues_workers_breakers_and_counters(
         "RERANKQ_BREAKER_COOLDOWN_S": "600",
     }
     start_worker(env)
-    client = make_client()
+    client = make_client(env)
     served = client.open("q", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(4)], chain="remote")
     assert pull_until_complete(client, served, 4).rows[0].served_by == "2:rrf"
     local = client.open("q", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(4)])
@@ -70,7 +70,8 @@ def test_inspect_reports_queues_workers_breakers_and_counters(
 def test_status_and_pull_show_each_window_state(start_worker, base_env, make_client, tmp_path):
     env = fast_env(base_env)
     start_worker(env)
-    client = make_client()
+    # A profile where streams are opened that the worker lacks: its window fails there.
+    client = make_client({"RERANKQ_CHAIN_NOPE": "0"})
     stream = client.open(
         "payment errors", [{"id": f"c{i}", "text": f"payment error {i}"} for i in range(12)], window_size=5
     )

@@ -377,6 +377,13 @@ def test_keys_are_required_and_map_to_tenant_chain_and_devices(deployment: Deplo
         "/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}], "chain": "other"}, key="pinned"
     )
     assert refused.status_code == 403 and refused.json()["error"]["field"] == "chain"
+    # A key bound to no profile may choose among the configured ones, and only those.
+    candidates = [{"id": "a", "text": "t"}]
+    chosen = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "chain": "FAST"}, key="acme")
+    assert chosen.status_code == 201, chosen.text
+    unknown = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "chain": "nope"}, key="acme")
+    assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "chain", unknown.text
+    assert "RERANKQ_CHAIN_NOPE" in unknown.json()["error"]["message"]
     # Another tenant cannot read it, nor learn that it exists.
     assert deployment.get(f"/v1/streams/{stream_id}", key="other").status_code == 404
     assert deployment.get(f"/v1/streams/{stream_id}", key="acme").status_code == 200
