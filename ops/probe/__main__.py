@@ -1,6 +1,6 @@
-"""Every hostile probe in turn: the queue's messages (Redis, then RabbitMQ where it is installed)
-and the gateway's doors. Exits with the worst exit status of the parts, so one failing door
-fails the whole run."""
+"""Every hostile probe in turn: the queue's messages (Redis, then RabbitMQ where it is installed),
+what a process is handed at start, and the gateway's doors. Exits with the worst exit status of
+the parts, so one failing door fails the whole run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import sys
 from types import ModuleType
 
-from ops.probe import gateway_doors, queue_messages
+from ops.probe import gateway_doors, process_doors, queue_messages
 
 
 def main() -> int:
@@ -18,6 +18,7 @@ def main() -> int:
     ]
     if shutil.which("rabbitmq-server") or os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
         parts.append(("queue messages on rabbitmq", ["--broker", "amqp"], queue_messages))
+    parts.append(("process doors", [], process_doors))
     parts.append(("gateway doors", [], gateway_doors))
     worst = 0
     for title, argv, module in parts:
