@@ -2,34 +2,9 @@
 
 from __future__ import annotations
 
-import re
-from urllib.parse import parse_qsl, urlencode
+from producer.masking import mask_url
 
-#: Query parameters of a Redis URL that hold a secret (``?sentinel_password=``, ``?password=``).
-_SECRET_PARAM = re.compile(r"pass|secret|token|key", re.IGNORECASE)
-
-
-def mask_url(url: str | None) -> str:
-    """``url`` as it may be shown: the password (and any secret query parameter) as ``***``.
-
-    Works for multi-host URLs (``redis+sentinel://:pw@h1:26379,h2:26379/svc``), which
-    ``urllib`` cannot parse whole, by splitting at the last ``@`` of the part before the path.
-    """
-    if not url:
-        return "(not set)"
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "***"  # not a URL at all: it could be anything, a bare password included
-    location, slash, tail = rest.partition("/")
-    if "@" in location:
-        userinfo, _, hosts = location.rpartition("@")
-        user, colon, _ = userinfo.partition(":")
-        location = (f"{user}:***" if colon else "***") + "@" + hosts
-    path, question, query = tail.partition("?")
-    if question:
-        pairs = [(k, "***" if _SECRET_PARAM.search(k) else v) for k, v in parse_qsl(query, keep_blank_values=True)]
-        query = urlencode(pairs, safe="*/:")
-    return f"{scheme}://{location}{slash}{path}{question}{query}"
+__all__ = ["mask_url"]  # re-exported: the errors' own masking, and their callers'
 
 
 class RerankqError(Exception):

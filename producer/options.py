@@ -25,12 +25,11 @@ import msgspec
 from msgspec import Meta
 
 from producer.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
+from producer.settings.types import Probability, StreamTtl
 from producer.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, TimeRange
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The longest a stream may be kept.
-MAX_TTL_S = 7 * 24 * 3600
 #: An instruction rides in every pair sent to a model: a few sentences, not a document.
 MAX_INSTRUCTION_CHARS = 2000
 #: Passages per document at most: each is a pair scored, so this bounds a document's cost.
@@ -82,7 +81,7 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
         ),
     ] = None
     min_score: Annotated[
-        Annotated[float, Meta(ge=0.0, le=1.0)] | None,
+        Probability | None,
         Meta(
             description="a row whose normalised score is below this is filtered: kept, but not paged  "
             "[default: RERANKQ_MIN_SCORE]"
@@ -98,8 +97,8 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     chain: Annotated[
         Token | None,
         Meta(
-            description="a chain profile (RERANKQ_CHAIN_<NAME>) that scores the stream instead of the whole chain  "
-            "[default: the whole chain]"
+            description="a chain profile (RERANKQ_CHAIN_<NAME>, configured where the stream is opened) that "
+            "scores the stream instead of the whole chain  [default: the whole chain]"
         ),
     ] = None
     tenant: Annotated[
@@ -124,7 +123,7 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
         Meta(description="the period the query is about (start, end), for the temporal boost  [default: none]"),
     ] = None
     ttl_s: Annotated[
-        Annotated[int, Meta(ge=1, le=MAX_TTL_S)] | None,
+        StreamTtl | None,
         Meta(description="seconds the stream and its decisions are kept in Redis  [default: RERANKQ_STREAM_TTL_S]"),
     ] = None
     idempotency_key: Annotated[

@@ -14,18 +14,19 @@ from typing import Any, overload
 
 import msgspec
 
+from producer.blank_text import is_blank
 from producer.budget import parse_strategy_boosts
 from producer.errors import ValidationError
 from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
 from producer.options import (
     MAX_PASSAGES,
-    MAX_TTL_S,
     MIN_PASSAGE_TOKENS,
     OPTION_NAMES,
     StreamOptions,
 )
 from producer.passage_budget import text_tokens, window_tokens
-from producer.settings import Settings
+from producer.settings import Settings, chain_profile_variable
+from producer.settings.types import MAX_TTL_S
 from producer.wire import Candidate, StreamSpec, TimeRange, encode
 
 # Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
@@ -41,6 +42,9 @@ MAX_NESTING_DEPTH = 32
 # Lone surrogates come out of json.loads of real payloads (an escaped \ud800) and cannot be encoded as
 # UTF-8, so they would fail at the first write or log line instead of here.
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+# An id is a name that commands print, runs and logs carry a line each: no control character
+# (ESC would drive the terminal that prints it, a newline would split a TREC line).
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 # What metadata (free data, stored as msgpack and handed back as it decodes) may hold.
 _PLAIN_SCALARS = (
     type(None),
@@ -231,6 +235,13 @@ def check_candidates(candidates: list[Candidate], settings: Settings) -> list[Ca
             raise ValidationError(f"{at}.id", "must not be empty")
         if len(c.id) > MAX_ID_CHARS:
             raise ValidationError(f"{at}.id", f"longer than {MAX_ID_CHARS} characters")
+        control = _CONTROL_RE.search(c.id)
+        if control:
+            raise ValidationError(
+                f"{at}.id",
+                f"contains the control character U+{ord(control.group()):04X} at position {control.start()}; "
+                "an id is a name: printable characters only",
+            )
         if c.id in seen:
             raise ValidationError(f"{at}.id", f"duplicate candidate id {c.id!r}")
         seen.add(c.id)
@@ -302,11 +313,20 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
     if query_range is not None:
         query_range = TimeRange(start=_utc(query_range.start), end=_utc(query_range.end))
     spec = msgspec.structs.replace(spec, reference_time=_utc(spec.reference_time), query_range=query_range)
-    if not spec.query or not spec.query.strip():
-        raise ValidationError("query", "must not be empty")
+    if is_blank(spec.query):
+        raise ValidationError("query", "must not be empty or blank (white space, control or format characters only)")
     if len(spec.query) > settings.streams.max_query_chars:
         raise ValidationError(
             "query", f"{len(spec.query)} characters exceeds the limit of {settings.streams.max_query_chars}"
+        )
+    if spec.chain is not None and spec.chain.lower() not in settings.chain.profiles:
+        # Refused here, not failed in the worker: a profile exists to keep a stream's data away
+        # from some members, so an unknown one is never widened to the whole chain either.
+        configured = ", ".join(sorted(settings.chain.profiles)) or "none"
+        raise ValidationError(
+            "chain",
+            f"{spec.chain!r} names no chain profile (configured: {configured}); "
+            f"set {chain_profile_variable(spec.chain)} where streams are opened and where workers run",
         )
     if not 1 <= spec.window_size <= settings.streams.max_window_size:
         raise ValidationError(

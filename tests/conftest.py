@@ -110,6 +110,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: rather than a mark in each module (xdist's own `xdist_group` mark is lost on pytest 9.2).
 ONE_PROCESS_MODULES = frozenset(
     {
+        "test_blank_documents.py",
         "test_calibration.py",
         "test_cluster.py",
         "test_front_door.py",
@@ -182,8 +183,9 @@ def start_worker(
 def make_client(base_env: dict[str, str]) -> Iterator[Callable[..., RerankClient]]:
     clients: list[RerankClient] = []
 
-    def make(**overrides: Any) -> RerankClient:
-        client = RerankClient(load_settings(base_env, **overrides))
+    def make(env: dict[str, str] | None = None, **overrides: Any) -> RerankClient:
+        """A client of the test's deployment; ``env`` as the worker's (chain profiles are checked at open)."""
+        client = RerankClient(load_settings({**base_env, **(env or {})}, **overrides))
         clients.append(client)
         return client
 

@@ -221,7 +221,7 @@ def test_every_setting_that_changes_an_answer_misses_the_cache(
         env |= {prefix + k: v.format(**urls) for k, v in member.items()}
         env[f"RERANKQ_CHAIN_M{i}"] = str(i)
     start_worker(env=env, drop=("RERANKQ_RERANKER_MODEL",))
-    client = make_client()
+    client = make_client(env)
     candidates = make_candidates(8)
 
     def score_with(i: int) -> str:
@@ -278,22 +278,20 @@ def test_a_member_trusted_with_the_tenant_is_cached_per_tenant(server, start_wor
     # or index per customer): one tenant's scores must not answer for another's, even where
     # the operator shares the cache across tenants.
     shared, per_tenant = server("cohere"), server("cohere")
-    start_worker(
-        env={
-            "RERANKQ_PAIR_CACHE_SHARED_ACROSS_TENANTS": "true",
-            "RERANKQ_RERANKER_PROVIDER": "cohere",
-            "RERANKQ_RERANKER_URL": shared.url,
-            "RERANKQ_RERANKER_TIMEOUT_S": "2",
-            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
-            "RERANKQ_RERANKER_1_URL": per_tenant.url,
-            "RERANKQ_RERANKER_1_SEND_TENANT": "true",
-            "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
-            "RERANKQ_CHAIN_SHARED": "0",
-            "RERANKQ_CHAIN_PER_TENANT": "1",
-        },
-        drop=("RERANKQ_RERANKER_MODEL",),
-    )
-    client = make_client()
+    chain = {
+        "RERANKQ_PAIR_CACHE_SHARED_ACROSS_TENANTS": "true",
+        "RERANKQ_RERANKER_PROVIDER": "cohere",
+        "RERANKQ_RERANKER_URL": shared.url,
+        "RERANKQ_RERANKER_TIMEOUT_S": "2",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+        "RERANKQ_RERANKER_1_URL": per_tenant.url,
+        "RERANKQ_RERANKER_1_SEND_TENANT": "true",
+        "RERANKQ_RERANKER_1_TIMEOUT_S": "2",
+        "RERANKQ_CHAIN_SHARED": "0",
+        "RERANKQ_CHAIN_PER_TENANT": "1",
+    }
+    start_worker(env=chain, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client(chain)
     candidates = make_candidates(6)
     for tenant in ("acme", "globex", "acme"):
         for profile in ("shared", "per_tenant"):

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from cli_helpers import RERANKQ
 from conftest import ROOT
 
 from producer import RerankClient, load_settings
@@ -26,6 +27,7 @@ from worker.chain.cache import pair_digest
 from worker.embedded.worker_process import WorkerProcess
 from worker.evaluation.calibration import Pairs, fit_map
 from worker.scoring.calibration import (
+    MAX_CALIBRATION_BYTES,
     Calibrations,
     calibration_identity,
     interpolate,
@@ -170,6 +172,58 @@ def test_a_bad_calibration_file_names_its_variable(tmp_path):
         Calibrations.from_settings(load_settings({}, calibration=str(bad)))
     with pytest.raises(ConfigError, match=r"RERANKQ_CALIBRATION_NOPE: names no chain profile"):
         load_settings({"RERANKQ_CALIBRATION_NOPE": str(bad)})
+
+
+# -- the file itself ----------------------------------------------------------------------
+
+
+def _not_a_calibration_file(tmp_path: Path, kind: str) -> tuple[str, str]:
+    """A path that is no calibration file a worker could read, and what the refusal says."""
+    if kind == "fifo":
+        path = tmp_path / "calibration.fifo"
+        os.mkfifo(path)  # opened for reading, it blocks until a writer comes: none will
+        return str(path), "not a regular file"
+    if kind == "device":
+        return "/dev/zero", "not a regular file"  # read, it never ends
+    if kind == "directory":
+        return str(tmp_path), "not a regular file"
+    if kind == "oversize":
+        path = tmp_path / "calibration.json"
+        with open(path, "wb") as fh:
+            fh.truncate(MAX_CALIBRATION_BYTES + 1)  # sparse: costs no disk
+        return str(path), f"larger than {MAX_CALIBRATION_BYTES} bytes"
+    path = tmp_path / "calibration.json"
+    path.write_text('{"format": "rerankq-calibration/1", "relevant_grade": 1}')
+    return str(path), "not a calibration file"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "oversize", "not_json_of_maps"])
+def test_rerankq_config_refuses_a_calibration_file_the_worker_would_refuse(tmp_path, kind):
+    path, said = _not_a_calibration_file(tmp_path, kind)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_CALIBRATION": path}
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "config"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0, done.stdout[-300:]
+    assert "RERANKQ_CALIBRATION" in done.stderr and said in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "oversize"])
+def test_a_worker_refuses_a_calibration_file_that_is_no_regular_file_of_bounded_size_at_once(base_env, tmp_path, kind):
+    path, said = _not_a_calibration_file(tmp_path, kind)
+    env = {
+        **base_env,
+        "RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
+        "RERANKQ_CALIBRATION": path,
+    }
+    try:
+        done = subprocess.run(
+            [str(RERANKQ), "worker", "--device", "cpu"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker was still starting 60 s later: it waits on the calibration file")
+    assert done.returncode != 0
+    assert "RERANKQ_CALIBRATION" in done.stderr + done.stdout and said in done.stderr + done.stdout
 
 
 # -- through the queue --------------------------------------------------------------------

@@ -10,8 +10,11 @@ import shutil
 import time
 
 import pytest
-from conftest import make_candidates
+from conftest import make_candidates, namespace_keys
 from rerank_servers import closed_port_url, expected_score
+
+from producer import RerankClient, load_settings
+from producer.errors import ValidationError
 
 KEY = "sk-live-CHAIN-7d1e0c9a"
 DEBUG = ["--device", "cpu", "--loglevel", "DEBUG"]
@@ -192,23 +195,22 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
     assert wait_committed(client, stream).windows[0].served_by == "0:local"
 
 
-def test_chain_profiles_select_members_and_never_widen(server, start_worker, make_client):
+def test_chain_profiles_select_members_and_never_widen(server, start_worker, base_env):
     cohere = server("cohere")
-    start_worker(
-        env={
-            "RERANKQ_RERANKER_PROVIDER": "tei",
-            "RERANKQ_RERANKER_URL": closed_port_url(),
-            "RERANKQ_RERANKER_TIMEOUT_S": "1",
-            "RERANKQ_RERANKER_1_PROVIDER": "cohere",
-            "RERANKQ_RERANKER_1_URL": cohere.url,
-            "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
-            "RERANKQ_RERANKER_2_PROVIDER": "rrf",
-            "RERANKQ_CHAIN_PRIVATE": "0,2",
-            "RERANKQ_CHAIN_HOSTED": "1",
-        },
-        drop=("RERANKQ_RERANKER_MODEL",),
-    )
-    client = make_client()
+    chain = {
+        "RERANKQ_RERANKER_PROVIDER": "tei",
+        "RERANKQ_RERANKER_URL": closed_port_url(),
+        "RERANKQ_RERANKER_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_1_PROVIDER": "cohere",
+        "RERANKQ_RERANKER_1_URL": cohere.url,
+        "RERANKQ_RERANKER_1_TIMEOUT_S": "1",
+        "RERANKQ_RERANKER_2_PROVIDER": "rrf",
+        "RERANKQ_CHAIN_PRIVATE": "0,2",
+        "RERANKQ_CHAIN_HOSTED": "1",
+    }
+    start_worker(env=chain, drop=("RERANKQ_RERANKER_MODEL",))
+    # Where streams are opened the profiles are configured too; "missing" only here, not on the worker.
+    client = RerankClient(load_settings({**base_env, **chain, "RERANKQ_CHAIN_MISSING": "0"}))
     served = {}
     for profile in ("private", "HOSTED", None, "missing"):
         # Distinct texts per stream, so no pair score is served from the cache.
@@ -218,9 +220,28 @@ def test_chain_profiles_select_members_and_never_widen(server, start_worker, mak
     assert served["private"].served_by == "2:rrf"  # tei refused; the hosted member is not in this profile
     assert served["HOSTED"].served_by == "1:cohere"
     assert served[None].served_by == "1:cohere"
+    # A worker without the profile fails the window rather than widen it to the whole chain.
     assert served["missing"].served_by is None and served["missing"].failed == 3
     assert "RERANKQ_CHAIN_MISSING" in (served["missing"].reason or "")
     assert cohere.count == 2  # the hosted and the whole chain; never the private stream
+    client.close()
+
+
+def test_an_unknown_chain_profile_is_refused_at_open_and_nothing_is_sent(
+    start_worker, make_client, raw_redis, namespace
+):
+    start_worker(env={"RERANKQ_CHAIN_FAST": "0"})
+    client = make_client(chain_profiles={"fast": [0]})
+    before = namespace_keys(raw_redis, namespace)
+    with pytest.raises(ValidationError) as refused:
+        client.open("gateway error", make_candidates(3), window_size=3, chain="nope")
+    assert refused.value.field == "chain"
+    assert "RERANKQ_CHAIN_NOPE" in refused.value.message and "fast" in refused.value.message
+    assert namespace_keys(raw_redis, namespace) == before  # no stream written, no window queued
+    assert raw_redis.llen(f"{namespace}.cpu") == 0
+    # A configured one (any case) is served by a real worker.
+    stream = client.open("gateway error", make_candidates(3), window_size=3, chain="FAST")
+    assert wait_committed(client, stream).windows[0].served_by == "0:local"
 
 
 def test_an_unusable_answer_is_never_cached(server, start_worker, make_client):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -67,6 +69,40 @@ def test_bash_completion_is_generated_and_completes_commands_and_options() -> No
     assert "plain,--tenant" in options.stdout.split()
 
 
+# -- serve's start --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["a port in use", "a host that does not resolve"])
+def test_serve_that_cannot_listen_exits_3_at_once(redis_server, tmp_path: Path, where: str) -> None:
+    """A real ``rerankq serve`` against a port really taken (or a host no resolver knows) says
+    why and exits 3 within seconds, instead of hanging in its shutdown."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        host = "127.0.0.1" if where == "a port in use" else "999.1.1.1"
+        env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_NAMESPACE="k" + uuid.uuid4().hex[:10])
+        started = time.monotonic()
+        with subprocess.Popen(
+            [str(RERANKQ), "serve", "--insecure-no-auth", "--host", host, "--port", str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as serve:
+            try:
+                out, _ = serve.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                out, _ = serve.communicate()
+                pytest.fail(f"rerankq serve still running 30 s after it could not listen:\n{out[-2000:]}")
+        took = time.monotonic() - started
+    assert serve.returncode == 3, out[-2000:]
+    assert took < 20, f"took {took:.1f} s"
+    assert "gateway_cannot_listen" in out and f"{host}:{port}" in out, out[-2000:]
+    assert "Application startup" not in out  # it never started the app (no Redis connections to undo)
+
+
 # -- serve keygen ---------------------------------------------------------------------------------
 
 
@@ -112,8 +148,59 @@ def test_keygen_writes_then_appends_the_keys_file_and_the_gateway_accepts_each_k
         gateway.stop()
     # rerankq renders the gateway's records (its modules configure no logging); no key is in them.
     log = gateway.log()
-    assert " INFO uvicorn.error " in log and "Uvicorn running on" in log
+    assert " INFO uvicorn.error " in log and f"gateway_listening address='127.0.0.1:{gateway.port}'" in log
     assert acme not in log and ops not in log
+
+
+def test_ten_keygens_at_once_on_one_file_keep_all_ten_keys(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.json"
+    runs = [
+        subprocess.Popen(
+            [str(RERANKQ), "serve", "keygen", "--tenant", f"t{i}", "--keys-file", str(keys_file), "--json"],
+            env=plain_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(10)
+    ]
+    printed = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        printed.append(json.loads(out)["entry"]["key_sha256"])
+    kept = [entry["key_sha256"] for entry in json.loads(keys_file.read_text())]
+    assert sorted(kept) == sorted(printed)  # every key printed is a key the gateway will accept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keys.json"]  # no temporary or lock file left
+
+
+def test_keygen_writes_through_a_symlinked_keys_file_to_its_target(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    target = tmp_path / "secrets" / "keys.json"
+    target.write_text("[]\n")
+    target.chmod(0o640)
+    link = tmp_path / "keys.json"
+    link.symlink_to(target)
+    done = keygen("--tenant", "acme", "--keys-file", str(link))
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and link.resolve() == target  # the link is still the link
+    assert [e["tenant"] for e in json.loads(target.read_text())] == ["acme"]
+    assert oct(target.stat().st_mode & 0o777) == oct(0o640)  # the target keeps its mode
+    assert sorted(p.name for p in (tmp_path / "secrets").iterdir()) == ["keys.json"]
+
+
+def test_a_keys_file_that_is_a_fifo_is_refused_by_keygen_and_serve_at_once(redis_server, tmp_path: Path) -> None:
+    fifo = tmp_path / "keys.json"
+    os.mkfifo(fifo)
+    env = plain_env(RERANKQ_REDIS_URL=redis_server.url, RERANKQ_GATEWAY_KEYS_FILE=str(fifo))
+    for args in (["serve", "keygen", "--tenant", "acme"], ["serve", "--port", "1"]):
+        try:
+            done = rerankq(args, env, timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rerankq {' '.join(args)} still waiting on the FIFO 60 s later")
+        assert done.returncode == 2, done.stderr
+        assert "not a regular file" in done.stderr and str(fifo) in done.stderr
+        assert done.stdout == ""  # no key printed for a file it could not write
 
 
 def test_keygen_leaves_a_file_that_is_not_a_keys_file_as_it_was(tmp_path: Path) -> None:

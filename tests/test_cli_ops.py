@@ -10,6 +10,8 @@ from cli_helpers import fast_env, poisoned_modules, rerankq
 from delivery_helpers import pull_until_complete, wait_for
 from rerank_servers import closed_port_url
 
+from producer.errors import ValidationError
+
 
 @pytest.mark.slow
 def test_inspect_reports_queues_workers_breakers_and_counters(
@@ -26,7 +28,7 @@ def test_inspect_reports_queues_workers_breakers_and_counters(
         "RERANKQ_BREAKER_COOLDOWN_S": "600",
     }
     start_worker(env)
-    client = make_client()
+    client = make_client(env)
     served = client.open("q", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(4)], chain="remote")
     assert pull_until_complete(client, served, 4).rows[0].served_by == "2:rrf"
     local = client.open("q", [{"id": f"c{i}", "text": f"doc {i}"} for i in range(4)])
@@ -68,7 +70,8 @@ def test_inspect_reports_queues_workers_breakers_and_counters(
 def test_status_and_pull_show_each_window_state(start_worker, base_env, make_client, tmp_path):
     env = fast_env(base_env)
     start_worker(env)
-    client = make_client()
+    # A profile where streams are opened that the worker lacks: its window fails there.
+    client = make_client({"RERANKQ_CHAIN_NOPE": "0"})
     stream = client.open(
         "payment errors", [{"id": f"c{i}", "text": f"payment error {i}"} for i in range(12)], window_size=5
     )
@@ -102,3 +105,27 @@ def test_status_and_pull_show_each_window_state(start_worker, base_env, make_cli
         "rank    score    final  decision" in text
         and len([ln for ln in text.splitlines() if ln.strip()[:1].isdigit()]) == 2
     )
+
+
+ESCAPES = "\x1b]0;PWNED\x07\x1b[2J"
+
+
+def test_a_candidate_id_with_terminal_escapes_is_refused_at_open(make_client):
+    client = make_client()
+    with pytest.raises(ValidationError) as refused:
+        client.open("q", [{"id": "ok", "text": "a"}, {"id": f"id{ESCAPES}", "text": "b"}], allow_shallow=True)
+    assert refused.value.field == "candidates[1].id" and "U+001B" in refused.value.message
+
+
+def test_pull_prints_a_documents_control_characters_escaped(start_worker, base_env, make_client):
+    """A document may hold control characters (a coloured log line is a document); the
+    terminal that ``rerankq pull`` prints to never receives them raw."""
+    env = fast_env(base_env)
+    start_worker(env)
+    client = make_client()
+    stream = client.open("payment errors", [{"id": "c0", "text": f"payment error {ESCAPES} \u202eevil"}])
+    assert client.pull(stream, 0, 1, timeout=30).rows[0].decision.document.endswith("\u202eevil")  # kept as sent
+    text = rerankq(["pull", stream], env).stdout
+    assert "PWNED" in text
+    assert not any(ch in text for ch in "\x1b\x07\u202e"), repr(text)
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J" in text and "\\u202e" in text

@@ -217,6 +217,24 @@ def test_bad_lines_stop_or_are_skipped_and_nothing_is_half_written(start_worker,
     assert not any(raw_redis.exists(k) for k in store.keys.stream(bad_stream).own())
 
 
+@pytest.mark.parametrize("depth", [200, 1500, 100_000])
+def test_a_deeply_nested_line_is_a_bad_line_naming_its_field_at_any_depth(start_worker, base_env, tmp_path, depth):
+    env = fast_env(base_env)
+    start_worker(env)
+    deep = '{"m": ' * depth + "1" + "}" * depth
+    line = '{"id": "deep", "query": "q", "candidates": [{"id": "a", "text": "t", "metadata": ' + deep + "}]}"
+    source = write_jsonl(tmp_path / "jobs.jsonl", make_jobs(2), raw_lines={1: line})  # line 2
+    skipped = rerankq(["submit", str(source), "--out", str(tmp_path / "skip.jsonl"), "--on-error", "skip"], env)
+    assert "Traceback" not in skipped.stderr and "RecursionError" not in skipped.stderr, skipped.stderr[-2000:]
+    assert skipped.returncode == 1, skipped.stderr  # some input was not reranked
+    assert f"skipped {source}:2: candidates[0].metadata:" in skipped.stdout, skipped.stdout
+    assert sorted(line["id"] for line in read_jsonl(tmp_path / "skip.jsonl")) == ["job0", "job1"]
+    stopped = rerankq(["submit", str(source), "--out", str(tmp_path / "stop.jsonl"), "--json"], env)
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr, stopped.stderr[-2000:]
+    [bad] = json.loads(stopped.stdout)["bad_lines"]
+    assert bad["line"] == 2 and bad["field"] == "candidates[0].metadata" and "nested" in bad["message"]
+
+
 def test_usage_errors_exit_2_and_help_shows_an_example(base_env, tmp_path):
     source = write_jsonl(tmp_path / "jobs.jsonl", make_jobs(1))
     bad_boost = rerankq(

@@ -47,6 +47,17 @@ def test_mask_url_hides_passwords_in_every_url_shape():
     )
     assert mask_url("redis://h:6379/0") == "redis://h:6379/0"
     assert "pw" not in mask_url("amqp://guest:pw@rabbit:5672//")
+    # Every host's credentials of a multi-host URL, not only the first one's.
+    assert (
+        mask_url("redis+sentinel://:pw1@h1:26379,user:pw2@h2:26379/svc")
+        == "redis+sentinel://:***@h1:26379,user:***@h2:26379/svc"
+    )
+    # Any secret-looking query parameter, its name read decoded; the rest kept as written.
+    assert (
+        mask_url("https://h/v1?x_api_key=k1&X-Api-Key=k2&key[]=k3&api%5Fkey=k4&region=eu#top")
+        == "https://h/v1?x_api_key=***&X-Api-Key=***&key[]=***&api%5Fkey=***&region=eu#top"
+    )
+    assert mask_url("https://ghp_token@github.com/o/r") == "https://***@github.com/o/r"  # a bare user may be a key
 
 
 @pytest.mark.slow

@@ -213,8 +213,10 @@ def test_cohere_errors_name_the_field_with_cohere_codes(deployment: Deployment) 
     refused({"model": "m", "query": q, "documents": ["a", "x" * (MAX_CHARS + 1)]}, 400, "documents[1]", str(MAX_CHARS))
     refused({"model": "m", "query": q, "documents": ["x" * 2000] * MAX_DOCUMENTS * 3}, 413, "bytes")
     refused(None, 400, "not valid JSON", raw=b'{"model": "m", "query": ')
-    v1 = deployment.post("/v1/rerank", {"query": q, "documents": [{"title": "no text"}]})
-    assert v1.status_code == 400 and "documents[0]" in v1.json()["message"]
+    # An object without text is an empty text (scored last, test_blank_documents.py); rank_fields
+    # that no document has is a mistake, refused.
+    v1 = deployment.post("/v1/rerank", {"query": q, "documents": [{"title": "t"}], "rank_fields": ["titel"]})
+    assert v1.status_code == 400 and "rank_fields" in v1.json()["message"]
 
 
 def test_more_documents_than_a_window_holds_are_scored_in_windows_and_ranked_together(deployment: Deployment) -> None:
@@ -375,6 +377,13 @@ def test_keys_are_required_and_map_to_tenant_chain_and_devices(deployment: Deplo
         "/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}], "chain": "other"}, key="pinned"
     )
     assert refused.status_code == 403 and refused.json()["error"]["field"] == "chain"
+    # A key bound to no profile may choose among the configured ones, and only those.
+    candidates = [{"id": "a", "text": "t"}]
+    chosen = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "chain": "FAST"}, key="acme")
+    assert chosen.status_code == 201, chosen.text
+    unknown = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "chain": "nope"}, key="acme")
+    assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "chain", unknown.text
+    assert "RERANKQ_CHAIN_NOPE" in unknown.json()["error"]["message"]
     # Another tenant cannot read it, nor learn that it exists.
     assert deployment.get(f"/v1/streams/{stream_id}", key="other").status_code == 404
     assert deployment.get(f"/v1/streams/{stream_id}", key="acme").status_code == 200
@@ -703,6 +712,32 @@ def test_retry_after_follows_the_measured_drain_rate(redis_server) -> None:
         raw.delete(queue)
         raw.close()
     assert retry_after == math.ceil((80 - 10) / rate)
+
+
+def test_the_backlog_sampler_stops_even_when_its_cancellation_is_lost(redis_server) -> None:
+    """The gateway's shutdown waits for its sampler: stopped at any moment of its first sample
+    (when redis-py is still connecting, and may swallow a cancellation), it ends within its
+    sample interval, 100 times out of 100."""
+    settings = load_settings(queue_env(redis_server.url, "r" + uuid.uuid4().hex[:10]))
+    gateway = load_gateway_settings({}, drain_sample_s=0.05)
+
+    async def run() -> int:
+        ended = 0
+        for attempt in range(100):
+            client = redis.asyncio.Redis.from_url(redis_server.url)  # a fresh connection each time
+            backlog = Backlog(client, CountingDispatcher(settings), settings, gateway)
+            sampler = asyncio.create_task(backlog.sample_forever())
+            await asyncio.sleep((attempt % 20) * 0.0001)
+            backlog.stop()
+            sampler.cancel()
+            done, _ = await asyncio.wait({sampler}, timeout=5)
+            ended += len(done)
+            if not done:
+                sampler.cancel()  # leave nothing behind when it fails
+            await client.aclose()
+        return ended
+
+    assert asyncio.run(run()) == 100
 
 
 # -- the process --------------------------------------------------------------------------------

@@ -343,7 +343,7 @@ def committed(client, stream: str, n: int) -> list:
 def test_instructions_through_a_worker_reach_vllm_key_the_cache_and_are_recorded(server, start_worker, make_client):
     endpoint, tei = server("vllm"), server("tei")
     worker = start_worker(env=worker_env(endpoint.url, tei.url))
-    client = make_client()
+    client = make_client(worker_env(endpoint.url, tei.url))
     candidates = make_candidates(8)
 
     first = client.open(QUERY, candidates, window_size=8, allow_shallow=True, instruction=INSTRUCTION)

@@ -187,7 +187,8 @@ def test_redaction_covers_urls_bearer_tokens_and_stdlib_records():
 
 
 def test_size_limits_refuse_before_anything_is_written(make_client, raw_redis, namespace):
-    client = make_client(max_stream_bytes=4096, max_text_chars=1000, max_query_chars=50)
+    # The document budget within the text bound, as load requires (a budget past it fails every open).
+    client = make_client(max_stream_bytes=4096, max_text_chars=1000, max_query_chars=50, document_budget=1000)
     cases = {
         "candidates": [{"id": f"c{i}", "text": "x" * 900} for i in range(10)],  # over the stream bound
         "candidates[0].text": [{"id": "c0", "text": "x" * 1001}],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -225,6 +226,156 @@ def test_rerankq_config_prints_the_effective_settings_and_their_sources_with_sec
         check=True,
     ).stdout
     assert "RERANKQ_WINDOW_SIZE" in table and "RERANKQ_BREAKER_FAILURES" not in table and "hunter2" not in table
+
+
+def test_rerankq_config_masks_every_secret_a_url_carries():
+    """What ``inspect`` and the logs mask, ``config`` masks too: a member URL's query secrets
+    and every Sentinel host's password, in the table and in --json."""
+    secrets = ["s3cret-one", "s3cret-two", "s3cret-three", "s3cret-four", "s3cret-five", "s3cret-six"]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "RERANKQ_REDIS_URL": f"redis+sentinel://:{secrets[0]}@h1:26379,:{secrets[1]}@h2:26379/svc",
+        "RERANKQ_BROKER_URL": f"redis://127.0.0.1:6379/1?password={secrets[2]}",
+        "RERANKQ_RERANKER_PROVIDER": "http",
+        "RERANKQ_RERANKER_URL": f"https://rerank.example/v1?api_key={secrets[3]}&token={secrets[4]}&region=eu",
+        "RERANKQ_RERANKER_1_PROVIDER": "tei",
+        "RERANKQ_RERANKER_1_URL": f"https://tei.example/?x-api-key={secrets[5]}",
+    }
+    for args in (["config", "--json"], ["config"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", *args],
+            env={**env, "COLUMNS": "400"},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        for secret in secrets:
+            assert secret not in done.stdout, (args, secret)
+        assert "region=eu" in done.stdout  # what is not secret stays readable
+    rows = {row["variable"]: row["value"] for row in json.loads(done_json(env))["settings"]}
+    assert rows["RERANKQ_RERANKER_URL"] == "https://rerank.example/v1?api_key=***&token=***&region=eu"
+    assert "h1:26379" in rows["RERANKQ_REDIS_URL"] and "h2:26379/svc" in rows["RERANKQ_REDIS_URL"]
+
+
+def done_json(env: dict[str, str]) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", "config", "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
+# -- bounds --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"RERANKQ_STREAM_TTL_S": "99999999999999999999"}, "RERANKQ_STREAM_TTL_S"),
+        ({"RERANKQ_STREAM_TTL_S": "604801"}, "RERANKQ_STREAM_TTL_S"),  # past the longest ttl_s an open takes
+        ({"RERANKQ_GATEWAY_STREAM_TTL_S": "604801"}, "RERANKQ_GATEWAY_STREAM_TTL_S"),
+        ({"RERANKQ_SWEEP_INTERVAL_S": "inf"}, "RERANKQ_SWEEP_INTERVAL_S"),
+        ({"RERANKQ_SWEEP_INTERVAL_S": "nan"}, "RERANKQ_SWEEP_INTERVAL_S"),
+        ({"RERANKQ_RERANKER_TIMEOUT_S": "1e-300"}, "RERANKQ_RERANKER_TIMEOUT_S"),
+        (
+            {"RERANKQ_RERANKER_1_PROVIDER": "rrf", "RERANKQ_RERANKER_1_CONNECT_TIMEOUT_S": "inf"},
+            "RERANKQ_RERANKER_1_CONNECT_TIMEOUT_S",
+        ),
+        ({"RERANKQ_BREAKER_COOLDOWN_S": "inf"}, "RERANKQ_BREAKER_COOLDOWN_S"),
+        ({"RERANKQ_GATEWAY_TIMEOUT_S": "1e-300"}, "RERANKQ_GATEWAY_TIMEOUT_S"),
+        ({"RERANKQ_SOFT_SHUTDOWN_S": "inf"}, "RERANKQ_SOFT_SHUTDOWN_S"),
+        ({"RERANKQ_COALESCE_DELAY_MS": "inf"}, "RERANKQ_COALESCE_DELAY_MS"),
+        ({"RERANKQ_CACHE_TTL_S": "99999999999999999999"}, "RERANKQ_CACHE_TTL_S"),
+        ({"RERANKQ_EVENT_LOG_MAXLEN": "99999999999999999999"}, "RERANKQ_EVENT_LOG_MAXLEN"),
+        ({"RERANKQ_MIN_SCORE": "1.5"}, "RERANKQ_MIN_SCORE"),  # min_score is within [0, 1]
+        ({"RERANKQ_MIN_FINAL_SCORE": "inf"}, "RERANKQ_MIN_FINAL_SCORE"),  # min_final_score is finite
+        ({"RERANKQ_FLAT_RANGE": "inf"}, "RERANKQ_FLAT_RANGE"),
+        ({"RERANKQ_DOCUMENT_BUDGET": "70000"}, "RERANKQ_DOCUMENT_BUDGET"),  # past RERANKQ_MAX_TEXT_CHARS
+    ],
+    ids=lambda value: next(iter(value.values())) if isinstance(value, dict) else value,
+)
+def test_a_setting_out_of_the_bounds_of_what_it_feeds_is_refused_at_load(environ, named):
+    assert refused(environ).variable == named
+
+
+def test_rerankq_config_refuses_a_stream_ttl_every_open_would_refuse():
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "config"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_STREAM_TTL_S": "99999999999999999999"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "RERANKQ_STREAM_TTL_S" in done.stderr, done.stdout[-500:] + done.stderr
+
+
+def test_every_setting_that_is_an_options_default_has_the_options_bounds():
+    """A deployment default is what an open gets when the caller says nothing: it must be a
+    value the caller could have said."""
+    import typing
+
+    import msgspec
+
+    from producer.options import StreamOptions
+    from producer.settings.model import SECTIONS
+    from producer.settings.variables import struct_fields
+
+    def bounds(annotation):
+        found = {}
+        stack = [annotation]
+        while stack:
+            current = stack.pop()
+            for meta in getattr(current, "__metadata__", ()):
+                if isinstance(meta, msgspec.Meta):
+                    found.update(
+                        {k: getattr(meta, k) for k in ("gt", "ge", "lt", "le") if getattr(meta, k) is not None}
+                    )
+            stack.extend(a for a in getattr(current, "__args__", ()) if a is not type(None))
+        if isinstance(found.get("gt"), int):  # for integers, > 0 is >= 1
+            found["ge"] = found.pop("gt") + 1
+        return found
+
+    hints = typing.get_type_hints(StreamOptions, include_extras=True)
+    options = {name: bounds(annotation) for name, annotation in hints.items()}
+    feeds = {
+        ("streams", "stream_ttl_s"): "ttl_s",
+        ("gateway", "stream_ttl_s"): "ttl_s",
+        ("streams", "min_score"): "min_score",
+        ("streams", "window_size"): "window_size",
+        ("streams", "document_budget"): "document_budget",
+        ("budget", "max_rerank_candidates"): "max_rerank_candidates",
+        ("budget", "max_candidates_per_source"): "max_candidates_per_source",
+    }
+    for (section, name), option in feeds.items():
+        field = next(f for f in struct_fields(SECTIONS[section]) if f.name == name)
+        setting = bounds(field.annotation)
+        for limit, value in options[option].items():
+            assert setting.get(limit) == value, (section, name, option, limit, setting)
+
+
+def test_a_settings_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "rerankq.toml"
+    os.mkfifo(fifo)  # a reader would wait for a writer that never comes
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "config"],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_CONFIG_FILE": str(fifo)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("rerankq config still waiting on the FIFO 60 s later")
+    assert done.returncode != 0 and "RERANKQ_CONFIG_FILE" in done.stderr and "not a regular file" in done.stderr
 
 
 def test_the_sections_hold_what_the_flat_struct_held():

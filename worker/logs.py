@@ -17,24 +17,15 @@ from typing import Any
 import structlog
 
 from producer.logs import LevelCheckedLogger
+from producer.masking import mask_text
 
-# Keys whose values never reach a log line, and URL passwords wherever they appear.
+# Keys whose values never reach a log line; in text, what producer.masking masks everywhere
+# (URL credentials, secret query values, Bearer tokens).
 _SECRET_KEYS = re.compile(r"(api_?key|password|secret|token|authorization)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(
-    r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]+)@", re.IGNORECASE
-)
-_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-~+/=]+", re.IGNORECASE)
 
 
-# What each pattern above needs to match at all: one cheap search spares most lines both subs.
-_MAY_HOLD_SECRET = re.compile(r"://|bearer", re.IGNORECASE)
-
-
-def redact_text(text: str) -> str:
-    if not _MAY_HOLD_SECRET.search(text):
-        return text
-    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
-    return _BEARER.sub(r"\1***", text)
+#: One masking for every line, the worker's, the gateway's and every command's message.
+redact_text = mask_text
 
 
 def _redact(value: Any) -> Any:

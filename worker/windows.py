@@ -46,6 +46,9 @@ T = TypeVar("T")
 # restarting one, not turned into a lost or failed window.
 FULL_REDIS_MAX_BACKOFF_S = 2.0
 
+#: Who served a window none of whose candidates has text: nobody was asked.
+NO_TEXT = "no_text"
+
 
 class Undecodable(Exception):
     """The stored spec or a candidate cannot be decoded: the window can only fail."""
@@ -255,7 +258,13 @@ class WindowScorer:
             chain=spec.chain,
             instruction=spec.instruction,
         )
-        outcome = self.chain.run(request)
+        # Nothing to read (every candidate blank): no member is asked, as a member would refuse
+        # a request of no documents (TEI: 400 "`texts` cannot be empty") or be paid for one.
+        outcome = (
+            self.chain.run(request)
+            if request.documents
+            else ChainOutcome(served_by=NO_TEXT, scale="probability", scores=[])
+        )
         spans = None
         if passages is not None:
             spans = scored_passages(passages, outcome, spec, documents)

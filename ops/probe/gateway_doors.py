@@ -13,10 +13,19 @@ Then, each bounded in count and time:
   a time, one sending nothing, and one idle after a response are all closed;
 - ``nested_json``: 10,000-level nesting in a v1 document object, metadata, boosts and a field
   TEI ignores is a 4xx naming the field, and no ``RecursionError`` reaches the log;
-- ``whitespace_documents``: refused naming the document;
+- ``blank_documents``: a blank document (empty, white space, U+2028, U+3000, U+200B, U+FEFF,
+  U+0000, ``null`` text) is answered last by every route (``/v2/rerank``, ``/v1/rerank``, TEI's
+  ``/rerank``, ``/v1/streams``) and never reaches the member; a blank query is refused, naming it;
+- ``id_escapes``: a candidate id carrying terminal escapes is refused naming it, and
+  ``rerankq pull`` prints a document's escapes escaped, never raw;
+- ``submit_nested``: a 1,500-level JSONL line in ``rerankq submit --on-error skip`` is a bad line
+  naming its field, skipped, never a ``RecursionError``;
+- ``unknown_chain``: a chain profile nobody configured is refused at open (422 naming ``chain``)
+  while a configured one is served;
 - ``quiet_stream``: an event stream with nothing to say gets heartbeats and no error past 15 s;
 - ``bad_last_event_id``: an out-of-range ``Last-Event-ID`` is a 400 naming the header;
-- ``secret_in_url``: a key in the query string does not reach the access log;
+- ``secret_in_url``: a key in the query string (``api_key``, ``token``, ``x_api_key``,
+  ``bearer``, ``key[]``) does not reach the access log;
 - ``one_tenant_streams``: tenant A opening 120 event streams is held to its share (429)
   while tenant B's rerank, B's own stream and ``/ready`` still answer;
 - ``concurrent_reranks``: 130 concurrent fresh ``/v2/rerank`` calls get 200 (or 429), never 503;
@@ -51,6 +60,7 @@ from typing import Any
 
 import httpx
 
+from ops.probe.runner import ProbeFailed, check, run_each
 from producer.gateway.auth import digest, new_key
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 from worker.embedded.worker_process import WorkerProcess
@@ -65,15 +75,6 @@ DOCS = [
 ]
 
 
-class ProbeFailed(Exception):
-    pass
-
-
-def check(condition: bool, why: str) -> None:
-    if not condition:
-        raise ProbeFailed(why)
-
-
 # -- the deployment -------------------------------------------------------------------------------
 
 
@@ -86,6 +87,7 @@ class SlowMember:
         #: The largest request body (bytes, as received) and the longest text in any request.
         self.largest_body = 0
         self.longest_text = 0
+        self.texts: list[str] = []
         self._lock = threading.Lock()
         member = self
 
@@ -96,6 +98,7 @@ class SlowMember:
                 texts = body.get("texts") or []
                 with member._lock:
                     member.requests += 1
+                    member.texts.extend(texts)
                     member.largest_body = max(member.largest_body, len(raw))
                     member.longest_text = max([member.longest_text, *(len(t) for t in texts)])
                 time.sleep(MEMBER_DELAY_S + per_text_s * len(texts))
@@ -124,6 +127,10 @@ class SlowMember:
     def count(self) -> int:
         with self._lock:
             return self.requests
+
+    def texts_sent(self) -> list[str]:
+        with self._lock:
+            return list(self.texts)
 
     def start(self) -> SlowMember:
         self._thread.start()
@@ -155,6 +162,7 @@ class Deployment:
                 "RERANKQ_RERANKER_URL": self.member.url,
                 "RERANKQ_RERANKER_TIMEOUT_S": "5",
                 "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+                "RERANKQ_CHAIN_FAST": "0",
                 **(env or {}),
             }
         )
@@ -328,15 +336,142 @@ def probe_nested_json(d: Deployment) -> None:
     check("RecursionError" not in d.log(), "a RecursionError reached the log")
 
 
-def probe_whitespace_documents(d: Deployment) -> None:
-    answer = httpx.post(
-        d.url + "/v2/rerank",
-        json={"model": "m", "query": "q", "documents": ["a", "  \n "]},
+def served_page(d: Deployment, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Open a stream through ``POST /v1/streams`` and read its first page, waiting for it."""
+    opened = httpx.post(d.url + "/v1/streams", json={**body, "allow_shallow": True}, headers=d.auth(tenant), timeout=30)
+    check(opened.status_code == 201, f"/v1/streams: answered {opened.status_code}: {opened.text[:120]}")
+    page = httpx.get(
+        f"{d.url}/v1/streams/{opened.json()['stream_id']}/page",
+        params={"offset": 0, "limit": 20, "wait": 30},
+        headers=d.auth(tenant),
+        timeout=60,
+    )
+    check(page.status_code == 200, f"the page: answered {page.status_code}")
+    answer: dict[str, Any] = page.json()
+    return answer
+
+
+BLANKS = ["", " \n\t", "\u2028", "\u3000", "\u200b", "\ufeff", "\u0000"]
+
+
+def probe_blank_documents(d: Deployment) -> None:
+    real = ["checkout failed after the certificate expired", "how to recover checkout"]
+    documents = [real[0], *BLANKS, real[1]]
+    blank = set(range(1, 1 + len(BLANKS)))
+    tag = uuid.uuid4().hex[:8]  # fresh queries: no answer retained from an earlier run
+
+    def ranked(path: str, body: dict[str, object], key: str) -> list[int]:
+        answer = httpx.post(d.url + path, json=body, headers=d.auth("a"), timeout=60)
+        check(answer.status_code == 200, f"{path}: answered {answer.status_code}: {answer.text[:120]}")
+        rows = answer.json()["results"] if isinstance(answer.json(), dict) else answer.json()
+        scores = [r[key] for r in rows]
+        check(all(isinstance(x, float) for x in scores), f"{path}: a score that is not a number: {scores}")
+        return [r["index"] for r in rows]
+
+    before = len(d.member.texts_sent())
+    orders = {
+        "/v2/rerank": ranked(
+            "/v2/rerank", {"model": "m", "query": f"q v2 {tag}", "documents": documents}, "relevance_score"
+        ),
+        "/v1/rerank": ranked(
+            "/v1/rerank",
+            {"query": f"q v1 {tag}", "documents": [{"text": t} for t in documents[:-1]] + [{"text": None}]},
+            "relevance_score",
+        ),
+        "/rerank": ranked("/rerank", {"query": f"q tei {tag}", "texts": documents}, "score"),
+    }
+    for path, order in orders.items():
+        check(len(order) == len(documents), f"{path}: {len(order)} of {len(documents)} documents answered")
+        last = blank if path != "/v1/rerank" else {*blank, len(documents) - 1}
+        check(set(order[-len(last) :]) == last, f"{path}: the blank documents are not last: {order}")
+    candidates = [{"id": f"d{i}", "text": t} for i, t in enumerate(documents)]
+    page = served_page(d, "a", {"query": f"q streams {tag}", "candidates": candidates})
+    ids = [r["decision"]["id"] for r in page["rows"]]
+    check(page["complete"] and len(ids) == len(documents), f"/v1/streams: {len(ids)} rows, complete={page['complete']}")
+    check({int(i[1:]) for i in ids[-len(blank) :]} == blank, f"/v1/streams: the blank documents are not last: {ids}")
+    sent = d.member.texts_sent()[before:]
+    check(not [t for t in sent if t in BLANKS], "a blank document reached the member")
+    for path, body, status in [
+        ("/v2/rerank", {"model": "m", "query": "\u200b ", "documents": real}, 400),
+        ("/rerank", {"query": "\ufeff", "texts": real}, 422),
+        ("/v1/streams", {"query": "\u3000", "candidates": [{"id": "a", "text": real[0]}]}, 422),
+    ]:
+        answer = httpx.post(d.url + path, json=body, headers=d.auth("a"), timeout=30)
+        check(answer.status_code == status and "query" in answer.text, f"a blank query to {path}: {answer.status_code}")
+
+
+ESCAPES = "\x1b]0;PWNED\x07\x1b[2J"
+
+
+def probe_id_escapes(d: Deployment) -> None:
+    refused = httpx.post(
+        d.url + "/v1/streams",
+        json={"query": "q", "candidates": [{"id": f"id{ESCAPES}", "text": "t"}]},
         headers=d.auth("a"),
         timeout=30,
     )
-    check(answer.status_code == 400, f"answered {answer.status_code}")
-    check("documents[1]" in answer.text, "the answer does not name documents[1]")
+    check(refused.status_code == 422, f"an id with escapes: answered {refused.status_code}")
+    check(refused.json()["error"]["field"] == "candidates[0].id", f"the refusal names {refused.json()['error']}")
+    opened = httpx.post(
+        d.url + "/v1/streams",
+        json={"query": "q", "candidates": [{"id": "c0", "text": f"payment error {ESCAPES} \u202eevil"}]},
+        headers=d.auth("a"),
+        timeout=30,
+    )
+    check(opened.status_code == 201, f"a document with escapes: answered {opened.status_code}")
+    pulled = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "pull", opened.json()["stream_id"], "--timeout", "30"],
+        env=d.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    check(pulled.returncode == 0, f"rerankq pull exited {pulled.returncode}: {pulled.stderr[-200:]!r}")
+    check("PWNED" in pulled.stdout, "rerankq pull did not print the document")
+    raw = [ch for ch in "\x1b\x07\u202e" if ch in pulled.stdout]
+    check(not raw, f"rerankq pull printed {raw!r} raw to the terminal")
+
+
+def probe_submit_nested(d: Deployment) -> None:
+    jobs = d.tmp / f"nested-{uuid.uuid4().hex[:6]}.jsonl"
+    deep = '{"m": ' * 1500 + "1" + "}" * 1500
+    good = {"id": "good", "query": "checkout", "candidates": [{"id": "a", "text": DOCS[0]}]}
+    bad = '{"id": "deep", "query": "q", "candidates": [{"id": "a", "text": "t", "metadata": ' + deep + "}]}"
+    jobs.write_text(json.dumps(good) + "\n" + bad + "\n")
+    out = jobs.with_suffix(".out.jsonl")
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "submit", str(jobs), "--out", str(out), "--on-error", "skip"]
+        + ["--allow-shallow"],
+        env=d.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = done.stdout + done.stderr
+    check("RecursionError" not in said and "Traceback" not in said, f"a traceback: {said[-200:]!r}")
+    check(done.returncode == 1, f"exited {done.returncode}, not 1 (a line skipped): {said[-200:]!r}")
+    check(
+        f"skipped {jobs}:2: candidates[0].metadata" in done.stdout, f"the skip does not name the field: {said[-200:]!r}"
+    )
+    check([json.loads(line)["id"] for line in out.read_text().splitlines()] == ["good"], "the good job was not served")
+
+
+def probe_unknown_chain(d: Deployment) -> None:
+    candidates = [{"id": "a", "text": DOCS[0]}]
+    refused = httpx.post(
+        d.url + "/v1/streams",
+        json={"query": "q", "candidates": candidates, "chain": "nope"},
+        headers=d.auth("a"),
+        timeout=30,
+    )
+    check(refused.status_code == 422, f"an unknown profile: answered {refused.status_code}")
+    check(refused.json()["error"]["field"] == "chain", f"the refusal names {refused.json()['error']}")
+    page = served_page(d, "b", {"query": f"q {uuid.uuid4().hex[:6]}", "candidates": candidates, "chain": "FAST"})
+    check(
+        page["complete"] and page["rows"][0]["decision"]["served_by"] == "0:tei", f"not served by the profile: {page}"
+    )
 
 
 def quiet_stream(d: Deployment, tenant: str) -> str:
@@ -380,9 +515,15 @@ def probe_bad_last_event_id(d: Deployment) -> None:
 
 def probe_secret_in_url(d: Deployment) -> None:
     secret = "rq_" + uuid.uuid4().hex
-    httpx.get(f"{d.url}/health?api_key={secret}&token={secret}", timeout=10)
-    time.sleep(0.3)
-    check(secret not in d.log(), "the key in the URL reached the access log")
+    names = ["api_key", "token", "x_api_key", "X-Api-Key", "bearer", "key[]", "key%5B%5D", "signature"]
+    marker = uuid.uuid4().hex
+    query = "&".join(f"{name}={secret}" for name in names)
+    httpx.get(f"{d.url}/health?{query}&keep={marker}", timeout=10)
+    deadline = time.monotonic() + 5
+    while marker not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(marker in d.log(), "the request did not reach the access log")
+    check(secret not in d.log(), "a key in the URL reached the access log")
 
 
 def probe_one_tenant_streams(d: Deployment) -> None:
@@ -456,6 +597,12 @@ def probe_cross_tenant_cache(d: Deployment) -> None:
     check(second.json()["results"] == first.json()["results"], "the two tenants' scores differ (lost data)")
 
 
+def gateway_down(d: Deployment) -> str | None:
+    if d.alive():
+        return None
+    return f"the gateway exited ({d.gateway.returncode if d.gateway else '?'})"
+
+
 def probes(quiet_s: float) -> list[tuple[str, Callable[[Deployment], None]]]:
     return [
         ("huge_header", probe_huge_header),
@@ -463,7 +610,10 @@ def probes(quiet_s: float) -> list[tuple[str, Callable[[Deployment], None]]]:
         ("idle_connection", probe_idle_connection),
         ("idle_keep_alive", probe_idle_keep_alive),
         ("nested_json", probe_nested_json),
-        ("whitespace_documents", probe_whitespace_documents),
+        ("blank_documents", probe_blank_documents),
+        ("id_escapes", probe_id_escapes),
+        ("submit_nested", probe_submit_nested),
+        ("unknown_chain", probe_unknown_chain),
         ("quiet_stream", lambda d: probe_quiet_stream(d, quiet_s)),
         ("bad_last_event_id", probe_bad_last_event_id),
         ("secret_in_url", probe_secret_in_url),
@@ -501,20 +651,7 @@ def run_probes(
         print(f"probe deployment: FAIL {type(exc).__name__}: {str(exc)[:300]}")
         return 2
     try:
-        for name, probe in chosen:
-            if only and name not in only:
-                continue
-            try:
-                probe(d)
-                if not d.alive():
-                    raise ProbeFailed(f"the gateway exited ({d.gateway.returncode if d.gateway else '?'})")
-                print(f"probe {name}: ok", flush=True)
-            except ProbeFailed as why:
-                failed += 1
-                print(f"probe {name}: FAIL {why}", flush=True)
-            except Exception as exc:  # noqa: BLE001 - a probe that crashes is a failure, reported
-                failed += 1
-                print(f"probe {name}: FAIL {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        failed = run_each(chosen, d, only, gateway_down)
         for line in d.log().splitlines():
             if " ERROR " in line or "Traceback" in line:
                 failed += 1

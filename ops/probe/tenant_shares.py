@@ -38,7 +38,8 @@ from collections.abc import Callable
 
 import httpx
 
-from ops.probe.gateway_doors import MEMBER_DELAY_S, Deployment, check, run_probes
+from ops.probe.gateway_doors import MEMBER_DELAY_S, Deployment, run_probes
+from ops.probe.runner import check
 from producer import RerankClient, load_settings
 from producer.fair_share import bucket_for
 

@@ -126,6 +126,7 @@ def create_app(settings: Settings, config: GatewaySettings, keyring: KeyRing) ->
         try:
             yield
         finally:
+            backlog.stop()
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler

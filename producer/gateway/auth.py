@@ -26,12 +26,15 @@ import msgspec
 from producer.errors import ConfigError
 from producer.gateway.config import Device, GatewaySettings, variable
 from producer.gateway.problems import Problem
+from producer.setting_files import read_regular_file
 from producer.settings import Settings, chain_profile_variable
 
 ALL_DEVICES: tuple[Device, ...] = ("cpu", "gpu", "any")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 TENANT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 KEY_PREFIX = "rq_"
+#: A keys file of a hundred thousand entries is 15 MB.
+MAX_KEYS_FILE_BYTES = 16 * 1024 * 1024
 
 
 class KeyEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -118,11 +121,7 @@ def load_keyring(gateway: GatewaySettings, settings: Settings) -> KeyRing:
         return KeyRing([], insecure=True)
     if gateway.keys_file:
         source = variable("keys_file")
-        try:
-            with open(gateway.keys_file, "rb") as fh:
-                raw = fh.read()
-        except OSError as exc:
-            raise ConfigError(source, f"cannot read {gateway.keys_file}: {exc.strerror}") from None
+        raw = read_regular_file(gateway.keys_file, limit=MAX_KEYS_FILE_BYTES, variable=source)
     elif gateway.keys:
         source, raw = variable("keys"), gateway.keys.encode()
     else:

@@ -186,7 +186,15 @@ async def rerank_v2(request: Request) -> Response:
 
 def v1_texts(documents: list[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:
     """What is scored for each v1 document: the string, an object's ``text``, or with
-    ``rank_fields`` those fields of the object as ``field: value`` lines, in that order."""
+    ``rank_fields`` those fields of the object as ``field: value`` lines, in that order.
+
+    An object without ``text`` (or with ``null``: haystack's ``content=None``) is an empty
+    text, scored last like any blank one. ``rank_fields`` that no document has is a mistake
+    in the request, refused."""
+    if rank_fields is not None and not any(
+        isinstance(d, dict) and any(d.get(name) is not None for name in rank_fields) for d in documents
+    ):
+        raise Problem("invalid", f"rank_fields: no document has any of the fields {rank_fields}", field="rank_fields")
     texts = []
     for i, document in enumerate(documents):
         if isinstance(document, str):
@@ -201,9 +209,6 @@ def v1_texts(documents: list[str | dict[str, Any]], rank_fields: list[str] | Non
             if not isinstance(value, str):
                 raise Problem("invalid", f"documents[{i}].{name}: must be a string", field=f"documents[{i}].{name}")
             lines.append(value if rank_fields is None else f"{name}: {value}")
-        if not lines:
-            missing = "text" if rank_fields is None else f"any of the rank_fields {rank_fields}"
-            raise Problem("invalid", f"documents[{i}]: has no {missing}", field=f"documents[{i}]")
         texts.append("\n".join(lines))
     return texts
 

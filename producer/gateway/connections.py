@@ -14,30 +14,22 @@ timeout starts only after a response). ``GuardedHttpTools`` adds what it lacks:
   closed. Between requests uvicorn's own keep-alive timeout (``RERANKQ_GATEWAY_KEEP_ALIVE_S``)
   closes an idle connection sooner.
 - **Access log**: with ``--access-log``, the values of secret-looking query parameters
-  (``api_key``, ``key``, ``token``, ...) are masked in the line uvicorn writes.
+  (``api_key``, ``x_api_key``, ``token``, ``bearer``, ``key[]``, ...) are masked in the line
+  uvicorn writes, by the masking every other log line and message uses (``producer.masking``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from producer.gateway.config import GatewaySettings
+from producer.masking import mask_text
 
-#: Query parameters whose values never reach a log line.
-SECRET_PARAMETERS = re.compile(
-    r"(?i)((?:^|[?&;])(?:api[_-]?key|key|token|access[_-]?token|auth|authorization|password|secret|"
-    r"signature|sig)=)[^&;#\s]*"
-)
 _END_OF_HEAD = b"\r\n\r\n"
-
-
-def mask_query(text: str) -> str:
-    return SECRET_PARAMETERS.sub(r"\1***", text)
 
 
 class MaskingAccessLogger:
@@ -47,7 +39,7 @@ class MaskingAccessLogger:
         self.logger = logger
 
     def info(self, message: str, *args: Any, **kwargs: Any) -> None:
-        self.logger.info(message, *(mask_query(a) if isinstance(a, str) and "=" in a else a for a in args), **kwargs)
+        self.logger.info(message, *(mask_text(a) if isinstance(a, str) else a for a in args), **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.logger, name)

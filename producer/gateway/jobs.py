@@ -108,4 +108,6 @@ def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
     # A flat stretch of a calibration map ties documents the member scored apart: its own score
     # breaks the tie (uncalibrated, raw_score is unset and the order is as it always was).
     decisions.sort(key=lambda d: (-d.score, -(d.score if d.raw_score is None else d.raw_score), d.index))
-    return [Scored(d.index, d.score) for d in decisions]
+    # A blank document scores minus infinity, which JSON cannot carry: it is answered with the
+    # lowest score the APIs have (0; TEI's raw score is that one's logit), still last.
+    return [Scored(d.index, d.score if math.isfinite(d.score) else 0.0) for d in decisions]

@@ -3,23 +3,30 @@
 The key itself goes to stdout, once, and nowhere else: the file keeps only its SHA-256
 (``producer.gateway.auth``). The file is replaced atomically, so a gateway reading it
 never sees half of it, and only when it already is a keys file: a file that is not one
-is left as it was.
+is left as it was. Runs at once on one file each keep their entry: the read, the check and
+the replace happen under an exclusive lock on the file's directory (a lock on the file
+itself would be lost with the inode the replace retires). A keys file that is a symbolic
+link is written through to its target, so the link stays a link.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from producer.errors import ConfigError
-from producer.gateway.auth import ALL_DEVICES, TENANT_NAME, digest, new_key, parse_entries
+from producer.gateway.auth import ALL_DEVICES, MAX_KEYS_FILE_BYTES, TENANT_NAME, digest, new_key, parse_entries
 from producer.gateway.config import variable
+from producer.setting_files import read_regular_file
 
 EPILOG = """\b
 Examples:
@@ -118,16 +125,38 @@ def _check_chain(entry: dict[str, Any]) -> None:
         )
 
 
+@contextlib.contextmanager
+def _directory_locked(directory: Path, source: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory``: it leaves no lock file behind, and every
+    keygen on a file in it waits its turn (released when the descriptor closes)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ConfigError(source, f"cannot open its directory {directory}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _append(path: Path, entry: dict[str, Any]) -> int:
     """Add ``entry`` to the keys file at ``path`` atomically; the number of keys it holds now."""
     source = f"--keys-file {path}"
-    try:
-        raw = path.read_bytes()
+    # Through a symbolic link to the file it names: replacing the link would cut it.
+    target = Path(os.path.realpath(path))
+    directory = target.parent
+    with _directory_locked(directory, source):
+        return _append_locked(target, entry, source)
+
+
+def _append_locked(path: Path, entry: dict[str, Any], source: str) -> int:
+    if os.path.lexists(path):  # no one else creates it while the directory is locked
+        # What the gateway will read, checked as it checks it: a regular file of bounded size.
+        raw = read_regular_file(str(path), limit=MAX_KEYS_FILE_BYTES, variable=source)
         mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
+    else:
         raw, mode = b"", 0o600
-    except OSError as exc:
-        raise ConfigError(source, f"cannot read it: {exc.strerror}") from None
     existing: list[dict[str, Any]] = []
     if raw.strip() not in (b"", b"[]"):
         try:
@@ -138,9 +167,8 @@ def _append(path: Path, entry: dict[str, Any]) -> int:
         existing = json.loads(raw)  # as the file has them: checked above, rewritten unchanged
     entries_out = [*existing, entry]
     data = (json.dumps(entries_out, indent=1) + "\n").encode()
-    directory = path.parent if str(path.parent) else Path(".")
     try:
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
         raise ConfigError(source, f"cannot write beside it: {exc.strerror}") from None
     try:

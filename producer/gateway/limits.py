@@ -28,6 +28,7 @@ other tenants are served; the counts are the ledgers', read with each sample.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -121,6 +122,7 @@ class Backlog:
         self.rate: dict[str, float | None] = dict.fromkeys(self.queues.values())
         #: per device: each bucket's windows waiting for its share and their cost, at the last sample.
         self.waiting: dict[str, dict[str, Waiting]] = {device: {} for device in self.queues}
+        self._stopped = asyncio.Event()
 
     def depth(self, device: str) -> int:
         last = self._last.get(self.queues[device])
@@ -222,9 +224,16 @@ class Backlog:
             self.rate[queue] = drained if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * drained
 
     async def sample_forever(self) -> None:
-        while True:
+        """Sample every ``sample_s`` until ``stop()``. Stopping is a flag as well as a
+        cancellation: redis-py (8.1) can swallow a cancel that lands while it opens a
+        connection, and the gateway's shutdown, which waits for this task, would wait forever."""
+        while not self._stopped.is_set():
             try:
                 await self.sample()
             except Exception:  # noqa: BLE001 - a Redis blip skips a sample; /ready reports Redis itself
                 pass
-            await asyncio.sleep(self.sample_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self.sample_s)
+
+    def stop(self) -> None:
+        self._stopped.set()

@@ -87,10 +87,20 @@ serve.add_command(keygen)
 
 def run_server(settings: Settings, config: GatewaySettings, keyring: KeyRing, overrides: dict[str, Any]) -> int:
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     from producer.gateway.app import create_app
     from producer.gateway.connections import GuardedHttpTools, GuardedHttpToolsFromEnvironment
+    from producer.gateway.listen import address, bind, bound_address
 
+    # Bound before the app starts: a port in use exits here, having started nothing.
+    try:
+        sockets = bind(config.host, config.port)
+    except OSError as exc:
+        log.error("gateway_cannot_listen", address=address(config.host, config.port), problem=str(exc))
+        return STARTUP_FAILURE
+    for sock in sockets:
+        log.info("gateway_listening", address=bound_address(sock), workers=config.workers)
     common: dict[str, Any] = {
         "host": config.host,
         "port": config.port,
@@ -107,24 +117,29 @@ def run_server(settings: Settings, config: GatewaySettings, keyring: KeyRing, ov
         # Bounds h11 too, should anyone run the app under it (GuardedHttpTools bounds httptools).
         "h11_max_incomplete_event_size": config.max_header_bytes,
     }
-    if config.workers > 1:
-        # Each process builds its own app from the environment: carry the command line there.
-        for name, value in overrides.items():
-            if value is not None:
-                os.environ[variable(name)] = str(value).lower() if isinstance(value, bool) else str(value)
-        uvicorn.run(
-            "producer.gateway.app:app_from_environment",
-            factory=True,
-            workers=config.workers,
-            http=f"{GuardedHttpToolsFromEnvironment.__module__}:{GuardedHttpToolsFromEnvironment.__name__}",
-            **common,
+    try:
+        if config.workers > 1:
+            # Each process builds its own app from the environment: carry the command line there.
+            for name, value in overrides.items():
+                if value is not None:
+                    os.environ[variable(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+            multi = uvicorn.Config(
+                "producer.gateway.app:app_from_environment",
+                factory=True,
+                workers=config.workers,
+                http=f"{GuardedHttpToolsFromEnvironment.__module__}:{GuardedHttpToolsFromEnvironment.__name__}",
+                **common,
+            )
+            Multiprocess(multi, sockets=sockets).run()
+            return 0
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(settings, config, keyring), http=GuardedHttpTools.bounded(config), **common)
         )
-        return 0
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings, config, keyring), http=GuardedHttpTools.bounded(config), **common)
-    )
-    server.run()
-    return 0 if server.started else STARTUP_FAILURE
+        server.run(sockets=sockets)
+        return 0 if server.started else STARTUP_FAILURE
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def main(

@@ -15,7 +15,7 @@ import msgspec
 
 from producer.errors import ValidationError
 from producer.field_errors import from_msgspec
-from producer.gateway.nesting import too_deep_field
+from producer.nesting import too_deep_field
 from producer.validation import MAX_NESTING_DEPTH
 
 Kind = Literal[

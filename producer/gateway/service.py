@@ -12,6 +12,7 @@ import redis
 from starlette.requests import Request
 from starlette.responses import Response
 
+from producer.blank_text import is_blank
 from producer.cost import window_size_within
 from producer.errors import StoreError, StreamNotFound, ValidationError
 from producer.gateway.auth import KeyRing, Principal
@@ -74,8 +75,12 @@ class Gateway:
         return value
 
     def check_query(self, query: str) -> None:
-        if not query.strip():
-            raise Problem("invalid", "query must not be empty or be only whitespace", field="query")
+        if is_blank(query):
+            raise Problem(
+                "invalid",
+                "query must not be empty or blank (white space, control or format characters only)",
+                field="query",
+            )
         if len(query) > self.settings.streams.max_query_chars:
             raise Problem(
                 "invalid",
@@ -93,10 +98,9 @@ class Gateway:
                 "too_many", f"{field}: {len(texts)} given, over the limit of {limit} per request", field=field
             )
         chars = self.config.document_chars(self.settings)
+        # A blank document is accepted, as the real services score an empty text: the worker
+        # scores it minus infinity, last, without sending it (producer.blank_text).
         for i, text in enumerate(texts):
-            if not text.strip():
-                # Whitespace is no text: the worker would score it minus infinity (a null score).
-                raise Problem("invalid", f"{field}[{i}]: must not be empty or only whitespace", field=f"{field}[{i}]")
             if len(text) > chars:
                 raise Problem(
                     "invalid", f"{field}[{i}]: {len(text)} characters, over the limit of {chars}", field=f"{field}[{i}]"

@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from producer.settings.types import PositiveFloat, PositiveInt, doc
+from producer.settings.types import PositiveInt, Seconds, doc
 
 
 class BreakerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -16,5 +16,5 @@ class BreakerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         PositiveInt, doc("a remote member that fails this many times in a row is skipped, by every worker process")
     ] = 3
     cooldown_s: Annotated[
-        PositiveFloat, doc("how long an open breaker skips its member before one probe call is let through")
+        Seconds, doc("how long an open breaker skips its member before one probe call is let through")
     ] = 30.0

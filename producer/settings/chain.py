@@ -8,7 +8,7 @@ import msgspec
 
 from producer.settings.default_chain import default_members
 from producer.settings.members import MemberSettings
-from producer.settings.types import NonNegativeFloat, PositiveFloat, PositiveInt, doc
+from producer.settings.types import NonNegativeFloat, PositiveInt, Seconds, WholeSeconds, doc
 
 
 class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -27,7 +27,7 @@ class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ] = 8
     flat_range: Annotated[NonNegativeFloat, doc("scores whose range is under this are flat")] = 1e-6
     member_restart_s: Annotated[
-        PositiveFloat, doc("a member that failed to start (a missing model) is tried again after this long")
+        Seconds, doc("a member that failed to start (a missing model) is tried again after this long")
     ] = 30.0
     pair_cache: Annotated[
         bool, doc("keep each (member, query, document) score in Redis, so a repeat is not paid for twice")
@@ -37,7 +37,7 @@ class ChainSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pair_cache_shared_across_tenants: Annotated[
         bool, doc("share cached pair scores across tenants (one fleet, one trust domain)")
     ] = False
-    cache_ttl_s: Annotated[PositiveInt, doc("how long a cached pair score is kept")] = 86400
+    cache_ttl_s: Annotated[WholeSeconds, doc("how long a cached pair score is kept")] = 86400
 
     # Written by rerankq calibrate: per-member maps from score to P(relevant).
     calibration: Annotated[

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from producer.errors import ConfigError
 from producer.settings.model import Settings
 from producer.settings.variables import (
@@ -50,6 +52,18 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
                 calibration_profile_variable(name),
                 f"names no chain profile ({chain_profile_variable(name)} is not set)",
             )
+    # Defaults of stream options: each within what a caller could ask for (the types hold the rest).
+    if streams.document_budget > streams.max_text_chars:
+        raise ConfigError(
+            variable("streams.document_budget"),
+            f"{streams.document_budget} exceeds RERANKQ_MAX_TEXT_CHARS={streams.max_text_chars}",
+        )
+    for path, value in (
+        ("streams.min_final_score", streams.min_final_score),
+        ("chain.flat_range", settings.chain.flat_range),
+    ):
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(variable(path), f"must be a finite number, got {value}")
     _check_budget(settings)
     _check_members(settings, names)
     _check_urls(settings)

@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
-from producer.settings.types import PositiveFloat, PositiveInt, doc
+from producer.settings.types import Milliseconds, PositiveInt, doc
 
 
 class EngineSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -42,5 +42,5 @@ class EngineSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             "for the GPU worker and the threads pool, off for prefork)"
         ),
     ] = None
-    coalesce_delay_ms: Annotated[PositiveFloat, doc("how long a coalesced batch waits for more windows")] = 5.0
+    coalesce_delay_ms: Annotated[Milliseconds, doc("how long a coalesced batch waits for more windows")] = 5.0
     coalesce_max_pairs: Annotated[PositiveInt, doc("pairs at which a coalesced batch closes")] = 256

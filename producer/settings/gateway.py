@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import msgspec
 
-from producer.settings.types import Port, PositiveFloat, PositiveInt, doc
+from producer.settings.types import Port, PositiveInt, Seconds, StreamTtl, WholeSeconds, doc
 
 if TYPE_CHECKING:
     from producer.settings.model import Settings
@@ -33,14 +33,14 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         Device, doc("the device queue a request goes to when neither its key, route nor header chooses")
     ] = "cpu"
     timeout_s: Annotated[
-        PositiveFloat,
+        Seconds,
         doc(
             "how long a synchronous rerank waits for its windows before "
             "answering 504 (X-Rerankq-Timeout asks for another)"
         ),
     ] = 30.0
-    max_timeout_s: Annotated[PositiveFloat, doc("the longest wait a caller may ask for")] = 300.0
-    max_wait_s: Annotated[PositiveFloat, doc("the longest long-poll of GET /v1/streams/{id}/page?wait=")] = 60.0
+    max_timeout_s: Annotated[Seconds, doc("the longest wait a caller may ask for")] = 300.0
+    max_wait_s: Annotated[Seconds, doc("the longest long-poll of GET /v1/streams/{id}/page?wait=")] = 60.0
     max_documents: Annotated[PositiveInt, doc("documents per rerank call")] = 1000
     max_document_chars: Annotated[
         PositiveInt | None, doc("code points per document (default: RERANKQ_MAX_TEXT_CHARS)")
@@ -51,10 +51,10 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_backlog: Annotated[
         PositiveInt, doc("windows waiting in the target device queue above which new work is refused with 429")
     ] = 5000
-    max_retry_after_s: Annotated[PositiveInt, doc("the cap on a 429's Retry-After")] = 60
-    drain_sample_s: Annotated[PositiveFloat, doc("how often the queue depth is sampled")] = 0.5
+    max_retry_after_s: Annotated[WholeSeconds, doc("the cap on a 429's Retry-After")] = 60
+    drain_sample_s: Annotated[Seconds, doc("how often the queue depth is sampled")] = 0.5
     stream_ttl_s: Annotated[
-        PositiveInt | None,
+        StreamTtl | None,
         doc("how long the streams a synchronous call opens are kept (default: RERANKQ_STREAM_TTL_S)"),
     ] = None
     threads: Annotated[
@@ -63,7 +63,7 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Every wait holds a connection while it blocks.
     redis_max_connections: Annotated[PositiveInt, doc("Redis connections this process's asyncio pool may open")] = 256
     redis_pool_timeout_s: Annotated[
-        PositiveFloat,
+        Seconds,
         doc("how long a request that finds every connection taken waits for one, instead of failing at once"),
     ] = 10.0
     # Past its share a tenant gets 429 with Retry-After, so one tenant cannot hold the
@@ -73,16 +73,16 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ] = 32
     tenant_max_requests: Annotated[PositiveInt, doc("per tenant and process: other requests in flight")] = 160
     sse_heartbeat_s: Annotated[
-        PositiveFloat, doc("an event stream with nothing to say sends a comment this often, so proxies keep it open")
+        Seconds, doc("an event stream with nothing to say sends a comment this often, so proxies keep it open")
     ] = 10.0
     max_header_bytes: Annotated[PositiveInt, doc("a connection's request line and headers, at most (431 past it)")] = (
         32 * 1024
     )
     header_timeout_s: Annotated[
-        PositiveFloat,
+        Seconds,
         doc("the headers must arrive within this long of the connection opening or of its previous response (408)"),
     ] = 10.0
-    keep_alive_s: Annotated[PositiveInt, doc("an idle keep-alive connection is closed after this long")] = 5
+    keep_alive_s: Annotated[WholeSeconds, doc("an idle keep-alive connection is closed after this long")] = 5
     access_log: Annotated[bool, doc("log every request (uvicorn's access log)")] = False
     log_level: Annotated[str, doc("the gateway's log level")] = "INFO"
 

@@ -25,6 +25,7 @@ else:  # the same parser, before it joined the standard library
 
 from producer.errors import ConfigError
 from producer.field_errors import from_msgspec
+from producer.setting_files import read_regular_file
 from producer.settings.checks import check
 from producer.settings.members import MemberSettings
 from producer.settings.model import SECTIONS, Settings
@@ -57,6 +58,9 @@ FAMILIES = {
     "chain_profiles": "chain.profiles",
     "calibration_profiles": "chain.calibration_profiles",
 }
+
+#: A settings file is a few hundred lines of TOML.
+MAX_CONFIG_FILE_BYTES = 1024 * 1024
 
 DEFAULT = "default"
 ENVIRONMENT = "environment"
@@ -221,10 +225,10 @@ def _field_variable(section: str, field_name: str, loaded: Loaded) -> str:
 
 def _read_file(path: str) -> dict[str, Any]:
     """The file's settings by variable name: ``window_size = 10``, or ``[breaker] failures = 5``."""
+    raw = read_regular_file(path, limit=MAX_CONFIG_FILE_BYTES, variable=CONFIG_FILE)
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(raw.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(CONFIG_FILE, f"cannot read {path}: {exc}") from None
     names: dict[str, Any] = {}
     for key, value in data.items():

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal
 import msgspec
 
 from producer.settings.secret import Secret
-from producer.settings.types import CountOrOff, PositiveFloat, PositiveInt, doc
+from producer.settings.types import CountOrOff, PositiveInt, Seconds, doc
 
 
 class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -30,10 +30,10 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     api_key: Annotated[Secret | None, doc("sent as Authorization: Bearer ...; never logged")] = None
     api_version: Annotated[Literal["v1", "v2"], doc("cohere: the v1 or v2 request shape")] = "v2"
     timeout_s: Annotated[
-        PositiveFloat,
+        Seconds,
         doc("the member's whole budget for one window: every batch, retry and Retry-After wait fits in it"),
     ] = 10.0
-    connect_timeout_s: Annotated[PositiveFloat, doc("TCP/TLS connect timeout")] = 2.0
+    connect_timeout_s: Annotated[Seconds, doc("TCP/TLS connect timeout")] = 2.0
     max_retries: Annotated[CountOrOff, doc("retries of a 429 or 5xx (full-jitter backoff)")] = 2
     batch_size: Annotated[PositiveInt, doc("tei: texts per request")] = 32
     top_n: Annotated[PositiveInt | None, doc("ask for a subset (cohere, http); the rest are omitted")] = None

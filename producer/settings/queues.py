@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from producer.settings.types import Name, PositiveFloat, PositiveInt, doc
+from producer.settings.types import Name, PositiveInt, Seconds, WholeSeconds, doc
 
 
 class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -17,19 +17,19 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     any_queue: Annotated[Name, doc("the queue every worker also serves (a stream's device=any)")] = "rerankq.any"
     max_attempts: Annotated[PositiveInt, doc("deliveries of one window before it commits as failed")] = 3
     redeliver_after_s: Annotated[
-        PositiveInt, doc("an admitted window not committed by then is sent again (its lease and time limit)")
+        WholeSeconds, doc("an admitted window not committed by then is sent again (its lease and time limit)")
     ] = 300
     visibility_timeout_s: Annotated[
-        PositiveInt, doc("Redis broker only: Celery's visibility timeout; must exceed RERANKQ_REDELIVER_AFTER_S")
+        WholeSeconds, doc("Redis broker only: Celery's visibility timeout; must exceed RERANKQ_REDELIVER_AFTER_S")
     ] = 3600
     # Asked per consumer where the server allows it (3.11.15+), else the server's own
     # consumer_timeout as the operator set it (RabbitMQ's default is 30 minutes).
     amqp_consumer_timeout_s: Annotated[
-        PositiveInt,
+        WholeSeconds,
         doc("RabbitMQ broker only: the delivery acknowledgement timeout; must exceed RERANKQ_REDELIVER_AFTER_S"),
     ] = 1800
     queued_max_age_s: Annotated[
-        PositiveInt,
+        WholeSeconds,
         doc(
             "RabbitMQ broker only: how long the sweep trusts that a "
             "window's message is still queued before it sends it "
@@ -37,7 +37,7 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         ),
     ] = 3600
     sweep_interval_s: Annotated[
-        PositiveFloat, doc("how often the workers' sweep re-sends overdue windows (one worker at a time)")
+        Seconds, doc("how often the workers' sweep re-sends overdue windows (one worker at a time)")
     ] = 30.0
 
     def queue_for(self, device: str) -> str:

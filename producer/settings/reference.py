@@ -47,6 +47,13 @@ A `RERANKQ_*` name that is no setting fails the start with the nearest real name
 does a bad value, naming its variable. `rerankq config` prints the settings a host would run
 with, secrets masked, and where each came from.
 
+Every value is checked when the settings load, against the limits its type states: a duration
+is finite, from a millisecond to a year (`inf`, `nan` or `1e-300` fail the start); a count is at
+most a 64-bit integer (what Redis and msgpack hold); and a setting that is a stream option's
+default has the option's own limits (`RERANKQ_STREAM_TTL_S` those of `ttl_s`, `RERANKQ_MIN_SCORE`
+those of `min_score`, `RERANKQ_DOCUMENT_BUDGET` at most `RERANKQ_MAX_TEXT_CHARS`), so no open
+fails on an option its caller never gave.
+
 In Python, `load_settings(environ, **overrides)` reads them (an override is the variable's name
 in lower case without the prefix: `load_settings(breaker_failures=5)`), and `Settings` holds
 them by section: `settings.breaker.failures`.
@@ -122,8 +129,10 @@ def _members() -> list[str]:
         "### chain profiles",
         "",
         f"`{CHAIN_PROFILE_PREFIX}<NAME>`: the member indexes a stream asking for chain `<name>` is served by,",
-        f"in the order tried (`{CHAIN_PROFILE_PREFIX}PRIVATE=0,2`). A stream naming a profile that is not",
-        "configured fails rather than falling back to the whole chain.",
+        f"in the order tried (`{CHAIN_PROFILE_PREFIX}PRIVATE=0,2`). Set it where streams are opened and",
+        "where workers run: a stream naming a profile not configured where it is opened is refused at open",
+        "(`ValidationError`, field `chain`; 422 through the gateway), and a window reaching a worker",
+        "without the profile fails rather than falling back to the whole chain.",
         "",
         f"`{CALIBRATION_PROFILE_PREFIX}<PROFILE>`: a calibration file of the chain profile's own, used for",
         "streams of that profile instead of `RERANKQ_CALIBRATION`; the profile must be configured.",

@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from producer.settings.types import PositiveInt, doc
+from producer.settings.types import PositiveInt, Probability, StreamTtl, doc
 
 
 class StreamSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -14,9 +14,9 @@ class StreamSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     window_size: Annotated[PositiveInt, doc("default window size (a stream may ask for its own)")] = 25
     max_window_size: Annotated[PositiveInt, doc("the largest window a stream may ask for")] = 256
-    min_score: Annotated[float | None, doc("default filter on the base score (a stream may override)")] = None
+    min_score: Annotated[Probability | None, doc("default filter on the base score (a stream may override)")] = None
     min_final_score: Annotated[float | None, doc("default filter on the boosted score (a stream may override)")] = None
-    stream_ttl_s: Annotated[PositiveInt, doc("every key of a stream expires this long after open")] = 3600
+    stream_ttl_s: Annotated[StreamTtl, doc("every key of a stream expires this long after open")] = 3600
     max_candidates: Annotated[PositiveInt, doc("candidates per stream")] = 1000
     max_query_chars: Annotated[PositiveInt, doc("query length limit (code points)")] = 2048
     max_text_chars: Annotated[PositiveInt, doc("candidate text length limit (code points)")] = 65536

@@ -20,6 +20,7 @@ import msgspec
 from producer.field_errors import NAME_LIST_PATTERN
 from producer.settings.members import MemberSettings
 from producer.settings.model import SECTIONS, Settings
+from producer.settings.types import MAX_INT64
 
 PREFIX = "RERANKQ_"
 #: Names the file to read settings from; read by the loader itself, not a field.
@@ -144,7 +145,8 @@ def type_text(annotation: Any) -> str:
             if isinstance(meta, msgspec.Meta):
                 for attr, sign in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
                     bound = getattr(meta, attr)
-                    if bound is not None:
+                    # A 64-bit ceiling is what every count has: said once in the reference's intro.
+                    if bound is not None and bound != MAX_INT64:
                         limits.append(f"{sign} {bound}")
                 if meta.pattern == NAME_LIST_PATTERN:
                     return "names, comma-separated (a-z 0-9 _)"

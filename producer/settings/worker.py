@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 import msgspec
 
 from producer.field_errors import NAME_LIST_PATTERN
-from producer.settings.types import PositiveFloat, PositiveInt, doc
+from producer.settings.types import PositiveInt, Seconds, doc
 
 #: Comma-separated command names (Celery's are lower-case identifiers), or nothing.
 CommandNames = Annotated[str, msgspec.Meta(pattern=NAME_LIST_PATTERN)]
@@ -21,7 +21,7 @@ class WorkerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     torch_threads: Annotated[PositiveInt | None, doc("torch threads per process (default: cores / processes)")] = None
     # A soft shutdown is SIGQUIT, or SIGTERM with REMAP_SIGTERM=SIGQUIT.
     soft_shutdown_s: Annotated[
-        PositiveFloat,
+        Seconds,
         doc("on a soft shutdown, running windows get this long to commit before they are cancelled and requeued"),
     ] = 20.0
     task_events: Annotated[bool, doc("Celery task events (and worker heartbeats), for Flower")] = False

@@ -50,6 +50,19 @@ def print_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: control characters (ESC, BEL, ...) and format
+    characters (bidirectional overrides such as U+202E, zero-width ones) as ``\\x1b`` or
+    ``\\u202e``. Text from a stream is data; written raw, an escape sequence would drive the
+    terminal (set its title, clear it) and an override would reorder what the reader sees."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() or ch == " " else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        for ch in text
+    )
+
+
 def console(stderr: bool = False) -> Any:
     """A rich console; when not a terminal, wide enough that a table is not squeezed to 80 columns."""
     from rich.console import Console

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import click
@@ -10,8 +9,6 @@ import msgspec
 
 from worker.cli.common import console, json_option, print_json
 
-# A password in a URL's query (redis+sentinel://...?sentinel_password=...).
-_QUERY_SECRET = re.compile(r"([?&][^=&]*password=)[^&]*", re.IGNORECASE)
 #: Fields shown masked whatever their type: the gateway's inline keys (hashes, but a key file's worth).
 _MASKED_FIELDS = {"gateway.keys"}
 
@@ -24,14 +21,15 @@ class Row(msgspec.Struct, kw_only=True):
 
 
 def shown(path: str, value: Any) -> Any:
-    """The value as it may be printed: secrets masked, URL passwords starred."""
+    """The value as it may be printed: secrets masked, and in any URL its credentials and
+    secret query values (``producer.masking``, as every log line and message masks them)."""
+    from producer.masking import mask_text
     from producer.settings import Secret
-    from worker.logs import redact_text
 
     if isinstance(value, Secret) or (path in _MASKED_FIELDS and value is not None):
         return "***"
     if isinstance(value, str):
-        return _QUERY_SECRET.sub(r"\1***", redact_text(value))
+        return mask_text(value)
     return value
 
 
@@ -93,8 +91,11 @@ def config(changed: bool, as_json: bool) -> int:
     default, environment, or file (RERANKQ_CONFIG_FILE). An unknown RERANKQ_* name, or a bad
     value, fails here as it would fail a worker's start."""
     from producer.settings import read_settings
+    from worker.scoring.calibration import Calibrations
 
     loaded = read_settings()
+    # The calibration files as a worker's start reads them: one it would refuse fails here first.
+    Calibrations.from_settings(loaded.settings)
     rows = effective_rows(loaded)
     if changed:
         rows = [row for row in rows if not row.source.startswith("default")]

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from producer.wire import Page, StreamStatus
+from worker.cli.common import printable
 
 #: The header ``worker.scoring.documents`` puts before a document's words: an optional date, then a
 #: heading path ending in a blank line.
@@ -40,14 +41,14 @@ def page_lines(title: str, page: Page, *, width: int = 60, headings: dict[str, s
     for row in page.rows:
         score = "-" if row.score is None else f"{row.score:7.4f}"
         final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
-        text = words(row.decision.document, (headings or {}).get(row.id))
+        text = printable(words(row.decision.document, (headings or {}).get(row.id)))
         text = text if len(text) <= width else text[: width - 1] + "…"
         lines.append(
-            f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {row.served_by or '-':<11}  "
-            f"{row.window:>3}  {row.id:<7}  {text}"
+            f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {printable(row.served_by or '-'):<11}  "
+            f"{row.window:>3}  {printable(row.id):<7}  {text}"
         )
         if row.kind == "failed" and row.reason:
-            lines.append(f"{'':>4}  reason: {row.reason}")
+            lines.append(f"{'':>4}  reason: {printable(row.reason)}")
     if page.pending_windows:
         lines.append(f"({page.pending_windows} window(s) still being scored)")
     return lines

@@ -19,7 +19,6 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from itertools import pairwise
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,10 +26,13 @@ import msgspec
 import structlog
 
 from producer.errors import ConfigError
+from producer.setting_files import read_regular_file
 
 log = structlog.get_logger("rerankq.calibration")
 
 FORMAT = "rerankq-calibration/1"
+#: A map is a list of breakpoints per member: a file of thousands of them is a few MB.
+MAX_CALIBRATION_BYTES = 16 * 1024 * 1024
 
 #: Cache-identity parts that change a score in its last digits only: not part of what a map is
 #: fitted for (a map fitted on fp32 on a CPU serves bf16 on a GPU).
@@ -146,10 +148,9 @@ def encode(calibration: CalibrationFile) -> bytes:
 
 
 def read_file(path: str, *, variable: str) -> CalibrationFile:
-    try:
-        blob = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(variable, f"cannot read {path}: {exc.strerror or exc}") from None
+    """The calibration file at ``path``: a regular file of at most MAX_CALIBRATION_BYTES, the
+    same check wherever it is read (a worker's start, ``rerankq config``)."""
+    blob = read_regular_file(path, limit=MAX_CALIBRATION_BYTES, variable=variable)
     return decode(blob, where=f"{variable} ({path})")
 
 

@@ -10,6 +10,7 @@ import datetime as dt
 import re
 import unicodedata
 
+from producer.blank_text import is_blank
 from producer.wire import Candidate
 from worker.scoring.boosts import effective_time
 
@@ -167,9 +168,9 @@ def excerpt(text: str, query: str, budget: int) -> str:
 
 
 def has_text(candidate: Candidate) -> bool:
-    """Whether there is anything to score; whitespace alone is no text (it would get a
-    confident-looking score for nothing)."""
-    return bool(candidate.text and candidate.text.strip())
+    """Whether there is anything to score (``producer.blank_text``: white space, control and
+    format characters alone are no text; they would get a confident-looking score for nothing)."""
+    return not is_blank(candidate.text)
 
 
 def header(candidate: Candidate) -> str:

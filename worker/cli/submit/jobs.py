@@ -16,7 +16,9 @@ from typing import Any
 import msgspec
 
 from producer.field_errors import from_msgspec
+from producer.nesting import too_deep_field
 from producer.options import StreamOptions
+from producer.validation import MAX_NESTING_DEPTH
 
 #: How long a job id may be; it names the job in the output and feeds its idempotency key.
 MAX_JOB_ID_CHARS = 256
@@ -101,6 +103,13 @@ def jsonl_jobs(path: Path) -> Iterator[Job | BadLine]:
                 continue
             except msgspec.DecodeError as exc:
                 yield BadLine(file=name, line=number, field="line", message=f"not a JSON object: {exc}")
+                continue
+            except RecursionError:
+                # Deeper than the decoder can walk: named as a shallower nesting past the bound is
+                # (validation's message), so --on-error skip passes it over like any bad line.
+                field = too_deep_field(raw) or "line"
+                message = f"is nested more than {MAX_NESTING_DEPTH} levels deep"
+                yield BadLine(file=name, line=number, field=field, message=message)
                 continue
             try:
                 job_id = check_job_id(line.id)

@@ -1,8 +1,8 @@
-"""Which field of a JSON body nests too deeply, for the error that names it.
+"""Which field of a JSON document nests too deeply, for the error that names it.
 
-msgspec decodes recursively, and a body nested thousands of levels deep (in a document
-object, ``metadata``, ``boosts``, or a field TEI's shape ignores) ends in a
-``RecursionError`` rather than a decode error with a path. Only then is the body scanned
+msgspec decodes recursively, and a body nested thousands of levels deep (a gateway body's
+document object, ``metadata``, ``boosts``, a field TEI's shape ignores; a ``rerankq submit``
+job line) ends in a ``RecursionError`` rather than a decode error with a path. Only then is the body scanned
 here, token by token (strings skipped whole), for the first value nested past the bound,
 and its field is named as ``producer.validation`` names one: ``documents[0].meta``.
 """
