@@ -9,10 +9,11 @@ header                  rerankq sends                               accepted
 ======================  ==========================================  =================================
 task                    ``rerankq.score_window``                    that name (else ``task``)
 id, root_id             ``rq:<stream>:<window>:<nonce>``            a token of ``A-Z a-z 0-9 _ . : -``
+parent_id               null, or the id of the window whose commit  null or such a token
+                        released this one (sent from in a task)
 eta                     null                                        null (else ``eta``)
 expires, shadow         null                                        null
 group, group_index      null                                        null
-parent_id               null                                        null
 timelimit               ``[null, null]``                            ``[null, null]``
 retries                 0                                           0
 replaced_task_nesting   0                                           0
@@ -73,7 +74,8 @@ class TaskHeaders(msgspec.Struct, forbid_unknown_fields=True):
     retries: Literal[0] = 0
     timelimit: tuple[None, None] = (None, None)
     root_id: TaskId | None = None
-    parent_id: None = None
+    # A window the fair share released is sent from inside the task that committed another.
+    parent_id: TaskId | None = None
     argsrepr: Repr = ""
     kwargsrepr: Repr = ""
     origin: Origin = ""
