@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(READY)
-	$(PY) -m worker.cli demo
+	$(PY) -m rerankq demo
 
 # Style (ruff), formatting (ruff format --check), types (mypy, strict on producer/) and the
 # import contracts (lint-imports). Changes nothing: `ruff format` and `ruff check --fix` do.
@@ -62,7 +62,7 @@ test-fast: $(READY)
 	$(PY) -m pytest -q -n $(FAST_PROCESSES) --dist loadgroup -m "not deployment and not chaos and not slow" tests
 
 eval: $(READY)
-	$(PY) -m worker.evaluation --plots eval-out --json eval-out/eval.json
+	$(PY) -m evaluation --plots eval-out --json eval-out/eval.json
 
 bench: $(READY)
 	$(PY) -m ops.bench.scoring --quick

@@ -1,6 +1,6 @@
 """Build the shipped evaluation collection from its source, ``ops/collection/topics.toml``.
 
-Writes into ``worker/evaluation/collection/``:
+Writes into ``worker/collection/``:
 
 - ``documents.jsonl``: every document (``id``, ``title``, ``text``), topics' and filler;
 - ``queries.tsv``: ``qid<TAB>query``;
@@ -29,7 +29,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "ops" / "collection" / "topics.toml"
-TARGET = ROOT / "worker" / "evaluation" / "collection"
+TARGET = ROOT / "worker" / "collection"
 
 
 def load_source(path: Path) -> tuple[list[dict], list[dict], list[dict]]:

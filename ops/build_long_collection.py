@@ -1,6 +1,6 @@
 """Build the long-document evaluation collection from the shipped one.
 
-Writes into ``worker/evaluation/collection/long/``:
+Writes into ``worker/collection/long/``:
 
 - ``documents.jsonl``: one long document per document written for a topic (161):
   ``long-<id>``, its text set among unrelated notes so that it sits early (the first tenth),
@@ -27,7 +27,7 @@ import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "worker" / "evaluation" / "collection"
+SOURCE = ROOT / "worker" / "collection"
 TARGET = SOURCE / "long"
 SEED = 23
 MIN_WORDS, MAX_WORDS = 1300, 2400

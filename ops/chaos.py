@@ -55,6 +55,9 @@ from pathlib import Path
 import redis
 from kombu.exceptions import OperationalError
 
+from kernel.dispatch import Dispatcher
+from kernel.redis_clients import broker_client
+from kernel.settings import Settings
 from ops.chaos_faults.audit import Findings, audit, drain
 from ops.chaos_faults.canary import AcknowledgedWrites
 from ops.chaos_faults.commit_check import MARKER, without_commit_checks
@@ -63,9 +66,6 @@ from ops.chaos_faults.queue_faults import QueueFaults
 from ops.chaos_faults.readers import Ledger, read_streams
 from ops.chaos_faults.stores import SHAPES, StoreShape, attribute, canary_clients, start_shape
 from producer import RerankClient, load_settings
-from producer.dispatch import Dispatcher
-from producer.redis_clients import broker_client
-from producer.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "chaos"
@@ -274,9 +274,9 @@ def break_workers(env: dict[str, str], breakage: str | None) -> None:
         env["RERANKQ_RERANKER_PROVIDER"] = "ops.chaos_faults.providers:RaisingProvider"
         env.pop("RERANKQ_RERANKER_MODEL", None)
     elif breakage == "commit-check":
-        import producer.store
+        import kernel.store
 
-        without_commit_checks(producer.store._SCRIPT)  # refuse to run if the patch would not apply
+        without_commit_checks(kernel.store._SCRIPT)  # refuse to run if the patch would not apply
         env["PYTHONPATH"] = os.pathsep.join([str(OVERLAY), env["PYTHONPATH"]])
 
 

@@ -518,7 +518,7 @@ class Submitter:
     def command(self, jobs: Path, out: Path) -> list[str]:
         args = ["submit", "--quiet", "--json", "--max-in-flight", "16", "--keep", str(KEEP)]
         if self.stack.profile.host_reaches_store:
-            return [sys.executable, "-m", "worker.cli", *args, str(jobs), "--out", str(out)]
+            return [sys.executable, "-m", "rerankq", *args, str(jobs), "--out", str(out)]
         container = self.stack.container(self.stack.profile.gateway)
         run([*self.stack.engine.docker, "cp", str(jobs), f"{container}:/tmp/{jobs.name}"], timeout=60)
         return [

@@ -1,7 +1,6 @@
 """rerankq producer: the light client a pipeline imports to enqueue and read rerank jobs."""
 
-from producer.client import RerankClient
-from producer.errors import (
+from kernel.errors import (
     ConfigError,
     IdempotencyConflict,
     RerankqError,
@@ -14,9 +13,8 @@ from producer.errors import (
     ValidationError,
     WindowFailed,
 )
-from producer.options import StreamOptions
-from producer.settings import Settings, load_settings
-from producer.wire import (
+from kernel.settings import Settings, load_settings
+from kernel.wire import (
     Boosts,
     Candidate,
     Decision,
@@ -33,6 +31,8 @@ from producer.wire import (
     WindowResult,
     WindowStatus,
 )
+from producer.client import RerankClient
+from producer.options import StreamOptions
 
 __all__ = [
     "Boosts",

@@ -21,13 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from producer.errors import TooShallow, ValidationError
-from producer.wire import BudgetLevel, Candidate
+from kernel.errors import TooShallow, ValidationError
+from kernel.strategy_boosts import LEVELS
+from kernel.strategy_boosts import parse_strategy_boosts as parse_strategy_boosts
+from kernel.wire import BudgetLevel, Candidate
 
 if TYPE_CHECKING:  # settings validates through this module, so no runtime import back
-    from producer.settings import Settings
+    from kernel.settings import Settings
 
-LEVELS: tuple[BudgetLevel, ...] = ("low", "mid", "high")
 
 # How much deeper a favoured arm reaches when candidates compete for the global cap.
 # Survival is ranked by weight / (RRF_K + fusion rank): with weight 2 a "high" arm's
@@ -38,40 +39,6 @@ RRF_K = 60
 
 MIN_RERANK_DEPTH = 25
 OVER_FETCH_FACTOR = 4
-
-
-def parse_strategy_boosts(
-    value: str | Mapping[str, str] | None, *, field_name: str = "strategy_boosts"
-) -> dict[str, BudgetLevel]:
-    """``"graph:high,bm25:low"`` (or a mapping) into ``{"graph": "high", "bm25": "low"}``.
-
-    A named level rather than a raw number: the two places it applies (before the cap,
-    after scoring) work on different score scales.
-    """
-    if value is None or value == "":
-        return {}
-    if isinstance(value, Mapping):
-        pairs = list(value.items())
-    elif isinstance(value, str):
-        pairs = []
-        for item in value.split(","):
-            item = item.strip()
-            if not item:
-                continue
-            source, sep, level = item.partition(":")
-            if not sep:
-                raise ValidationError(field_name, f"{item!r} is not source:level")
-            pairs.append((source.strip(), level.strip()))
-    else:
-        raise ValidationError(field_name, "must be 'source:level,...' or a mapping")
-    out: dict[str, BudgetLevel] = {}
-    for source, level in pairs:
-        if not isinstance(source, str) or not source:
-            raise ValidationError(field_name, "a source name must not be empty")
-        if level not in LEVELS:
-            raise ValidationError(field_name, f"level for {source!r} must be low, mid or high, got {level!r}")
-        out[source] = level
-    return out
 
 
 @dataclass(frozen=True)

@@ -15,29 +15,17 @@ import msgspec
 import redis
 from kombu.exceptions import OperationalError
 
-from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
-from producer.consumers import ConsumerCheck, no_worker_warning
-from producer.cost import check_window_costs, window_costs
-from producer.dispatch import Dispatcher
-from producer.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
-from producer.fair_share import LEDGER_ERRORS, FairShare, bucket_for
-from producer.logs import get_logger
-from producer.options import DEFAULT_MAX_PASSAGES, DEFAULT_PASSAGE_TOP_K, takes_stream_options
-from producer.pages import build_page
-from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
-from producer.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
-from producer.settings import Settings, load_settings
-from producer.store import Admitted, Snapshot, Store, connect
-from producer.validation import (
-    check_candidates,
-    check_options,
-    check_pull_arguments,
-    check_query,
-    check_spec,
-    check_stream_id,
-    to_candidates,
-)
-from producer.wire import (
+from kernel.consumers import ConsumerCheck, no_worker_warning
+from kernel.cost import check_window_costs, window_costs
+from kernel.dispatch import Dispatcher
+from kernel.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
+from kernel.fair_share import LEDGER_ERRORS, FairShare, bucket_for
+from kernel.ids import check_stream_id
+from kernel.logs import get_logger
+from kernel.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
+from kernel.settings import Settings, load_settings
+from kernel.store import Admitted, Snapshot, Store, connect
+from kernel.wire import (
     Boosts,
     Candidate,
     Lane,
@@ -49,6 +37,18 @@ from producer.wire import (
     WindowStatus,
     committed_window_status,
     encode,
+)
+from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
+from producer.options import DEFAULT_MAX_PASSAGES, DEFAULT_PASSAGE_TOP_K, takes_stream_options
+from producer.pages import build_page
+from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
+from producer.validation import (
+    check_candidates,
+    check_options,
+    check_pull_arguments,
+    check_query,
+    check_spec,
+    to_candidates,
 )
 
 log = get_logger("rerankq.producer")
@@ -365,7 +365,7 @@ class RerankClient:
 
     def _within_share(self, stream_id: str, admission: Admitted, device: str, lane: Lane) -> list[int]:
         """The admitted windows that fit their bucket's share, to send now; the ledger holds the
-        others and releases them as the bucket's earlier windows commit (``producer.fair_share``).
+        others and releases them as the bucket's earlier windows commit (``kernel.fair_share``).
         A ledger that cannot be reached lets every window go: late is worse than unshared."""
         if not admission.windows or not admission.bucket:  # a stream opened before buckets: unshared
             return admission.windows

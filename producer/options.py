@@ -24,21 +24,15 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
-from producer.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
-from producer.settings.types import Probability, StreamTtl
-from producer.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, TimeRange
+from kernel.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
+from kernel.limits import MAX_PASSAGES, MIN_PASSAGE_TOKENS
+from kernel.settings.types import Probability, StreamTtl
+from kernel.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, TimeRange
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: An instruction rides in every pair sent to a model: a few sentences, not a document.
 MAX_INSTRUCTION_CHARS = 2000
-#: Passages per document at most: each is a pair scored, so this bounds a document's cost.
-MAX_PASSAGES = 128
-#: The fewest tokens a passage may hold: shorter ones say too little to be scored.
-MIN_PASSAGE_TOKENS = 16
-#: The passage length a chain without an in-process member cuts at (a remote member does not
-#: say what it reads); also what the per-window token ceiling counts when none is given.
-REMOTE_PASSAGE_TOKENS = 512
 #: What the stream options default to when not given.
 DEFAULT_MAX_PASSAGES = 32
 DEFAULT_PASSAGE_TOP_K = 3

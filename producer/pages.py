@@ -7,9 +7,9 @@ changes when deeper windows commit.
 
 from __future__ import annotations
 
-from producer.errors import WindowFailed
-from producer.store import Snapshot
-from producer.wire import Failed, Filtered, Omitted, Page, Row
+from kernel.errors import WindowFailed
+from kernel.store import Snapshot
+from kernel.wire import Failed, Filtered, Omitted, Page, Row
 
 # Rows that take no page slot and are not counted in the total.
 _HIDDEN = (Filtered, Omitted)

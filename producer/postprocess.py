@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from producer.errors import ValidationError
-from producer.wire import Base, Candidate, Row
+from kernel.errors import ValidationError
+from kernel.wire import Base, Candidate, Row
 
 
 class PostProcess(Base, frozen=True):

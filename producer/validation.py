@@ -14,28 +14,19 @@ from typing import Any, overload
 
 import msgspec
 
-from producer.blank_text import is_blank
-from producer.budget import parse_strategy_boosts
-from producer.errors import ValidationError
-from producer.field_errors import TOKEN_PATTERN, child, from_msgspec, show
-from producer.options import (
-    MAX_PASSAGES,
-    MIN_PASSAGE_TOKENS,
-    OPTION_NAMES,
-    StreamOptions,
-)
-from producer.passage_budget import text_tokens, window_tokens
-from producer.settings import Settings, chain_profile_variable
-from producer.settings.types import MAX_TTL_S
-from producer.wire import Candidate, StreamSpec, TimeRange, encode
+from kernel.blank_text import is_blank
+from kernel.errors import ValidationError
+from kernel.field_errors import child, from_msgspec, show
+from kernel.ids import check_stream_id
+from kernel.limits import MAX_EMBEDDING_DIMS, MAX_PASSAGES, MIN_PASSAGE_TOKENS
+from kernel.passage_budget import text_tokens, window_tokens
+from kernel.settings import Settings, chain_profile_variable
+from kernel.settings.types import MAX_TTL_S
+from kernel.strategy_boosts import parse_strategy_boosts
+from kernel.wire import Candidate, StreamSpec, TimeRange, encode
+from producer.options import OPTION_NAMES, StreamOptions
 
-# Generated stream ids are "s_" + 32 hex; caller keys become "k_" + key. Both are
-# plain tokens, so neither can reach into another stream's key space. Always fullmatch:
-# "$" also matches before a trailing newline.
-_TOKEN_RE = re.compile(TOKEN_PATTERN)
-_STREAM_ID_RE = re.compile(r"s_[0-9a-f]{32}|k_[A-Za-z0-9_.\-]{1,64}")
 MAX_ID_CHARS = 256
-MAX_EMBEDDING_DIMS = 8192
 # How deep any argument may nest (a candidate's metadata, counted from metadata itself).
 # Deeper input would end in a RecursionError in msgspec or in the encoder, not in an error.
 MAX_NESTING_DEPTH = 32
@@ -61,18 +52,6 @@ _PLAIN_SCALARS = (
     uuid.UUID,
     decimal.Decimal,
 )
-
-
-def check_idempotency_key(key: str) -> str:
-    if not isinstance(key, str) or not _TOKEN_RE.fullmatch(key):
-        raise ValidationError("idempotency_key", "must be 1-64 characters of A-Z a-z 0-9 _ . -")
-    return key
-
-
-def check_stream_id(stream_id: str) -> str:
-    if not isinstance(stream_id, str) or not _STREAM_ID_RE.fullmatch(stream_id):
-        raise ValidationError("stream_id", "is not a rerankq stream id")
-    return stream_id
 
 
 # Where a value sits: a field name, or (parent, key). Formatted only for an error, since
@@ -364,7 +343,7 @@ def check_spec(spec: StreamSpec, settings: Settings) -> StreamSpec:
 
 def check_passages(spec: StreamSpec, settings: Settings) -> None:
     """A passages stream's cost is bounded at open: passages per document, and the tokens a
-    window can send, each passage's header included (``producer.passage_budget``), so no window
+    window can send, each passage's header included (``kernel.passage_budget``), so no window
     can ask a worker or a member for more than the deployment allows."""
     if spec.passage_tokens is not None and spec.passage_tokens < MIN_PASSAGE_TOKENS:
         raise ValidationError("passage_tokens", f"must be at least {MIN_PASSAGE_TOKENS}, got {spec.passage_tokens}")

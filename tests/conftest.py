@@ -14,8 +14,8 @@ from rerank_servers import RerankServer
 from tiny_model import build_tiny_cross_encoder
 
 from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
+from kernel.settings import Settings
 from producer import RerankClient, load_settings
-from producer.settings import Settings
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 

@@ -19,12 +19,12 @@ from delivery_helpers import commits_per_window, provider_env, pull_until_comple
 from kombu import Connection
 
 from devservers.rabbitmq_server import EmbeddedRabbitMQ
-from producer.amqp_broker import AmqpQueueProbe, AsyncAmqpBroker, dead_letter_queue, lane_queue
-from producer.celery_config import TASK_NAME, celery_config
-from producer.errors import ConfigError
+from kernel.amqp_broker import AmqpQueueProbe, AsyncAmqpBroker, dead_letter_queue, lane_queue
+from kernel.celery_config import TASK_NAME, celery_config
+from kernel.errors import ConfigError
+from kernel.settings import load_settings, override
 from producer.exporter.backlog import BacklogReader
-from producer.settings import load_settings, override
-from worker.cli.inspect import queue_view
+from rerankq.inspect import queue_view
 from worker.sweep import sweep_once
 
 pytestmark = [pytest.mark.deployment, pytest.mark.parametrize("broker", ["amqp"], indirect=True)]

@@ -25,8 +25,8 @@ from cli_helpers import RERANKQ, read_jsonl
 from gateway_helpers import GatewayProcess, queue_env, write_keys
 from rerank_servers import RerankServer
 
+from kernel.errors import ValidationError
 from producer import RerankClient, load_settings
-from producer.errors import ValidationError
 from worker.embedded.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 from conftest import make_candidates
 from rerank_servers import RerankServer
 
-from producer.keys import Keys
+from kernel.keys import Keys
 from worker.chain.breaker import Breaker, Gate
 
 # -- the state machine ----------------------------------------------------------

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernel.errors import ConfigError, ValidationError
+from kernel.wire import Candidate, Ranked, Row
 from producer import RerankClient, load_settings
 from producer.budget import (
     BudgetLimits,
@@ -17,9 +19,7 @@ from producer.budget import (
     limits_for,
     parse_strategy_boosts,
 )
-from producer.errors import ConfigError, ValidationError
 from producer.postprocess import PostProcess, cap_per_doc, mmr, postprocess, truncate_at_gap
-from producer.wire import Candidate, Ranked, Row
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOURCES = ["semantic", "bm25", "graph", "temporal", None]

@@ -84,7 +84,7 @@ def test_rrf_passthrough_is_never_cached(start_worker, make_client, raw_redis, n
 
 
 def test_a_score_is_keyed_by_the_provider_beneath_any_wrapper():
-    from producer.settings import MemberSettings
+    from kernel.settings import MemberSettings
     from worker.chain.cache import pair_digest, provider_identity
 
     class Model:

@@ -19,13 +19,13 @@ import pytest
 from cli_helpers import RERANKQ
 from conftest import ROOT
 
+from evaluation.calibration import Pairs, fit_map
+from kernel.errors import ConfigError
+from kernel.keys import Keys
+from kernel.wire import Filtered, Ranked
 from producer import RerankClient, load_settings
-from producer.errors import ConfigError
-from producer.keys import Keys
-from producer.wire import Filtered, Ranked
 from worker.chain.cache import pair_digest
 from worker.embedded.worker_process import WorkerProcess
-from worker.evaluation.calibration import Pairs, fit_map
 from worker.scoring.calibration import (
     MAX_CALIBRATION_BYTES,
     Calibrations,
@@ -202,7 +202,7 @@ def test_rerankq_config_refuses_a_calibration_file_the_worker_would_refuse(tmp_p
     path, said = _not_a_calibration_file(tmp_path, kind)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_CALIBRATION": path}
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "config"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "rerankq", "config"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode != 0, done.stdout[-300:]
     assert "RERANKQ_CALIBRATION" in done.stderr and said in done.stderr, done.stderr
@@ -276,7 +276,7 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
             [
                 sys.executable,
                 "-m",
-                "worker.cli",
+                "rerankq",
                 "calibrate",
                 *(f"--{k}={v}" for k, v in files.items()),
                 "--out",
@@ -426,7 +426,7 @@ def test_eval_reports_each_members_ece_raw_and_calibrated_with_a_reliability_plo
         [
             sys.executable,
             "-m",
-            "worker.cli",
+            "rerankq",
             "eval",
             *(f"--{k}={v}" for k, v in calibrated["files"].items()),
             "--depths=24",

@@ -13,8 +13,8 @@ import pytest
 from conftest import make_candidates, namespace_keys
 from rerank_servers import closed_port_url, expected_score
 
+from kernel.errors import ValidationError
 from producer import RerankClient, load_settings
-from producer.errors import ValidationError
 
 KEY = "sk-live-CHAIN-7d1e0c9a"
 DEBUG = ["--device", "cpu", "--loglevel", "DEBUG"]

@@ -19,7 +19,7 @@ from cli_helpers import RERANKQ, rerankq
 from conftest import ROOT
 from gateway_helpers import GatewayProcess
 
-from worker.cli import COMMANDS
+from rerankq import COMMANDS
 
 
 def plain_env(**extra: str) -> dict[str, str]:
@@ -42,7 +42,7 @@ def test_every_command_has_its_own_help_with_examples(command: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "program,command", [("producer.gateway", "serve"), ("producer.exporter", "exporter"), ("worker.evaluation", "eval")]
+    "program,command", [("producer.gateway", "serve"), ("producer.exporter", "exporter"), ("evaluation", "eval")]
 )
 def test_the_python_m_programs_run_the_same_commands(program: str, command: str) -> None:
     done = subprocess.run(

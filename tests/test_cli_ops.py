@@ -10,7 +10,7 @@ from cli_helpers import fast_env, poisoned_modules, rerankq
 from delivery_helpers import pull_until_complete, wait_for
 from rerank_servers import closed_port_url
 
-from producer.errors import ValidationError
+from kernel.errors import ValidationError
 
 
 @pytest.mark.slow

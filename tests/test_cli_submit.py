@@ -22,9 +22,9 @@ from cli_helpers import (
 )
 from delivery_helpers import wait_for
 
-from producer.store import Store, connect
-from worker.cli.submit.output import Output, OutputError
-from worker.cli.submit.runner import idempotency_key
+from kernel.store import Store, connect
+from rerankq.submit.output import Output, OutputError
+from rerankq.submit.runner import idempotency_key
 
 
 def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, tmp_path):

@@ -30,9 +30,9 @@ from test_flow import (  # noqa: F401
 )
 
 from devservers.redis_cluster import EmbeddedRedisCluster
-from producer.errors import StoreError, StreamNotFound
-from producer.keys import SHARDS, Keys, shard_tag
-from producer.redis_clients import store_client
+from kernel.errors import StoreError, StreamNotFound
+from kernel.keys import SHARDS, Keys, shard_tag
+from kernel.redis_clients import store_client
 
 pytestmark = pytest.mark.deployment
 

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from kernel.settings import load_settings
 from producer.exporter.main import exporter as exporter_command
-from producer.settings import load_settings
-from worker.cli.worker_command import worker as worker_command
+from worker.command import worker as worker_command
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]

@@ -204,8 +204,8 @@ class OldRedis:
 
 
 def test_a_redis_older_than_6_2_is_refused_with_a_clear_error():
-    from producer.errors import UnsupportedRedis
-    from producer.store import connect
+    from kernel.errors import UnsupportedRedis
+    from kernel.store import connect
 
     old = OldRedis("6.0.16")
     try:
@@ -218,7 +218,7 @@ def test_a_redis_older_than_6_2_is_refused_with_a_clear_error():
 
 
 def test_redis_6_2_and_valkey_versions_are_accepted():
-    from producer.store import MIN_REDIS_VERSION, server_version
+    from kernel.store import MIN_REDIS_VERSION, server_version
 
     assert server_version("# Server\r\nredis_version:6.2.14\r\nvalkey_version:8.0.1\r\n") >= MIN_REDIS_VERSION
     assert server_version("redis_version:7.2.4\r\n") >= MIN_REDIS_VERSION

@@ -9,8 +9,8 @@ import pytest
 from conftest import BROKERS, make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
 
-from producer.celery_config import celery_config
-from producer.settings import load_settings
+from kernel.celery_config import celery_config
+from kernel.settings import load_settings
 
 pytestmark = pytest.mark.chaos
 
@@ -79,7 +79,7 @@ def test_delivery_settings_are_the_documented_ones(base_env):
 
 
 def test_visibility_timeout_must_exceed_the_window_time_limit(base_env):
-    from producer.errors import ConfigError
+    from kernel.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         load_settings({**base_env, "RERANKQ_REDELIVER_AFTER_S": "600", "RERANKQ_VISIBILITY_TIMEOUT_S": "300"})

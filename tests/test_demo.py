@@ -16,7 +16,7 @@ def run_demo(extra_env: dict[str, str]) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **extra_env})
     done = subprocess.run(
-        [sys.executable, "-m", "worker.demo"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "rerankq.demo"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout

@@ -16,7 +16,7 @@ from conftest import ROOT
 
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-#: Pages another step generates (from producer/settings.py); links to them are checked once they exist.
+#: Pages another step generates (from kernel/settings.py); links to them are checked once they exist.
 GENERATED = {ROOT / "docs" / "configuration.md"}
 #: Programs README's shell lines may name besides rerankq and make: shell builtins and the usual tools.
 KNOWN_PROGRAMS = {
@@ -76,7 +76,7 @@ def make_targets() -> set[str]:
 
 def rerankq_help(args: list[str]) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args, "--help"],
+        [sys.executable, "-m", "rerankq", *args, "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -207,7 +207,7 @@ def test_readme_quickstart_runs_as_written(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # `rerankq` and `python` as an activated install would have them, running this checkout's code.
-    for name, command in (("rerankq", f"{sys.executable} -m worker.cli"), ("python", sys.executable)):
+    for name, command in (("rerankq", f"{sys.executable} -m rerankq"), ("python", sys.executable)):
         (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
         (bin_dir / name).chmod(0o755)
     script = tmp_path / "quickstart.sh"

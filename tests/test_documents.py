@@ -9,7 +9,7 @@ import regex
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from producer.wire import Candidate
+from kernel.wire import Candidate
 from worker.scoring.documents import ELLIPSIS, assemble, clip, date_prefix, excerpt, first_match, is_boundary
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 from tiny_model import BI_ENCODER_PROMPTS, build_prompted_bi_encoder
 
+from kernel.settings import MemberSettings
+from kernel.wire import encode, pack_embeddings, window_embeddings_decoder
 from producer import RerankClient, load_settings
-from producer.settings import MemberSettings
-from producer.wire import encode, pack_embeddings, window_embeddings_decoder
 from worker.chain.checks import check_scores
 from worker.providers.base import ProviderStartError, UnusableResponse
 from worker.scoring.decide import normalise

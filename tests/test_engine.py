@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from tiny_model import build_tiny_causal_reranker
 
+from kernel.settings import load_settings
 from producer import RerankClient
-from producer.settings import load_settings
 from worker.engine import ScoringEngine, load_cross_encoder, plan_batches, shared_engine
 from worker.engine.parity import spearman
 from worker.engine.precision import resolve_precision

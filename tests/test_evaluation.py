@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from worker.evaluation.measures import evaluate
-from worker.evaluation.trec import InputError, read_qrels, read_run
+from evaluation.measures import evaluate
+from evaluation.trec import InputError, read_qrels, read_run
 
 # q1: five retrieved, the grade-3 and grade-2 answers third and fifth, a grade-1 one
 # fourth and another grade-1 one never retrieved. q2: four retrieved, answers first and last.
@@ -131,7 +131,7 @@ def run_harness(files: dict[str, Path], extra: list[str], env_extra: dict[str, s
     env.update({"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env_extra})
     args = [f"--{k}={v}" for k, v in files.items()]
     return subprocess.run(
-        [sys.executable, "-m", "worker.evaluation", *args, *extra],
+        [sys.executable, "-m", "evaluation", *args, *extra],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -14,7 +14,7 @@ from conftest import ROOT, make_candidates
 from delivery_helpers import provider_env, pull_until_complete, wait_for
 from metrics_helpers import get_json, scrape, status_of, total
 
-from producer.broker_queues import queue_lists
+from kernel.broker_queues import queue_lists
 from worker.embedded.redis_server import free_port
 
 

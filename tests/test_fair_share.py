@@ -15,8 +15,8 @@ import pytest
 from conftest import BROKERS, make_candidates
 from gateway_helpers import GatewayProcess, write_keys
 
+from kernel.fair_share import member
 from producer import RerankClient, ValidationError
-from producer.fair_share import member
 from worker.embedded.worker_process import WorkerProcess
 
 SLOW = {"RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider", "TEST_PROVIDER_SLEEP_S": "0.15"}

@@ -15,7 +15,7 @@ import redis
 from conftest import ROOT, make_candidates
 from delivery_helpers import commits_per_window, provider_env, wait_for
 
-from producer.errors import StoreFull, StoreUnavailable
+from kernel.errors import StoreFull, StoreUnavailable
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 
 

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 from conftest import BROKERS, make_candidates
 
+from kernel.celery_config import TASK_NAME
 from producer import Failed, Filtered, Ranked
-from producer.celery_config import TASK_NAME
 from worker.embedded.redis_server import EmbeddedRedis, bundled_redis_server_binary, redis_server_binary
 
 

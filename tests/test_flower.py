@@ -21,7 +21,9 @@ pytest.importorskip("flower", reason="flower is in the dev extra")
 def test_flower_sees_the_windows_and_the_worker(start_worker, make_client, base_env, tmp_path):
     # Flower's worker view asks these inspect commands; a worker answers them only when named.
     flower_commands = "stats,active_queues,registered,scheduled,active,reserved,revoked"
-    start_worker(env={**provider_env("FastProvider", remote_control_commands=flower_commands), "RERANKQ_TASK_EVENTS": "true"})
+    start_worker(
+        env={**provider_env("FastProvider", remote_control_commands=flower_commands), "RERANKQ_TASK_EVENTS": "true"}
+    )
     port = free_port()
     env = {**base_env, "FLOWER_UNAUTHENTICATED_API": "true"}  # the API answers without auth for the test
     log = open(tmp_path / "flower.log", "wb")

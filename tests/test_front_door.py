@@ -19,8 +19,8 @@ from conftest import ROOT
 from gateway_helpers import GatewayProcess
 from test_gateway import queue_env
 
+from kernel.errors import StoreUnavailable, mask_url
 from producer import RerankClient, consumers, load_settings
-from producer.errors import StoreUnavailable, mask_url
 from worker.embedded.redis_server import free_port
 from worker.embedded.worker_process import WorkerProcess
 
@@ -117,7 +117,7 @@ def test_submit_words_the_too_shallow_refusal_for_the_command_line_and_a_skip_ru
 def test_submit_progress_at_80_columns_keeps_the_bar_n_of_m_and_the_eta():
     from rich.console import Console
 
-    from worker.cli.submit.progress import RichDisplay, Tally
+    from rerankq.submit.progress import RichDisplay, Tally
 
     out = io.StringIO()
     tally = Tally(

@@ -18,11 +18,9 @@ from conftest import namespace_keys
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from producer import ValidationError
-from producer.keys import Keys, shard_tag
-from producer.settings import load_settings
-from producer.validation import check_idempotency_key, check_stream_id
-from producer.wire import (
+from kernel.keys import Keys, shard_tag
+from kernel.settings import load_settings
+from kernel.wire import (
     Boosts,
     Candidate,
     TimeRange,
@@ -32,6 +30,8 @@ from producer.wire import (
     spec_decoder,
     window_result_decoder,
 )
+from producer import ValidationError
+from producer.validation import check_idempotency_key, check_stream_id
 
 FUZZ = settings(
     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),

@@ -170,7 +170,7 @@ def test_cohere_v1_returns_documents_as_given_and_ranks_by_rank_fields(deploymen
 
 
 def test_cohere_v1_max_chunks_per_doc_scores_passages_and_answers_per_document(deployment: Deployment) -> None:
-    from producer.wire import Candidate, StreamSpec
+    from kernel.wire import Candidate, StreamSpec
     from worker.scoring.passages import fallback_cutter, split
 
     q = query("chunks")

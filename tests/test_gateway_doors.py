@@ -30,7 +30,7 @@ from gateway_helpers import (
     write_keys,
 )
 
-from producer.errors import ConfigError
+from kernel.errors import ConfigError
 from producer.gateway.config import load_gateway_settings
 from worker.embedded.worker_process import WorkerProcess
 

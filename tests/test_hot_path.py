@@ -15,8 +15,8 @@ import time
 import pytest
 from conftest import make_candidates
 
+from kernel.settings import load_settings
 from producer import RerankClient
-from producer.settings import load_settings
 from worker.runtime import Runtime
 
 

@@ -8,9 +8,9 @@ import pytest
 from conftest import BROKERS
 from delivery_helpers import provider_env, pull_until_complete, wait_for
 
-from producer.broker_queues import QueueProbe, lane_list
-from producer.errors import ValidationError
-from producer.store import connect
+from kernel.broker_queues import QueueProbe, lane_list
+from kernel.errors import ValidationError
+from kernel.store import connect
 from worker.sweep import sweep_once
 
 

@@ -10,7 +10,7 @@ import sys
 
 from conftest import ROOT
 
-from worker.evaluation.command import collection_files, shipped
+from evaluation.command import collection_files, shipped
 
 sys.path.insert(0, str(ROOT / "ops"))
 import build_long_collection as build  # noqa: E402

@@ -272,8 +272,8 @@ def test_not_ready_without_a_scoring_member_and_the_health_probe(start_worker, m
 
 @pytest.mark.parametrize("value", ["0", "70000", "port"])
 def test_a_bad_metrics_port_fails_at_start(value, base_env):
-    from producer.errors import ConfigError
-    from producer.settings import load_settings
+    from kernel.errors import ConfigError
+    from kernel.settings import load_settings
 
     with pytest.raises(ConfigError) as caught:
         load_settings({**base_env, "RERANKQ_METRICS_PORT": value})

@@ -23,8 +23,8 @@ from conftest import make_candidates
 from producer import RerankClient, ValidationError
 from producer.gateway.openapi import openapi_document
 from producer.options import StreamOptions, description, option_types
-from worker.cli.submit.command import submit
-from worker.cli.submit.jobs import BadLine, Job, JobLine, jsonl_jobs
+from rerankq.submit.command import submit
+from rerankq.submit.jobs import BadLine, Job, JobLine, jsonl_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS = set(StreamOptions.__struct_fields__)
@@ -171,7 +171,7 @@ from pathlib import Path
 import producer.options
 from producer import RerankClient, ValidationError, load_settings
 from producer.gateway.openapi import openapi_document
-from worker.cli.submit.jobs import jsonl_jobs
+from rerankq.submit.jobs import jsonl_jobs
 
 client = RerankClient(load_settings())
 try:
@@ -195,7 +195,7 @@ print(json.dumps({
 
 def test_a_field_added_to_stream_options_reaches_every_surface(base_env, tmp_path) -> None:
     copy = tmp_path / "tree"
-    for package in ("producer", "worker"):
+    for package in ("kernel", "producer", "worker", "rerankq", "evaluation"):
         shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
     options = copy / "producer" / "options.py"
     text = options.read_text()
@@ -222,7 +222,7 @@ def test_a_field_added_to_stream_options_reaches_every_surface(base_env, tmp_pat
     assert seen["job_line"] == {"colour": "teal"}
 
     shown = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "submit", "--help"],
+        [sys.executable, "-m", "rerankq", "submit", "--help"],
         env=env,
         cwd=copy,
         capture_output=True,

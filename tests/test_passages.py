@@ -13,11 +13,11 @@ import pytest
 from metrics_helpers import scrape, total
 from rerank_servers import expected_score
 
+from kernel.settings import Settings
+from kernel.wire import Candidate, StreamSpec
 from producer import RerankClient, ValidationError
-from producer.settings import Settings
 from producer.validation import check_spec
-from producer.wire import Candidate, StreamSpec
-from worker.cli.render import row_json
+from rerankq.render import row_json
 from worker.embedded.redis_server import free_port
 from worker.scoring.documents import header, is_boundary
 from worker.scoring.passages import Cutter, aggregate, cut, fallback_cutter, split, word_offsets

@@ -14,8 +14,8 @@ import structlog
 from conftest import make_candidates
 from rerank_servers import expected_score, logit
 
-from producer.errors import ConfigError
-from producer.settings import MemberSettings, Secret, Settings, load_settings, override
+from kernel.errors import ConfigError
+from kernel.settings import MemberSettings, Secret, Settings, load_settings, override
 from worker.chain import Chain, ChainOutcome
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest

@@ -13,7 +13,7 @@ import pytest
 import structlog
 from rerank_servers import closed_port_url, expected_score
 
-from producer.settings import MemberSettings, Secret, Settings, load_settings, override
+from kernel.settings import MemberSettings, Secret, Settings, load_settings, override
 from worker.chain import Chain, ChainOutcome
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest
@@ -394,7 +394,7 @@ def test_failed_start_is_retried_no_sooner_than_member_restart_s():
     ],
 )
 def test_bad_chain_settings_name_the_variable(environ, variable):
-    from producer.errors import ConfigError
+    from kernel.errors import ConfigError
 
     with pytest.raises(ConfigError) as raised:
         load_settings(environ)

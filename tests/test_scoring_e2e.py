@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from kernel.wire import Filtered, Ranked, TimeRange, WindowResult
 from producer import RerankClient
-from producer.wire import Filtered, Ranked, TimeRange, WindowResult
 
 REF = dt.datetime(2023, 3, 1, tzinfo=dt.timezone.utc)
 QUERY = "payment gateway error"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.wire import Boosts, Candidate, Filtered, Omitted, Ranked, StreamSpec, TimeRange
+from kernel.wire import Boosts, Candidate, Filtered, Omitted, Ranked, StreamSpec, TimeRange
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
 from worker.scoring.decide import decide, normalise, seeded_scores, sigmoid

@@ -16,9 +16,9 @@ from delivery_helpers import provider_env, pull_until_complete, wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kernel.celery_config import TASK_NAME, broker_tls, celery_config
+from kernel.settings import load_settings
 from producer import ValidationError
-from producer.celery_config import TASK_NAME, broker_tls, celery_config
-from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.logs import log_formatter, redact_text
 

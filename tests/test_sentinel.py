@@ -22,11 +22,11 @@ from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete
 
 from devservers.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
-from producer.celery_config import celery_config
+from kernel.celery_config import celery_config
+from kernel.errors import StoreError, StreamNotFound
+from kernel.redis_clients import UNAVAILABLE_ERRORS, store_client
+from kernel.settings import load_settings
 from producer.client import RerankClient
-from producer.errors import StoreError, StreamNotFound
-from producer.redis_clients import UNAVAILABLE_ERRORS, store_client
-from producer.settings import load_settings
 
 pytestmark = pytest.mark.deployment
 
@@ -52,7 +52,7 @@ def raw_redis(sentinel_set):
 
 def test_a_sentinel_broker_is_kombus_sentinel_transport_with_our_qos(base_env, sentinel_set):
     conf = celery_config(load_settings(base_env))
-    assert conf["broker_transport"] == "producer.redis_transport:SentinelTransport"
+    assert conf["broker_transport"] == "kernel.redis_transport:SentinelTransport"
     assert conf["broker_url"].count("sentinel://") == 3
     assert conf["broker_transport_options"]["master_name"] == sentinel_set.service
     assert conf["broker_transport_options"]["visibility_timeout"] == 3600
@@ -276,7 +276,7 @@ def test_a_manual_failover_under_steady_writes_loses_only_what_was_in_flight(gua
     ],
 )
 def test_a_bad_deployment_url_names_the_variable_and_never_the_password(env, variable, words):
-    from producer.errors import ConfigError
+    from kernel.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         load_settings(env)

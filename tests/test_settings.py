@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from producer.errors import ConfigError
-from producer.settings import Settings, load_settings, read_settings, variable
-from producer.settings.reference import render
+from kernel.errors import ConfigError
+from kernel.settings import Settings, load_settings, read_settings, variable
+from kernel.settings.reference import render
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "configuration.md"
@@ -110,7 +110,7 @@ def test_the_file_and_the_environment_are_both_sources(tmp_path):
 
 def test_the_configuration_reference_is_generated_from_the_structs():
     assert REFERENCE.read_text() == render(), (
-        "docs/configuration.md is stale: python -m producer.settings.reference > docs/configuration.md"
+        "docs/configuration.md is stale: python -m kernel.settings.reference > docs/configuration.md"
     )
 
 
@@ -191,7 +191,7 @@ def test_rerankq_config_prints_the_effective_settings_and_their_sources_with_sec
         "RERANKQ_RERANKER_MODEL": "rerank-v3.5",
     }
     shown = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "config", "--json"],
+        [sys.executable, "-m", "rerankq", "config", "--json"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -217,7 +217,7 @@ def test_rerankq_config_prints_the_effective_settings_and_their_sources_with_sec
         "source": "default",
     }
     table = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "config", "--changed"],
+        [sys.executable, "-m", "rerankq", "config", "--changed"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -244,7 +244,7 @@ def test_rerankq_config_masks_every_secret_a_url_carries():
     }
     for args in (["config", "--json"], ["config"]):
         done = subprocess.run(
-            [sys.executable, "-m", "worker.cli", *args],
+            [sys.executable, "-m", "rerankq", *args],
             env={**env, "COLUMNS": "400"},
             cwd=ROOT,
             capture_output=True,
@@ -262,7 +262,7 @@ def test_rerankq_config_masks_every_secret_a_url_carries():
 
 def done_json(env: dict[str, str]) -> str:
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", "config", "--json"],
+        [sys.executable, "-m", "rerankq", "config", "--json"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -307,7 +307,7 @@ def test_a_setting_out_of_the_bounds_of_what_it_feeds_is_refused_at_load(environ
 
 def test_rerankq_config_refuses_a_stream_ttl_every_open_would_refuse():
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "config"],
+        [sys.executable, "-m", "rerankq", "config"],
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_STREAM_TTL_S": "99999999999999999999"},
         cwd=ROOT,
         capture_output=True,
@@ -324,9 +324,9 @@ def test_every_setting_that_is_an_options_default_has_the_options_bounds():
 
     import msgspec
 
+    from kernel.settings.model import SECTIONS
+    from kernel.settings.variables import struct_fields
     from producer.options import StreamOptions
-    from producer.settings.model import SECTIONS
-    from producer.settings.variables import struct_fields
 
     def bounds(annotation):
         found = {}
@@ -366,7 +366,7 @@ def test_a_settings_file_that_is_a_fifo_is_refused_at_once(tmp_path):
     os.mkfifo(fifo)  # a reader would wait for a writer that never comes
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "worker.cli", "config"],
+            [sys.executable, "-m", "rerankq", "config"],
             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RERANKQ_CONFIG_FILE": str(fifo)},
             cwd=ROOT,
             capture_output=True,

@@ -8,9 +8,9 @@ import msgspec
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
 
+from kernel.store import Store
+from kernel.wire import candidate_decoder
 from producer import Candidate, StreamSpec, WindowResult
-from producer.store import Store
-from producer.wire import candidate_decoder
 
 
 def _open_without_dispatch(

@@ -199,7 +199,7 @@ def test_idle_connections_to_the_metrics_port_cost_no_threads_and_are_closed(red
 
     import psutil
 
-    from producer.exporter.http import REQUEST_TIMEOUT_S
+    from kernel.metrics_http import REQUEST_TIMEOUT_S
 
     probe, _ = redis_probe
     assert probe.worker is not None and probe.worker.proc is not None
@@ -235,8 +235,8 @@ def test_an_operator_enables_more_remote_control_commands_with_one_setting(start
     from celery import Celery
     from delivery_helpers import provider_env
 
-    from producer.celery_config import celery_config
-    from producer.settings import load_settings
+    from kernel.celery_config import celery_config
+    from kernel.settings import load_settings
 
     worker = start_worker(env=provider_env("FastProvider", remote_control_commands="stats, active"))
     app = Celery("operator", set_as_current=False)

@@ -1,14 +1,19 @@
-"""``python -m worker`` (and the ``rerankq-worker`` script): an alias of ``rerankq worker``."""
+"""``python -m worker`` (and the ``rerankq-worker`` script): ``rerankq worker`` without the rest of the script."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 
 
-def main(argv: list[str] | None = None) -> int:
-    from worker.cli import main as rerankq
+def main(argv: Sequence[str] | None = None) -> int:
+    from kernel.command_line import Host, run_command
+    from kernel.explain import explain
+    from worker.command import worker
+    from worker.logs import stdlib_host_logging
 
-    return rerankq(["worker", *(sys.argv[1:] if argv is None else argv)], prog_name="rerankq")
+    return run_command(
+        worker, argv, prog_name="rerankq worker", host=Host(logging=stdlib_host_logging), explain=explain
+    )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ import structlog
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
-from producer.amqp_broker import check_broker, kombu_queues
-from producer.settings import Settings
+from kernel.amqp_broker import check_broker, kombu_queues
+from kernel.settings import Settings
 from worker.message_door import Consumer as CheckingConsumer
 
 log = structlog.get_logger("rerankq.worker")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import structlog
 from celery import Celery, signals
 
-from producer.celery_config import TASK_NAME, celery_config
-from producer.settings import Settings
+from kernel.celery_config import TASK_NAME, celery_config
+from kernel.settings import Settings
 from worker import card, envelope, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
 from worker.metrics import MONITORING_OFF, Monitoring
 from worker.runtime import get_runtime, reset_runtime

@@ -20,9 +20,9 @@ from typing import Any
 import redis
 import structlog
 
-from producer import consumers
-from producer.settings import DEFAULT_MODEL, Settings
-from producer.store import Store, connect
+from kernel import consumers
+from kernel.settings import DEFAULT_MODEL, Settings
+from kernel.store import Store, connect
 from worker.scoring.calibration import calibration_identity
 
 log = structlog.get_logger("rerankq.card")
@@ -112,7 +112,7 @@ def _alive(pid: int) -> bool:
 
 class CardKeeper:
     """In the worker's main process: keeps its card hash alive, drops processes that are gone, and
-    says which queues it consumes (in its card, and in ``producer.consumers``' registry, which a
+    says which queues it consumes (in its card, and in ``kernel.consumers``' registry, which a
     producer reads to warn that no worker serves a stream's device)."""
 
     def __init__(self, settings: Settings, name: str, queues: list[str] | None = None) -> None:

@@ -28,8 +28,8 @@ from celery.worker import pidbox
 from celery.worker.consumer.control import Control as CeleryControl
 from celery.worker.control import Panel
 
-from producer.errors import ConfigError
-from producer.settings import Settings, variable
+from kernel.errors import ConfigError
+from kernel.settings import Settings, variable
 from worker.refusal import Refused, log_refusal, quoted
 from worker.remote_control import COMMAND as RERANKQ_WORKER
 

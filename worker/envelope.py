@@ -19,7 +19,7 @@ On Redis, a list entry that cannot be an envelope at all (not JSON, no ``propert
 ``delivery_tag`` kombu's ack emulation could not handle, a lone surrogate anywhere: JSON can
 escape one, UTF-8 cannot carry it back to Redis) cannot be built into a message: it
 was already taken off the list and recorded nowhere, so it is dropped and counted
-(``envelope``). The transports here are ``producer.redis_transport``'s (and kombu's pyamqp)
+(``envelope``). The transports here are ``kernel.redis_transport``'s (and kombu's pyamqp)
 with these checks added; ``worker.app`` selects them for the worker only.
 """
 
@@ -41,7 +41,7 @@ import redis
 from kombu.transport import base as kombu_base
 from kombu.transport import pyamqp, virtual
 
-from producer import redis_transport
+from kernel import redis_transport
 from worker.refusal import Refused, log_refusal, quoted
 
 #: The most a list entry, pub/sub message or AMQP body may be: rerankq's are about 1 KB.
@@ -378,5 +378,5 @@ def guarded_transport(transport: str | None, broker_kind: str) -> str | None:
 
 def guard_sentinel_failover() -> None:
     """kombu takes the next ``sentinel://`` URL's transport from this alias (see
-    ``producer.redis_transport``): a worker keeps its guard across a failover too."""
+    ``kernel.redis_transport``): a worker keeps its guard across a failover too."""
     kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT

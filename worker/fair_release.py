@@ -1,6 +1,6 @@
 """A committed window's share of its device queue, given back, and the windows that released sent.
 
-The ledger (``producer.fair_share``) counts a window against its tenant's share from the moment
+The ledger (``kernel.fair_share``) counts a window against its tenant's share from the moment
 it is sent until it is done with; a worker that commits it gives the share back and sends, in
 their streams' lanes, the waiting windows that now fit. Neither step can lose a window: a share
 not given back (Redis down, the process killed) is found and given back by the sweep, and a
@@ -15,10 +15,10 @@ from typing import Any
 import redis
 from kombu.exceptions import OperationalError
 
-from producer.dispatch import Dispatcher
-from producer.fair_share import FairShare, Released, member, parse_released, send_released
-from producer.settings import Settings
-from producer.store import Store
+from kernel.dispatch import Dispatcher
+from kernel.fair_share import FairShare, Released, member, parse_released, send_released
+from kernel.settings import Settings
+from kernel.store import Store
 from worker.side_writes import SideWrite
 
 SEND_ERRORS = (redis.RedisError, OperationalError, OSError)

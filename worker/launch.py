@@ -13,7 +13,7 @@ import socket
 import structlog
 from celery import Celery
 
-from producer.settings import Settings, override, read_settings
+from kernel.settings import Settings, override, read_settings
 from worker.app import create_app
 from worker.chain.member_config import check_member_configs
 from worker.control_door import check_remote_control
@@ -103,7 +103,7 @@ def start_worker(
         return 1
     if monitoring.server is not None:
         log.info("metrics_listening", host=settings.metrics.host, port=monitoring.server.port)
-    from producer.celery_config import delivery_summary
+    from kernel.celery_config import delivery_summary
 
     log.info("broker_configured", **delivery_summary(settings))
     if settings.store.broker_kind == "amqp":
@@ -113,7 +113,7 @@ def start_worker(
         if problem:
             log.error("broker_cannot_serve", broker="amqp", problem=problem)
             return 1
-        from producer.amqp_broker import consumed_queues
+        from kernel.amqp_broker import consumed_queues
 
         queues = consumed_queues(queues)
     app = create_app(settings, monitoring=monitoring)

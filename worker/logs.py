@@ -1,7 +1,7 @@
 """Logging for the worker process (an application, so it may configure logging; the library may not).
 
 Everything goes through stdlib ``logging`` and one formatter: the worker's structlog events,
-the library's events (``producer.logs``: stdlib records carrying their fields), and Celery's,
+the library's events (``kernel.logs``: stdlib records carrying their fields), and Celery's,
 kombu's and redis-py's records. Console or JSON lines, secrets redacted from every event and
 from the finished line (tracebacks included).
 """
@@ -16,10 +16,10 @@ from typing import Any
 
 import structlog
 
-from producer.logs import LevelCheckedLogger
-from producer.masking import mask_text
+from kernel.logs import LevelCheckedLogger
+from kernel.masking import mask_text
 
-# Keys whose values never reach a log line; in text, what producer.masking masks everywhere
+# Keys whose values never reach a log line; in text, what kernel.masking masks everywhere
 # (URL credentials, secret query values, Bearer tokens).
 _SECRET_KEYS = re.compile(r"(api_?key|password|secret|token|authorization)", re.IGNORECASE)
 
@@ -54,7 +54,7 @@ def redact_rendered(logger: Any, method: str, rendered: Any) -> Any:
 
 
 def lift_library_fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-    """A library record (``producer.logs``) becomes its event and fields again, not a flat message."""
+    """A library record (``kernel.logs``) becomes its event and fields again, not a flat message."""
     record = event.get("_record")
     name = getattr(record, "rerankq_event", None)
     if name is not None:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import structlog
 
-from producer.settings import MemberSettings, Settings
-from producer.store import Store, connect
+from kernel.settings import MemberSettings, Settings
+from kernel.store import Store, connect
 from worker.chain import Chain
 from worker.fair_release import ShareReturn
 from worker.metrics.recorder import NO_METRICS, Recorder

@@ -5,14 +5,14 @@ A Celery message on Redis can vanish between the broker fetch and the ack (a wor
 main process killed, a Redis restart that lost the last second of AOF), and a producer
 can die between admitting a window and sending its message. The stream's pending set
 still names every such window with a deadline, so re-sending the overdue ones whose
-message is nowhere in the queues (``producer.broker_queues``) is enough to make every
+message is nowhere in the queues (``kernel.broker_queues``) is enough to make every
 admitted window end committed, without re-sending what a backlog is only delaying. A
 duplicate send is harmless: ``begin`` turns it away while a live attempt holds the
 window, and ``commit`` writes a window only once.
 
 On RabbitMQ nothing lists a queue's messages without taking them, so the sweep asks the store
 instead: each window carries a queued mark from the moment its message is sent until a
-delivery begins it (``producer/store.lua``). An overdue window still marked queued is left
+delivery begins it (``kernel/store.lua``). An overdue window still marked queued is left
 alone until its mark is ``RERANKQ_QUEUED_MAX_AGE_S`` old: a confirmed message in a durable
 quorum queue is not lost by the broker, so what the mark cannot see is a producer that died
 between admitting a window and sending it, or a message an operator purged, and those wait
@@ -34,14 +34,14 @@ import redis
 import structlog
 from kombu.exceptions import OperationalError
 
-from producer.amqp_broker import AmqpQueueProbe
-from producer.broker_queues import QueueProbe
-from producer.dispatch import Dispatcher
-from producer.fair_share import FairShare, member, send_released
-from producer.keys import DEVICES
-from producer.redis_clients import broker_client, is_redis_broker
-from producer.settings import Settings
-from producer.store import DueWindows, Store, connect
+from kernel.amqp_broker import AmqpQueueProbe
+from kernel.broker_queues import QueueProbe
+from kernel.dispatch import Dispatcher
+from kernel.fair_share import FairShare, member, send_released
+from kernel.keys import DEVICES
+from kernel.redis_clients import broker_client, is_redis_broker
+from kernel.settings import Settings
+from kernel.store import DueWindows, Store, connect
 from worker.metrics.recorder import NO_METRICS, Recorder
 
 log = structlog.get_logger("rerankq.sweep")

@@ -1,4 +1,4 @@
-"""What a task message must be before Celery acts on it: exactly what ``producer.dispatch`` sends.
+"""What a task message must be before Celery acts on it: exactly what ``kernel.dispatch`` sends.
 
 rerankq's dispatch calls Celery's ``send_task`` with a task id, a queue, a priority and one
 header of its own (``rerankq_sent_at``); Celery's protocol 2 (``app.amqp.as_task_v2``) then
@@ -44,9 +44,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from kombu.exceptions import ContentDisallowed
 
-from producer.celery_config import TASK_NAME
-from producer.errors import ValidationError
-from producer.validation import check_stream_id
+from kernel.celery_config import TASK_NAME
+from kernel.errors import ValidationError
+from kernel.ids import check_stream_id
 from worker.refusal import Refused, quoted
 
 #: The task names a worker runs; every other name is refused.
@@ -99,7 +99,7 @@ class Embed(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class TaskBody(msgspec.Struct, array_like=True):
-    """``[[stream_id, window], {}, embed]``: what ``producer.dispatch`` sends."""
+    """``[[stream_id, window], {}, embed]``: what ``kernel.dispatch`` sends."""
 
     args: tuple[Any, Any]
     kwargs: dict[str, Any]

@@ -27,8 +27,8 @@ from billiard.einfo import ExceptionWithTraceback
 from celery.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from producer.redis_clients import UNAVAILABLE_ERRORS, health_client
-from producer.store import Store
+from kernel.redis_clients import UNAVAILABLE_ERRORS, health_client
+from kernel.store import Store
 
 log = structlog.get_logger("rerankq.window")
 

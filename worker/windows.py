@@ -10,14 +10,14 @@ import msgspec
 import redis
 import structlog
 
-from producer import store as codes
-from producer.cost import WORK_SHARE_OF_LEASE
-from producer.fair_share import Released
-from producer.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
-from producer.settings import Settings
-from producer.store import Begun, Store
-from producer.validation import MAX_EMBEDDING_DIMS
-from producer.wire import (
+from kernel import store as codes
+from kernel.cost import WORK_SHARE_OF_LEASE
+from kernel.fair_share import Released
+from kernel.limits import MAX_EMBEDDING_DIMS
+from kernel.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
+from kernel.settings import Settings
+from kernel.store import Begun, Store
+from kernel.wire import (
     Candidate,
     Failed,
     StreamSpec,

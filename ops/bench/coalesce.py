@@ -37,7 +37,7 @@ def main() -> None:
 
     import torch
 
-    from producer.settings import load_settings
+    from kernel.settings import load_settings
 
     on_cuda = args.device.startswith("cuda")
     n_windows = args.windows or ((64 if on_cuda else 8) if args.quick else (256 if on_cuda else 24))

@@ -1,9 +1,9 @@
-"""The shipped evaluation collection (``worker/evaluation/collection``) for in-process reranking.
+"""The shipped evaluation collection (``worker/collection``) for in-process reranking.
 
 Documents are read as the worker reads them: ``heading\\n\\ntext``, the title as the one
 heading (``worker.scoring.documents.header``), so a model sees here what it sees through the
 queue. Reranking scores each query's first-stage run (the BM25 top ``depth``) as one window
-and keeps the rest of the run in its order, as ``python -m worker.evaluation`` does.
+and keeps the rest of the run in its order, as ``python -m evaluation`` does.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def reader_text(title: str | None, text: str) -> str:
 
 @lru_cache(maxsize=1)
 def shipped_collection() -> ShippedCollection:
-    from worker.evaluation.command import collection_files
-    from worker.evaluation.trec import load_collection
+    from evaluation.command import collection_files
+    from evaluation.trec import load_collection
 
     qrels, run, queries, documents = collection_files(None, None, None, None, long_documents=None)
     loaded = load_collection(qrels=qrels, run=run, queries=queries, documents=documents)
@@ -71,6 +71,6 @@ def rerank(
 
 
 def ndcg_at_10(collection: ShippedCollection, rankings: dict[str, list[str]]) -> float:
-    from worker.evaluation.measures import evaluate
+    from evaluation.measures import evaluate
 
     return evaluate(collection.qrels, rankings).mean["nDCG@10"]

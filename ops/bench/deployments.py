@@ -11,7 +11,7 @@ every shape alike):
 - ``amqp``: RabbitMQ as the broker, the store on one redis-server;
 - ``amqp+cluster``: RabbitMQ as the broker, the store on a second private Redis Cluster.
 
-The RabbitMQ shapes run rerankq's own amqp configuration (``producer.amqp_broker``: durable
+The RabbitMQ shapes run rerankq's own amqp configuration (``kernel.amqp_broker``: durable
 quorum lane queues, publisher confirms, per-consumer prefetch 1) on a private RabbitMQ node
 (``devservers.rabbitmq_server``) unless ``--amqp-url`` names a broker to use instead.
 
@@ -55,10 +55,10 @@ import redis
 
 from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
 from devservers.redis_cluster import EmbeddedRedisCluster
+from kernel.dispatch import Dispatcher
+from kernel.settings import load_settings
 from ops.bench.common import p50, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
-from producer.dispatch import Dispatcher
-from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 
 WINDOW = 25

@@ -47,11 +47,11 @@ from typing import Any
 import httpx
 import redis
 
+from kernel.fair_share import bucket_for
+from kernel.keys import Keys
 from ops.bench.common import bench_model, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 from ops.bench.gateway import start_gateway
-from producer.fair_share import bucket_for
 from producer.gateway.auth import digest, new_key
-from producer.keys import Keys
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 
 NAMESPACE = "bfs"

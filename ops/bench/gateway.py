@@ -26,9 +26,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from kernel.settings import load_settings
 from ops.bench.common import ROOT, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
-from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 
 WINDOW = 25

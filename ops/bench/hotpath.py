@@ -146,8 +146,8 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     import producer.client as client_module
     import worker.chain.chain as chain_module
     import worker.windows as windows_module
+    from kernel.settings import load_settings
     from producer import RerankClient
-    from producer.settings import load_settings
     from worker.chain.cache import CachedProvider
     from worker.chain.metering import MeteredProvider
     from worker.logs import configure_logging
@@ -264,8 +264,8 @@ def monitor_profile(redis_url: str, n_streams: int, logs: Path) -> tuple[list[li
     import psutil
     import redis
 
+    from kernel.settings import load_settings
     from producer import RerankClient
-    from producer.settings import load_settings
 
     env = worker_env(redis_url, "hm", RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
     worker = rerankq_worker(env, logs / "monitor-worker.log").start()

@@ -27,9 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kernel.settings import load_settings
 from ops.bench.common import bench_model, p50, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient
-from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis, free_port
 from worker.embedded.worker_process import WorkerProcess
 
@@ -108,7 +108,7 @@ def window_path(
     configure_logging(level="WARNING", json=False)
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         prepare(Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-files-")))
-    from producer.wire import Candidate, StreamSpec
+    from kernel.wire import Candidate, StreamSpec
     from worker.metrics.definitions import WorkerMetrics
     from worker.metrics.recorder import NO_METRICS
     from worker.runtime import Runtime

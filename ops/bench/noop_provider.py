@@ -6,7 +6,7 @@ with the repository root on PYTHONPATH.
 
 from __future__ import annotations
 
-from producer.settings import MemberSettings, Settings
+from kernel.settings import MemberSettings, Settings
 from worker.providers.base import ScoreRequest
 
 

@@ -1,6 +1,6 @@
 """Long documents as passages: what splitting costs, and what the embedding cache gives back.
 
-Windows of the long-document collection (``worker/evaluation/collection/long``: documents of
+Windows of the long-document collection (``worker/collection/long``: documents of
 1,300-2,400 words, the shipped queries; each window one query's BM25 top documents) are
 scored by the worker's own path, in this process: a stream opened by the client, its window
 run by the ``WindowScorer`` a worker holds (begin, cutting, the chain with the pair cache
@@ -42,7 +42,7 @@ from typing import Any
 
 from ops.bench.common import ROOT, bench_model, print_table, worker_env, write_json
 
-COLLECTION = ROOT / "worker" / "evaluation" / "collection" / "long"
+COLLECTION = ROOT / "worker" / "collection" / "long"
 MODES = ("excerpt", "passages cold", "passages warm", "passages repeat")
 MEMBERS = {
     "embedding": {"RERANKQ_RERANKER_PROVIDER": "embedding"},
@@ -135,8 +135,8 @@ class Subject:
 
 
 def load_windows(n_windows: int, depth: int) -> list[Window]:
-    from worker.evaluation.runner import candidates_for
-    from worker.evaluation.trec import load_collection
+    from evaluation.runner import candidates_for
+    from evaluation.trec import load_collection
 
     collection = load_collection(
         qrels=COLLECTION / "qrels.txt",
@@ -158,8 +158,8 @@ def load_windows(n_windows: int, depth: int) -> list[Window]:
 
 
 def start_subjects(redis_url: str, torch_threads: int | None) -> list[Subject]:
+    from kernel.settings import load_settings
     from producer import RerankClient
-    from producer.settings import load_settings
     from worker.runtime import Runtime
 
     subjects = []

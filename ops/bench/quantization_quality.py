@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
 
-    from producer.settings import load_settings
+    from kernel.settings import load_settings
     from worker.engine import configure_threads
     from worker.engine.parity import spearman
     from worker.engine.precision import cpu_has_native_bf16

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernel.settings import load_settings
 from ops.bench.common import (
     ROOT,
     bench_model,
@@ -34,7 +35,6 @@ from ops.bench.common import (
     write_json,
 )
 from producer import RerankClient
-from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 from worker.embedded.worker_process import WorkerProcess
 

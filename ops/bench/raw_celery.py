@@ -10,8 +10,8 @@ import os
 
 from celery import Celery
 
-from producer.celery_config import celery_config
-from producer.settings import load_settings
+from kernel.celery_config import celery_config
+from kernel.settings import load_settings
 
 NOOP_TASK = "bench.noop"
 

@@ -22,9 +22,9 @@ import time
 import uuid
 from pathlib import Path
 
+from kernel.broker_queues import QueueProbe
 from ops.bench.common import ROOT, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient, load_settings
-from producer.broker_queues import QueueProbe
 from worker.embedded.redis_server import EmbeddedRedis
 
 OVERLAY = ROOT / "ops" / "bench" / "overlays" / "sweep_without_probe"

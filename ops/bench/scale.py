@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernel.settings import load_settings
 from ops.bench.common import (
     bench_model,
     cpu_quota,
@@ -28,7 +29,6 @@ from ops.bench.common import (
     write_json,
 )
 from producer import RerankClient
-from producer.settings import load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 
 WINDOW = 25

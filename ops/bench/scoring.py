@@ -180,7 +180,7 @@ class Subject:
 _RSS_PROBE = """
 import json, sys
 import psutil
-from producer.settings import load_settings
+from kernel.settings import load_settings
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 args = json.loads(sys.argv[1])
 configure_threads(args["threads"])
@@ -346,7 +346,7 @@ def main() -> None:
 
     import torch
 
-    from producer.settings import load_settings
+    from kernel.settings import load_settings
 
     on_cuda = args.device.startswith("cuda")
     # A GPU needs more work per timing to rise above launch overheads.

@@ -37,7 +37,7 @@ from producer import RerankClient, load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 
 CANDIDATES = 25
-RERANKQ = [sys.executable, "-m", "worker.cli"]
+RERANKQ = [sys.executable, "-m", "rerankq"]
 
 
 def write_jobs(path: Path, n: int, tag: str) -> Path:
@@ -151,8 +151,8 @@ def latency(
     env: dict[str, str], client: RerankClient, scratch: Path, *, rounds: int, per_block: int, tag: str
 ) -> dict[str, object]:
     """Idle and busy blocks alternate over rounds, so load from elsewhere on the host hits both."""
-    from producer.broker_queues import QueueProbe
-    from producer.store import connect
+    from kernel.broker_queues import QueueProbe
+    from kernel.store import connect
 
     probe = QueueProbe(connect(env["RERANKQ_REDIS_URL"]))
     queue = env["RERANKQ_CPU_QUEUE"]

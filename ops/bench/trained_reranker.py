@@ -8,7 +8,7 @@ fine-tuned together to reproduce the teacher's scaled cosine of each (query, doc
 
 What was chosen, and why:
 
-- **Documents**: the shipped evaluation collection's 195 (``worker/evaluation/collection``),
+- **Documents**: the shipped evaluation collection's 195 (``worker/collection``),
   read as the worker reads them (title as heading, then the text): the bench's domain, and
   the only judged text here, so the result can be checked against judgements.
 - **Queries** are generated from the documents, never the collection's own 32 questions:

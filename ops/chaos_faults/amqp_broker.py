@@ -28,8 +28,8 @@ import amqp
 from kombu import Connection
 
 from devservers.rabbitmq_server import EmbeddedRabbitMQ
-from producer.amqp_broker import consumed_queues
-from producer.dispatch import Dispatcher
+from kernel.amqp_broker import consumed_queues
+from kernel.dispatch import Dispatcher
 
 _WINDOW = re.compile(r"^rq:([^:]+):(\d+):")
 #: A lost message is re-sent once its queued mark is this old: well inside the drain.

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import redis
 
+from kernel.errors import StreamNotFound
+from kernel.wire import window_result_decoder
 from ops.chaos_faults.readers import Ledger, OpenAttempt, digest, retrying, stored_results
 from producer import RerankClient
-from producer.errors import StreamNotFound
-from producer.wire import window_result_decoder
 
 GIVE_UP_S = 60.0
 

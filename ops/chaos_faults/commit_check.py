@@ -26,7 +26,7 @@ def without_commit_checks(script: str) -> str:
 
 
 def patch_store() -> None:
-    """Replace the script text ``producer.store`` registers, before any Store is built."""
-    import producer.store
+    """Replace the script text ``kernel.store`` registers, before any Store is built."""
+    import kernel.store
 
-    producer.store._SCRIPT = without_commit_checks(producer.store._SCRIPT)
+    kernel.store._SCRIPT = without_commit_checks(kernel.store._SCRIPT)

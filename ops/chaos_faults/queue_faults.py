@@ -17,8 +17,8 @@ from collections import defaultdict
 
 import redis
 
-from producer.broker_queues import queue_lists
-from producer.dispatch import Dispatcher
+from kernel.broker_queues import queue_lists
+from kernel.dispatch import Dispatcher
 
 # The window a message is for, from its task id (``rq:<stream>:<window>:<nonce>``).
 _WINDOW = re.compile(rb'"rq:([^:"]+):(\d+):')

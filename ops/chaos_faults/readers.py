@@ -20,8 +20,8 @@ from typing import TypeVar
 import redis
 from kombu.exceptions import OperationalError
 
+from kernel.errors import StoreFull, StoreUnavailable, StreamNotFound
 from producer import RerankClient
-from producer.errors import StoreFull, StoreUnavailable, StreamNotFound
 
 T = TypeVar("T")
 

@@ -37,8 +37,8 @@ from redis.retry import Retry
 
 from devservers.redis_cluster import EmbeddedRedisCluster
 from devservers.redis_sentinel import EmbeddedSentinel
-from producer.keys import Keys
-from producer.redis_clients import store_client
+from kernel.keys import Keys
+from kernel.redis_clients import store_client
 from worker.embedded.redis_server import EmbeddedRedis
 
 SHAPES = ("single", "cluster", "sentinel")

@@ -21,9 +21,9 @@ from typing import Any
 
 from celery import Celery
 
+from kernel.celery_config import TASK_NAME, celery_config
+from kernel.settings import load_settings
 from ops.probe.queue_cases import JSON, UTF8, bz2_bomb
-from producer.celery_config import TASK_NAME, celery_config
-from producer.settings import load_settings
 
 #: What rerankq's own tools send; the worker answers these.
 ANSWERED = ("ping", "rerankq_worker")

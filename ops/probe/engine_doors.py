@@ -42,9 +42,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from kernel.settings import MemberSettings, Settings, load_settings, override
 from ops.bench.causal import causal_bench_model
 from ops.bench.common import bench_model
-from producer.settings import MemberSettings, Settings, load_settings, override
 from worker.control_strings import REMOTE
 from worker.engine import BackendChoice, ScoringEngine, load_cross_encoder
 from worker.engine.export_manifest import manifest_path

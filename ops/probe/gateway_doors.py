@@ -188,7 +188,7 @@ class Deployment:
                 [
                     sys.executable,
                     "-m",
-                    "worker.cli",
+                    "rerankq",
                     "serve",
                     "--port",
                     str(self.port),
@@ -420,7 +420,7 @@ def probe_id_escapes(d: Deployment) -> None:
     )
     check(opened.status_code == 201, f"a document with escapes: answered {opened.status_code}")
     pulled = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "pull", opened.json()["stream_id"], "--timeout", "30"],
+        [sys.executable, "-m", "rerankq", "pull", opened.json()["stream_id"], "--timeout", "30"],
         env=d.env,
         cwd=ROOT,
         capture_output=True,
@@ -441,7 +441,7 @@ def probe_submit_nested(d: Deployment) -> None:
     jobs.write_text(json.dumps(good) + "\n" + bad + "\n")
     out = jobs.with_suffix(".out.jsonl")
     done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "submit", str(jobs), "--out", str(out), "--on-error", "skip"]
+        [sys.executable, "-m", "rerankq", "submit", str(jobs), "--out", str(out), "--on-error", "skip"]
         + ["--allow-shallow"],
         env=d.env,
         cwd=ROOT,

@@ -88,7 +88,7 @@ def rerankq(args: list[str], env: dict[str, str], timeout_s: float = REFUSED_WIT
     """``rerankq ARGS`` to its end, stdout and stderr together; killed (and failed) past ``timeout_s``."""
     started = time.monotonic()
     with subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "rerankq", *args],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -137,7 +137,7 @@ def probe_keygen_parallel(c: Context) -> None:
     env = c.env()
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "serve", "keygen", "--tenant", f"t{i}"]
+            [sys.executable, "-m", "rerankq", "serve", "keygen", "--tenant", f"t{i}"]
             + ["--keys-file", str(keys_file), "--json"],
             env=env,
             cwd=ROOT,

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from producer.celery_config import TASK_NAME
+from kernel.celery_config import TASK_NAME
 
 FAR_FUTURE = "2999-01-01T00:00:00+00:00"
 NO_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}

@@ -38,10 +38,10 @@ from collections.abc import Callable
 
 import httpx
 
+from kernel.fair_share import bucket_for
 from ops.probe.gateway_doors import MEMBER_DELAY_S, Deployment, run_probes
 from ops.probe.runner import check
 from producer import RerankClient, load_settings
-from producer.fair_share import bucket_for
 
 SHARE_WINDOWS = 2
 SETTINGS = {

@@ -4,13 +4,13 @@ Each read is a fixed number of commands however many streams are live:
 
 - per queue (``QueueSettings.all_queues()``, every priority list kombu keeps for it): its length,
   and its oldest message, the list's tail (kombu pushes on the left and pops on the right),
-  whose ``rerankq_sent_at`` header (``producer.dispatch``) gives the age of the oldest wait;
+  whose ``rerankq_sent_at`` header (``kernel.dispatch``) gives the age of the oldest wait;
 - unacknowledged messages per queue: kombu's ``unacked`` hash, counted by routing key in a
   script. It holds one entry per message a worker has fetched and not acked, so it is as
   large as the fleet's busy pool processes, not as the backlog;
 - on RabbitMQ instead: each lane queue's ready messages (a passive declare); no unacked count
   per queue and no oldest age (neither can be read without taking messages);
-- per shard (``producer.keys.SHARDS`` of them, pipelined): the live entries of the active-stream
+- per shard (``kernel.keys.SHARDS`` of them, pipelined): the live entries of the active-stream
   index and of each device's uncommitted-window index, both scored by their stream's expiry,
   so streams that expired are not counted and nothing is walked one by one.
 """
@@ -24,10 +24,10 @@ from typing import Any
 
 import redis
 
-from producer.amqp_broker import AmqpQueueProbe
-from producer.broker_queues import SENT_AT_HEADER, queue_lists
-from producer.keys import DEVICES, Keys
-from producer.settings import Settings
+from kernel.amqp_broker import AmqpQueueProbe
+from kernel.broker_queues import SENT_AT_HEADER, queue_lists
+from kernel.keys import DEVICES, Keys
+from kernel.settings import Settings
 
 #: kombu's Redis transport keeps unacked messages here (its ``unacked_key`` default), as
 #: JSON ``[message, exchange, routing_key]``; rerankq publishes with the queue as routing key.
@@ -94,7 +94,7 @@ class BacklogReader:
         self.keys = Keys(settings.store.namespace)
         self.store_client = store_client
         self.broker_client = broker_client
-        #: Set when the broker is RabbitMQ (``producer.amqp_broker``); then broker_client is None.
+        #: Set when the broker is RabbitMQ (``kernel.amqp_broker``); then broker_client is None.
         self.amqp = amqp
         if broker_client is not None:
             self._unacked = broker_client.register_script(_UNACKED_BY_QUEUE)

@@ -9,8 +9,8 @@ import redis
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kernel.logs import get_logger
 from producer.exporter.backlog import BacklogReader
-from producer.logs import get_logger
 
 log = get_logger("rerankq.exporter")
 

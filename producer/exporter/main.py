@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from producer.command_line import Host, apply_host_logging, run_command
-from producer.errors import ConfigError
+from kernel.command_line import Host, apply_host_logging, run_command
+from kernel.errors import ConfigError
 
 EPILOG = """\b
 Examples:
@@ -49,7 +49,7 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
     stream is scanned) and needs no worker, so an autoscaler can scale a device's workers
     from zero. Configured by the same RERANKQ_* variables as everything else.
     """
-    from producer.settings import load_settings
+    from kernel.settings import load_settings
 
     try:
         settings = load_settings()
@@ -65,16 +65,16 @@ def exporter(host: str, port: int | None, once: bool, healthcheck: bool) -> int:
 
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from kernel.metrics_http import MetricsServer, check_route, health_client, metrics_route, reachable
+    from kernel.redis_clients import broker_client as connect_broker
+    from kernel.redis_clients import store_client as connect_store
     from producer.exporter.backlog import BacklogReader
     from producer.exporter.collector import BacklogCollector
-    from producer.exporter.http import MetricsServer, check_route, health_client, metrics_route, reachable
-    from producer.redis_clients import broker_client as connect_broker
-    from producer.redis_clients import store_client as connect_store
 
     store_client = connect_store(settings.store.redis_url)
     amqp_probe = None
     if settings.store.broker_kind == "amqp":
-        from producer.amqp_broker import AmqpQueueProbe
+        from kernel.amqp_broker import AmqpQueueProbe
 
         amqp_probe, broker_client = AmqpQueueProbe(settings.store.broker), None
     else:

@@ -25,7 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from producer.amqp_broker import AsyncAmqpBroker
+from kernel.amqp_broker import AsyncAmqpBroker
+from kernel.logs import get_logger
+from kernel.settings import Settings, load_settings
 from producer.client import RerankClient
 from producer.gateway import cohere, streams, tei
 from producer.gateway.auth import KeyRing, load_keyring
@@ -35,8 +37,6 @@ from producer.gateway.limits import Backlog, CountingDispatcher
 from producer.gateway.openapi import openapi_document
 from producer.gateway.service import Gateway
 from producer.gateway.tenants import TenantShares
-from producer.logs import get_logger
-from producer.settings import Settings, load_settings
 
 log = get_logger("rerankq.gateway")
 

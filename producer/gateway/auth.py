@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from producer.errors import ConfigError
+from kernel.errors import ConfigError
+from kernel.setting_files import read_regular_file
+from kernel.settings import Settings, chain_profile_variable
 from producer.gateway.config import Device, GatewaySettings, variable
 from producer.gateway.problems import Problem
-from producer.setting_files import read_regular_file
-from producer.settings import Settings, chain_profile_variable
 
 ALL_DEVICES: tuple[Device, ...] = ("cpu", "gpu", "any")
 _DIGEST = re.compile(r"[0-9a-f]{64}")

@@ -24,24 +24,24 @@ import msgspec
 import redis
 import redis.asyncio
 
-from producer.client import RerankClient
-from producer.errors import IdempotencyConflict, StoreError, StreamNotFound, ValidationError
-from producer.gateway.auth import Principal
-from producer.gateway.config import GatewaySettings
-from producer.gateway.jobs import RerankJob, Scored, failure, scored
-from producer.gateway.limits import Backlog, CountingDispatcher
-from producer.gateway.problems import Problem
-from producer.logs import get_logger
-from producer.pages import build_page
-from producer.store import BLOCK_CHUNK_S, Snapshot, Store
-from producer.validation import check_stream_id
-from producer.wire import (
+from kernel.errors import IdempotencyConflict, StoreError, StreamNotFound, ValidationError
+from kernel.ids import check_stream_id
+from kernel.logs import get_logger
+from kernel.store import BLOCK_CHUNK_S, Snapshot, Store
+from kernel.wire import (
     Page,
     StreamStatus,
     committed_window_status,
     spec_decoder,
     window_result_decoder,
 )
+from producer.client import RerankClient
+from producer.gateway.auth import Principal
+from producer.gateway.config import GatewaySettings
+from producer.gateway.jobs import RerankJob, Scored, failure, scored
+from producer.gateway.limits import Backlog, CountingDispatcher
+from producer.gateway.problems import Problem
+from producer.pages import build_page
 
 log = get_logger("rerankq.gateway")
 T = TypeVar("T")
@@ -64,8 +64,8 @@ _XReadReply = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
 def async_redis(url: str, config: GatewaySettings) -> redis.asyncio.Redis:
     """An asyncio client with the store's socket bounds (above the longest blocking read), for
-    every deployment shape (``producer.redis_clients``), its pool bounded as ``config`` says."""
-    from producer.redis_clients import async_store_client
+    every deployment shape (``kernel.redis_clients``), its pool bounded as ``config`` says."""
+    from kernel.redis_clients import async_store_client
 
     client: redis.asyncio.Redis = async_store_client(
         url, max_connections=config.redis_max_connections, pool_timeout_s=config.redis_pool_timeout_s

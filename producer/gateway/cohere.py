@@ -38,11 +38,12 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kernel.limits import MAX_PASSAGES
 from producer.gateway.jobs import Scored
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
-from producer.options import MAX_PASSAGES, InstructionOption
+from producer.options import InstructionOption
 
 DOCUMENTS_PER_SEARCH_UNIT = 100
 

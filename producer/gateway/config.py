@@ -1,13 +1,13 @@
-"""The gateway's settings: the ``gateway`` section (``producer.settings.gateway``), then command-line overrides."""
+"""The gateway's settings: the ``gateway`` section (``kernel.settings.gateway``), then command-line overrides."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from producer.settings import load_settings
-from producer.settings.gateway import Device, GatewaySettings
-from producer.settings.variables import variable_name
+from kernel.settings import load_settings
+from kernel.settings.gateway import Device, GatewaySettings
+from kernel.settings.variables import variable_name
 
 PREFIX = "RERANKQ_GATEWAY_"
 

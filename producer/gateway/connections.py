@@ -15,7 +15,7 @@ timeout starts only after a response). ``GuardedHttpTools`` adds what it lacks:
   closes an idle connection sooner.
 - **Access log**: with ``--access-log``, the values of secret-looking query parameters
   (``api_key``, ``x_api_key``, ``token``, ``bearer``, ``key[]``, ...) are masked in the line
-  uvicorn writes, by the masking every other log line and message uses (``producer.masking``).
+  uvicorn writes, by the masking every other log line and message uses (``kernel.masking``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from kernel.masking import mask_text
 from producer.gateway.config import GatewaySettings
-from producer.masking import mask_text
 
 _END_OF_HEAD = b"\r\n\r\n"
 

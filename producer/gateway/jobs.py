@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
+from kernel.store import Snapshot
+from kernel.wire import Device, Failed, Filtered, Ranked
 from producer.gateway.problems import Problem
 from producer.options import StreamOptions, given
-from producer.store import Snapshot
-from producer.wire import Device, Failed, Filtered, Ranked
 
 #: Bump when the derivation changes, so old streams are never read as new answers.
 KEY_VERSION = 2

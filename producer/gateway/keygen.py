@@ -23,10 +23,10 @@ from typing import Any
 
 import click
 
-from producer.errors import ConfigError
+from kernel.errors import ConfigError
+from kernel.setting_files import read_regular_file
 from producer.gateway.auth import ALL_DEVICES, MAX_KEYS_FILE_BYTES, TENANT_NAME, digest, new_key, parse_entries
 from producer.gateway.config import variable
-from producer.setting_files import read_regular_file
 
 EPILOG = """\b
 Examples:
@@ -115,7 +115,7 @@ def keygen(tenant: str, chain: str | None, devices: list[str], keys_file: Path |
 
 
 def _check_chain(entry: dict[str, Any]) -> None:
-    from producer.settings import chain_profile_variable, load_settings
+    from kernel.settings import chain_profile_variable, load_settings
 
     if entry["chain"] not in load_settings().chain.profiles:
         raise ConfigError(

@@ -2,8 +2,8 @@
 
 **Backpressure.** New work for a device is refused (429) while its queue holds more than
 ``RERANKQ_GATEWAY_MAX_BACKLOG`` waiting windows, rather than queueing without limit. The
-depth is the queue's Redis lists (``producer.broker_queues.queue_lists``: the queue and its
-priority steps), or on RabbitMQ both lane queues' message counts (``producer.amqp_broker``),
+depth is the queue's Redis lists (``kernel.broker_queues.queue_lists``: the queue and its
+priority steps), or on RabbitMQ both lane queues' message counts (``kernel.amqp_broker``),
 sampled every ``RERANKQ_GATEWAY_DRAIN_SAMPLE_S`` (0.5 s) by one background
 task; a request compares against the latest sample, so it costs no Redis call of its own, and
 a sudden burst can pass the bound by what arrives within one sample.
@@ -19,7 +19,7 @@ processes) sent in an interval count as not drained: the estimate can only err l
 Retry-After long; while every gateway refuses work, nothing is being sent and it is exact.
 
 **A tenant's own backlog.** A device queue holds at most a share of each tenant
-(``producer.fair_share``); what a tenant sends past its share waits in Redis, so it fills no
+(``kernel.fair_share``); what a tenant sends past its share waits in Redis, so it fills no
 queue and the depth above stays low. A tenant with more than ``RERANKQ_TENANT_MAX_WAITING``
 windows, or ``RERANKQ_TENANT_MAX_WAITING_TOKENS`` of cost, waiting is answered 429 while the
 other tenants are served; the counts are the ledgers', read with each sample.
@@ -37,15 +37,15 @@ from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
-from producer.amqp_broker import AsyncAmqpBroker
-from producer.broker_queues import queue_lists
-from producer.dispatch import Dispatcher
-from producer.fair_share import bucket_for
+from kernel.amqp_broker import AsyncAmqpBroker
+from kernel.broker_queues import queue_lists
+from kernel.dispatch import Dispatcher
+from kernel.fair_share import bucket_for
+from kernel.keys import Keys
+from kernel.settings import Settings
+from kernel.wire import Lane
 from producer.gateway.config import Device, GatewaySettings
 from producer.gateway.problems import Problem
-from producer.keys import Keys
-from producer.settings import Settings
-from producer.wire import Lane
 
 #: Weight of the newest interval in the drain-rate average.
 SMOOTHING = 0.3
@@ -96,7 +96,7 @@ NOTHING_WAITING = Waiting(0, 0)
 
 class Backlog:
     """Queue depths per device (sampled), the drain rate each queue shows, and the 429 they lead to;
-    and each tenant's windows waiting for its share (``producer.fair_share``), sampled too, so a
+    and each tenant's windows waiting for its share (``kernel.fair_share``), sampled too, so a
     tenant whose own backlog is past its bound is answered 429 while the others are served."""
 
     def __init__(

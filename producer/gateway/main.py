@@ -14,13 +14,13 @@ from typing import Any
 
 import click
 
-from producer.command_line import Host, apply_host_logging, run_command
-from producer.errors import ConfigError
+from kernel.command_line import Host, apply_host_logging, run_command
+from kernel.errors import ConfigError
+from kernel.logs import get_logger
+from kernel.settings import Settings, load_settings
 from producer.gateway.auth import ALL_DEVICES, KeyRing, load_keyring
 from producer.gateway.config import GatewaySettings, load_gateway_settings, variable
 from producer.gateway.keygen import keygen
-from producer.logs import get_logger
-from producer.settings import Settings, load_settings
 
 log = get_logger("rerankq.gateway")
 CONFIG_ERROR, STARTUP_FAILURE = 2, 3

@@ -7,12 +7,12 @@ from typing import Any
 
 import msgspec
 
+from kernel.wire import Page, StreamStatus
 from producer.gateway.cohere import CohereError, CohereResponse, CohereV1Request, CohereV2Request
 from producer.gateway.problems import STREAM_HEADER
 from producer.gateway.service import DEVICE_HEADER, TIMEOUT_HEADER
 from producer.gateway.streams import Opened, OpenStreamRequest, StreamError
 from producer.gateway.tei import TeiError, TeiRank, TeiRequest
-from producer.wire import Page, StreamStatus
 
 _REF = "#/components/schemas/{name}"
 

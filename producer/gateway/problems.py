@@ -13,8 +13,8 @@ from typing import Literal
 
 import msgspec
 
-from producer.errors import ValidationError
-from producer.field_errors import from_msgspec
+from kernel.errors import ValidationError
+from kernel.field_errors import from_msgspec
 from producer.nesting import too_deep_field
 from producer.validation import MAX_NESTING_DEPTH
 

@@ -12,19 +12,19 @@ import redis
 from starlette.requests import Request
 from starlette.responses import Response
 
-from producer.blank_text import is_blank
-from producer.cost import window_size_within
-from producer.errors import StoreError, StreamNotFound, ValidationError
+from kernel.blank_text import is_blank
+from kernel.cost import window_size_within
+from kernel.errors import StoreError, StreamNotFound, ValidationError
+from kernel.logs import get_logger
+from kernel.passage_budget import fitting_window_size
+from kernel.settings import Settings
+from kernel.wire import Candidate, Device, StreamSpec
 from producer.gateway.auth import KeyRing, Principal
 from producer.gateway.bridge import QueueBridge, store_problem
 from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
 from producer.gateway.problems import Problem
-from producer.logs import get_logger
 from producer.options import DEFAULT_MAX_PASSAGES, StreamOptions
-from producer.passage_budget import fitting_window_size
-from producer.settings import Settings
-from producer.wire import Candidate, Device, StreamSpec
 
 log = get_logger("rerankq.gateway")
 
@@ -99,7 +99,7 @@ class Gateway:
             )
         chars = self.config.document_chars(self.settings)
         # A blank document is accepted, as the real services score an empty text: the worker
-        # scores it minus infinity, last, without sending it (producer.blank_text).
+        # scores it minus infinity, last, without sending it (kernel.blank_text).
         for i, text in enumerate(texts):
             if len(text) > chars:
                 raise Problem(
@@ -120,7 +120,7 @@ class Gateway:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
         fields, the API key and the gateway's settings say. With ``max_passages`` the documents
         are split into passages, and windows are made small enough for the per-window ceiling;
-        any window small enough to be scored within the task's time limit (``producer.cost``)."""
+        any window small enough to be scored within the task's time limit (``kernel.cost``)."""
         budget = self.settings.streams.document_budget
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))

@@ -31,12 +31,12 @@ import redis
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from producer.errors import IdempotencyConflict, StoreError, ValidationError
+from kernel.errors import IdempotencyConflict, StoreError, ValidationError
+from kernel.ids import check_idempotency_key
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
 from producer.options import StreamOptions, given
-from producer.validation import check_idempotency_key
 
 _EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 

@@ -16,8 +16,8 @@ from importlib import resources
 
 import redis
 
-from producer.keys import Keys
-from producer.settings import MemberSettings, Settings
+from kernel.keys import Keys
+from kernel.settings import MemberSettings, Settings
 
 _SCRIPT = resources.files("worker.chain").joinpath("breaker.lua").read_text()
 # A breaker hash outlives its cooldown by this much, then a quiet member leaves nothing behind.

@@ -40,8 +40,8 @@ import msgspec
 import redis
 import redis.cluster
 
-from producer.keys import Keys
-from producer.settings import MemberSettings
+from kernel.keys import Keys
+from kernel.settings import MemberSettings
 from worker.providers.base import Provider, Scale, ScoreRequest, cache_identity
 from worker.side_writes import SideWrite, write
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import redis
 import structlog
 
-from producer.keys import Keys
-from producer.settings import MemberSettings, Settings, chain_profile_variable, member_variable
-from producer.store import connect
+from kernel.keys import Keys
+from kernel.settings import MemberSettings, Settings, chain_profile_variable, member_variable
+from kernel.store import connect
 from worker.chain.breaker import Breaker, Gate, breaker_id
 from worker.chain.cache import provider_identity
 from worker.chain.checks import FLAT_MIN_WINDOW, FLAT_RANGE, CheckedProvider, check_scores

@@ -26,7 +26,7 @@ import msgspec
 import redis
 import redis.cluster
 
-from producer.keys import Keys
+from kernel.keys import Keys
 from worker.providers.base import ScoreRequest
 
 _encode = msgspec.msgpack.Encoder().encode

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from producer.errors import ConfigError
-from producer.settings import MemberSettings, Settings, member_variable
+from kernel.errors import ConfigError
+from kernel.settings import MemberSettings, Settings, member_variable
 from worker.providers import provider_class
 from worker.providers.base import MemberConfigError, ProviderStartError
 

@@ -408,7 +408,7 @@ def decide(
 # --- the windows it measures on -----------------------------------------------------------------
 
 
-_COLLECTION = Path(__file__).resolve().parents[1] / "evaluation" / "collection"
+_COLLECTION = Path(__file__).resolve().parents[1] / "collection"
 
 
 def _shipped_texts() -> tuple[dict[str, str], dict[str, str]]:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from producer.settings import Settings
+from kernel.settings import Settings
 
 log = structlog.get_logger("rerankq.coalesce")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from producer.settings import Settings
+from kernel.settings import Settings
 from worker.engine.batching import Batch, default_token_budget, pad_batches
 from worker.engine.parity import MIN_SPEARMAN, spearman
 from worker.engine.precision import probe_pairs, resolve_precision

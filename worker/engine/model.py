@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from producer.settings import Settings
+from kernel.settings import Settings
 from worker import control_strings
 from worker.engine.autotune import (
     AUTO_TIMING_S,

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from producer.settings import Settings
+from kernel.settings import Settings
 from worker.metrics.recorder import NO_METRICS, Recorder
 
 if TYPE_CHECKING:
-    from producer.exporter.http import MetricsServer
+    from kernel.metrics_http import MetricsServer
     from worker.metrics.health import WorkerHealth
 
 

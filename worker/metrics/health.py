@@ -15,9 +15,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from producer.exporter.http import health_client, reachable
-from producer.redis_clients import is_redis_broker
-from producer.settings import Settings
+from kernel.metrics_http import health_client, reachable
+from kernel.redis_clients import is_redis_broker
+from kernel.settings import Settings
 from worker.metrics.multiprocess import reap_dead
 
 

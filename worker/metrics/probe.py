@@ -12,8 +12,8 @@ import urllib.request
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     path = args[0] if args else "/healthz"
-    from producer.errors import ConfigError
-    from producer.settings import load_settings
+    from kernel.errors import ConfigError
+    from kernel.settings import load_settings
 
     try:
         metrics = load_settings().metrics

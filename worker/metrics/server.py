@@ -13,9 +13,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from producer.exporter.http import MetricsServer, check_route, health_client, metrics_route
-from producer.keys import Keys
-from producer.settings import Settings
+from kernel.keys import Keys
+from kernel.metrics_http import MetricsServer, check_route, health_client, metrics_route
+from kernel.settings import Settings
 from worker.chain.breaker import breaker_id
 from worker.metrics.health import WorkerHealth
 from worker.metrics.multiprocess import reap_dead

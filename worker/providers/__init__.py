@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from producer.settings import MemberSettings, Settings
+from kernel.settings import MemberSettings, Settings
 from worker.providers.base import Provider, ProviderStartError
 
 _REGISTRY: dict[str, str] = {

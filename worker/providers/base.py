@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from producer.settings import MemberSettings
+    from kernel.settings import MemberSettings
 
 # How a provider's numbers are to be read. Declared per provider, never guessed
 # from a batch: "probability" is used as it is, "logit" goes through a sigmoid, and

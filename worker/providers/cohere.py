@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producer.settings import MemberSettings, Settings
+from kernel.settings import MemberSettings, Settings
 from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
     MemberConfigError,

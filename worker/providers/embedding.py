@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from producer.settings import PACKAGED_EMBEDDING_MODULE, MemberSettings, Settings
+from kernel.settings import PACKAGED_EMBEDDING_MODULE, MemberSettings, Settings
 from worker import control_strings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.engine.embedding import Scored

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from producer.settings import DEFAULT_MODEL, MemberSettings, Settings
+from kernel.settings import DEFAULT_MODEL, MemberSettings, Settings
 from worker import control_strings
 from worker.engine.coalesce import CoalesceTimeout, shared_coalescer
 from worker.providers.base import (

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import structlog
 
-from producer.settings import MemberSettings
+from kernel.settings import MemberSettings
 from worker.providers.base import (
     MemberConfigError,
     ProviderUnavailable,

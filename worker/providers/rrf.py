@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from producer.settings import MemberSettings, Settings
+from kernel.settings import MemberSettings, Settings
 from worker.providers.base import Scale, ScoreRequest
 
 

@@ -9,7 +9,7 @@ rerank API has no instruction: a window this member serves records that it was n
 
 from __future__ import annotations
 
-from producer.settings import MemberSettings, Settings
+from kernel.settings import MemberSettings, Settings
 from worker.control_strings import REMOTE, RULE
 from worker.providers.base import Remedy, Scale, ScoreRequest, cache_identity
 from worker.providers.remote import (

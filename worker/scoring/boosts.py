@@ -16,7 +16,7 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from producer.wire import Boosts, BudgetLevel, Candidate, StreamSpec, TimeRange
+from kernel.wire import Boosts, BudgetLevel, Candidate, StreamSpec, TimeRange
 
 NEUTRAL = 0.5
 _DAY_S = 86400.0

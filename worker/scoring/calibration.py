@@ -25,8 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 import structlog
 
-from producer.errors import ConfigError
-from producer.setting_files import read_regular_file
+from kernel.errors import ConfigError
+from kernel.setting_files import read_regular_file
 
 log = structlog.get_logger("rerankq.calibration")
 
@@ -175,7 +175,7 @@ class Calibrations:
     @classmethod
     def from_settings(cls, settings: Any) -> Calibrations | None:
         """None when no file is configured (nothing is calibrated, nothing logged)."""
-        from producer.settings import calibration_profile_variable
+        from kernel.settings import calibration_profile_variable
 
         default = (
             read_file(settings.chain.calibration, variable="RERANKQ_CALIBRATION")

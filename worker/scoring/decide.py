@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from producer.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
+from kernel.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
 from worker.scoring.calibration import ScoreMap

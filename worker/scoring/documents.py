@@ -10,8 +10,8 @@ import datetime as dt
 import re
 import unicodedata
 
-from producer.blank_text import is_blank
-from producer.wire import Candidate
+from kernel.blank_text import is_blank
+from kernel.wire import Candidate
 from worker.scoring.boosts import effective_time
 
 # Fixed English names: strftime's %B follows the process locale, and the text a
@@ -168,7 +168,7 @@ def excerpt(text: str, query: str, budget: int) -> str:
 
 
 def has_text(candidate: Candidate) -> bool:
-    """Whether there is anything to score (``producer.blank_text``: white space, control and
+    """Whether there is anything to score (``kernel.blank_text``: white space, control and
     format characters alone are no text; they would get a confident-looking score for nothing)."""
     return not is_blank(candidate.text)
 

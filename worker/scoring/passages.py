@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producer.options import MIN_PASSAGE_TOKENS, REMOTE_PASSAGE_TOKENS
-from producer.passage_budget import header_chars, passage_tokens, text_tokens
-from producer.settings import PACKAGED_EMBEDDING_MODULE
-from producer.wire import Candidate, PassageAggregate, PassageSpan, StreamSpec
+from kernel.limits import MIN_PASSAGE_TOKENS, REMOTE_PASSAGE_TOKENS
+from kernel.passage_budget import header_chars, passage_tokens, text_tokens
+from kernel.settings import PACKAGED_EMBEDDING_MODULE
+from kernel.wire import Candidate, PassageAggregate, PassageSpan, StreamSpec
 from worker.providers.base import Scale
 from worker.scoring.documents import ELLIPSIS, _back_to_boundary, has_text, header
 
@@ -213,7 +213,7 @@ def cut(
 
 def passage_header(head: str, offsets: Offsets, *, chars: int, tokens: int) -> str:
     """The document's header as each passage carries it: at most ``chars`` code points and
-    ``tokens`` tokens (``producer.passage_budget``). A header cut short ends in an ellipsis and
+    ``tokens`` tokens (``kernel.passage_budget``). A header cut short ends in an ellipsis and
     a space, so the passage's text still starts a word of its own."""
     spans = offsets(head)
     if len(head) <= chars and len(spans) <= tokens:

@@ -1,0 +1,5 @@
+"""``python -m evaluation``: see ``evaluation.command``."""
+
+from evaluation.command import main
+
+raise SystemExit(main())

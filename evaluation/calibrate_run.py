@@ -1,0 +1,205 @@
+"""``rerankq calibrate``'s work: each member forced through the queue over the judged queries,
+its identity read from the workers' cards, its map fitted, one file written."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from worker.scoring.calibration import (
+    FORMAT,
+    CalibrationFile,
+    MemberMap,
+    calibration_identity,
+    decode,
+    encode,
+)
+
+
+@dataclass(frozen=True)
+class CalibrateRequest:
+    qrels: Path | None
+    run: Path | None
+    queries: Path | None
+    documents: Path | None
+    out: Path
+    members: str | None
+    depth: int
+    relevant_grade: int
+    unjudged: str
+    method: str
+    timeout_s: float
+    device: str
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _refuse_foreign(out: Path) -> None:
+    """A command never overwrites a file it did not write: only a calibration file is replaced."""
+    if not out.exists():
+        return
+    try:
+        decode(out.read_bytes(), where=str(out))
+    except (OSError, ValueError):
+        raise click.ClickException(f"{out} exists and is not a calibration file; not overwriting it") from None
+
+
+def _write(out: Path, calibration: CalibrationFile) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Whole or not at all: a worker reading it mid-write would refuse a truncated file.
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(encode(calibration) + b"\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def member_identities(client: Any) -> dict[str, set[str]]:
+    """Each member label's cache identities, as the workers' cards give them."""
+    from worker.card import read_cards
+
+    store = client.store
+    found: dict[str, set[str]] = {}
+    for key in store.client.scan_iter(match=store.keys.worker_cards_pattern):
+        for card in read_cards(store.client, key):
+            for member in card.get("members", []):
+                if member.get("identity"):
+                    found.setdefault(member["label"], set()).add(member["identity"])
+    return found
+
+
+def _chosen(members: str | None, chain: list[Any]) -> list[int]:
+    if not members:
+        return [i for i, m in enumerate(chain) if m.provider != "rrf"]
+    try:
+        chosen = [int(i) for i in members.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"comma-separated member indexes, got {members!r}", param_hint="--members") from None
+    if any(not 0 <= i < len(chain) for i in chosen):
+        raise click.BadParameter(f"the chain has members 0..{len(chain) - 1}", param_hint="--members")
+    return chosen
+
+
+def run(request: CalibrateRequest, *, as_json: bool) -> int:
+    from evaluation.calibration import FitError, fit_map, judged_pairs
+    from evaluation.command import shipped
+    from evaluation.runner import run_member, stack
+    from evaluation.trec import InputError, load_collection
+    from producer import load_settings
+    from worker.logs import configure_logging
+
+    configure_logging(level="WARNING")
+    files = {
+        "qrels": request.qrels or shipped("qrels.txt"),
+        "run": request.run or shipped("run.bm25.txt"),
+        "queries": request.queries or shipped("queries.tsv"),
+        "documents": request.documents or shipped("documents.jsonl"),
+    }
+    _refuse_foreign(request.out)
+    try:
+        collection = load_collection(**files)
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
+    # The private worker serves raw scores: an older calibration file plays no part in a new fit.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_CALIBRATION")}
+    chain = load_settings(env).chain.effective_members()
+    indexes = _chosen(request.members, chain)
+    qids = collection.evaluated
+    depth = min(request.depth, max(len(collection.run[q]) for q in qids))
+    maps: dict[str, MemberMap] = {}
+    skipped: dict[str, str] = {}
+    _progress(
+        f"calibrating on {len(qids)} queries, the top {depth} of each, members "
+        + ", ".join(f"{i}:{chain[i].provider}" for i in indexes)
+    )
+    with stack(env, max_depth=depth, members=indexes, device=request.device) as where:
+        for index in indexes:
+            label = f"{index}:{where.chain[index].provider}"
+            member_run = run_member(
+                where.client,
+                collection,
+                qids,
+                index=index,
+                label=label,
+                depth=depth,
+                timeout_s=request.timeout_s,
+                progress=_progress,
+            )
+            if member_run.failed:
+                skipped[label] = f"could not serve: {member_run.failed[0].failed}"
+                continue
+            served = {q.served_by for q in member_run.queries}
+            if served != {label}:
+                skipped[label] = f"windows served by {sorted(s or '-' for s in served)}"
+                continue
+            identities = member_identities(where.client).get(label, set())
+            if len(identities) != 1:
+                skipped[label] = (
+                    "no worker card names its identity"
+                    if not identities
+                    else f"workers disagree on its identity: {sorted(identities)}"
+                )
+                continue
+            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)  # type: ignore[arg-type]
+            try:
+                fitted = fit_map(pairs, label=label, method=request.method)  # type: ignore[arg-type]
+            except FitError as exc:
+                skipped[label] = str(exc)
+                continue
+            maps[calibration_identity(identities.pop())] = fitted
+    for label, reason in skipped.items():
+        _progress(f"{label}: not calibrated ({reason})")
+    if not maps:
+        raise click.ClickException("no member could be calibrated; nothing written")
+    calibration = CalibrationFile(
+        format=FORMAT,
+        relevant_grade=request.relevant_grade,
+        unjudged=request.unjudged,  # type: ignore[arg-type]
+        fitted_on={"files": {k: str(v) for k, v in files.items()}, "queries": len(qids), "depth": depth},
+        members=maps,
+    )
+    _write(request.out, calibration)
+    _progress(f"wrote {request.out}")
+    if as_json:
+        sys.stdout.write(encode(calibration).decode() + "\n")
+    else:
+        click.echo(render(calibration))
+    return 0
+
+
+def render(calibration: CalibrationFile) -> str:
+    header = ["member", "method", "pairs", "relevant", "breakpoints", "ECE raw", "ECE calibrated", "Brier"]
+    rows = [
+        [
+            m.label,
+            m.method,
+            str(m.fit.pairs),
+            str(m.fit.positives),
+            str(len(m.scores)),
+            f"{m.fit.ece_raw:.3f}",
+            f"{m.fit.ece:.3f}",
+            f"{m.fit.brier:.3f}",
+        ]
+        for m in calibration.members.values()
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
+    title = (
+        f"Calibration maps (errors on the pairs they were fitted on; relevant: grade >= "
+        f"{calibration.relevant_grade}, unjudged {calibration.unjudged})"
+    )
+    return "\n".join([title, *lines])

@@ -1,0 +1,79 @@
+"""What a window costs, estimated at open from what it will send: the unit a tenant's share of a
+device queue is counted in (``kernel.fair_share``), and what keeps a window inside the task's
+time limit.
+
+A window's cost is the tokens it sends, bounded from code points: each pair is the query and
+its document as the worker assembles it, cut to the document budget (a passages stream: each
+passage at its bound, ``kernel.passage_budget``, as many as the text can have). A token covers
+at least one code point in WordPiece, SentencePiece and word tokenizers, so this is an upper
+bound there and an estimate for byte-level ones. A candidate without text is never sent: it
+costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kernel.errors import ValidationError
+from kernel.passage_budget import passage_tokens, text_tokens
+from kernel.settings import Settings
+from kernel.wire import Candidate, StreamSpec
+
+#: The part of a window's lease its work may take (the rest is the commit's and the waits').
+WORK_SHARE_OF_LEASE = 0.9
+#: What the header adds to a document at most, besides its context and heading path: the date
+#: prefix and the separators.
+_HEADER_EXTRA = 48
+
+
+def candidate_cost(spec: StreamSpec, candidate: Candidate) -> int:
+    text = candidate.text or ""
+    if not text.strip():
+        return 0
+    query = len(spec.query)
+    if spec.long_documents == "passages":
+        tokens = text_tokens(spec)
+        stride = spec.passage_stride or max(1, tokens // 2)
+        passages = min(spec.max_passages, 1 + math.ceil(max(0, len(text) - tokens) / stride))
+        return passages * (query + passage_tokens(spec))
+    head = len(candidate.context or "") + sum(len(h) + 3 for h in candidate.heading_path) + _HEADER_EXTRA
+    return query + min(spec.document_budget, head + len(text))
+
+
+def window_costs(spec: StreamSpec, candidates: Sequence[Candidate]) -> list[int]:
+    """Each window's cost, in window order."""
+    size = spec.window_size
+    return [sum(candidate_cost(spec, c) for c in candidates[i : i + size]) for i in range(0, len(candidates), size)]
+
+
+def most_window_cost(settings: Settings) -> int:
+    """The cost one worker process scores within a window's time limit, at the declared rate."""
+    return int(settings.fairness.scoring_tokens_per_s * settings.queues.redeliver_after_s * WORK_SHARE_OF_LEASE)
+
+
+def check_window_costs(spec: StreamSpec, costs: Sequence[int], settings: Settings) -> None:
+    """Refuse, naming the field to lower, a stream with a window that could outlive the task's
+    time limit (``RERANKQ_REDELIVER_AFTER_S``) at ``RERANKQ_SCORING_TOKENS_PER_S``."""
+    limit = most_window_cost(settings)
+    worst = max(costs, default=0)
+    if worst <= limit:
+        return
+    rate = settings.fairness.scoring_tokens_per_s
+    field = "max_passages" if spec.long_documents == "passages" else "window_size"
+    raise ValidationError(
+        field,
+        f"window {costs.index(worst)} would cost about {worst} tokens, {worst / rate:.0f} s at "
+        f"RERANKQ_SCORING_TOKENS_PER_S ({rate}): past the task's time limit "
+        f"({WORK_SHARE_OF_LEASE:.0%} of RERANKQ_REDELIVER_AFTER_S={settings.queues.redeliver_after_s}); "
+        "lower window_size" + (", max_passages or passage_tokens" if field == "max_passages" else ""),
+    )
+
+
+def window_size_within(settings: Settings, spec: StreamSpec, candidates: Sequence[Candidate]) -> int:
+    """The largest window size, at most ``spec.window_size``, whose every window stays inside the
+    time limit: the gateway's choice for a rerank call (at least 1)."""
+    costliest = max((candidate_cost(spec, c) for c in candidates), default=0)
+    if costliest == 0:
+        return spec.window_size
+    return max(1, min(spec.window_size, most_window_cost(settings) // costliest))

@@ -1,0 +1,16 @@
+"""The bounds both sides apply to a stream: a producer checks them at open, a worker relies on them.
+
+One module, so a pipeline and a worker cannot disagree on what a passage or an embedding may be.
+"""
+
+from __future__ import annotations
+
+#: Passages per document at most: each is a pair scored, so this bounds a document's cost.
+MAX_PASSAGES = 128
+#: The fewest tokens a passage may hold: shorter ones say too little to be scored.
+MIN_PASSAGE_TOKENS = 16
+#: The passage length a chain without an in-process member cuts at (a remote member does not
+#: say what it reads); also what the per-window token ceiling counts when none is given.
+REMOTE_PASSAGE_TOKENS = 512
+#: The widest embedding a candidate may carry (and a worker keeps).
+MAX_EMBEDDING_DIMS = 8192

@@ -1,0 +1,43 @@
+"""What one passage, and one window of passages, may send: the bound ``open`` checks and the
+worker's cut keeps, stated once for both.
+
+A passage is the document's header and a span of its text. The span holds at most
+``passage_tokens`` tokens (512 when the stream does not say: a member in process that reads
+less cuts shorter, never longer); the header is clipped to half the document budget in code
+points, as an excerpt's header is, and to as many tokens as the span may hold. So a passage
+sends at most twice ``passage_tokens`` tokens, and a window at most ``window_size x
+max_passages`` times that, which ``open`` holds under ``RERANKQ_MAX_WINDOW_PASSAGE_TOKENS``.
+Tokens are those of the tokenizer the worker cuts with (``worker.scoring.passages``), counted
+on the text as it is sent.
+"""
+
+from __future__ import annotations
+
+from kernel.limits import REMOTE_PASSAGE_TOKENS
+from kernel.wire import StreamSpec
+
+
+def text_tokens(spec: StreamSpec) -> int:
+    """The most tokens of a document's text one passage holds (and its header too)."""
+    return spec.passage_tokens or REMOTE_PASSAGE_TOKENS
+
+
+def passage_tokens(spec: StreamSpec) -> int:
+    """The most tokens one passage sends: its text and its header, each at most ``text_tokens``."""
+    return 2 * text_tokens(spec)
+
+
+def header_chars(spec: StreamSpec) -> int:
+    """The most code points of a passage's header: half the document budget."""
+    return spec.document_budget // 2
+
+
+def window_tokens(spec: StreamSpec) -> int:
+    """The most tokens one window of a passages stream can send."""
+    return spec.window_size * spec.max_passages * passage_tokens(spec)
+
+
+def fitting_window_size(ceiling: int, max_passages: int, passage_tokens_asked: int | None = None) -> int:
+    """The largest window whose passages stay under ``ceiling`` tokens (at least 1)."""
+    per_document = max_passages * 2 * (passage_tokens_asked or REMOTE_PASSAGE_TOKENS)
+    return max(1, ceiling // per_document)

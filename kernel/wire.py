@@ -1,0 +1,370 @@
+"""The wire contract: every struct that crosses Redis or reaches a reader.
+
+Structs forbid unknown fields so a typo in a producer's payload is an error, not
+a silently ignored setting. Decisions are a tagged union on ``kind``.
+"""
+
+from __future__ import annotations
+
+import array
+import datetime as dt
+import sys
+from typing import Any, Literal
+
+import msgspec
+
+Device = Literal["cpu", "gpu", "any"]
+#: Which lane of its device queue a stream's windows wait in: a worker takes every waiting
+#: interactive window before any batch one (``kernel.broker_queues``).
+Lane = Literal["interactive", "batch"]
+LANES: tuple[Lane, ...] = ("interactive", "batch")
+BudgetLevel = Literal["low", "mid", "high"]
+RecencyCurve = Literal["linear", "exponential", "none"]
+#: How a document longer than the member reads is scored: cut around the first query-term
+#: match (``excerpt``), or split into passages that are each scored (``passages``).
+LongDocuments = Literal["excerpt", "passages"]
+#: How a document's passage scores become its score: the best (MaxP), the first (FirstP), or
+#: the sum of the best ``passage_top_k`` divided by k (so it stays a score in [0, 1]).
+PassageAggregate = Literal["max", "first", "sum_top_k"]
+
+
+# msgspec passes frozen down to subclasses; type checkers read it per class (dataclass_transform),
+# so every subclass restates frozen=True.
+class Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True, frozen=True):
+    pass
+
+
+class Candidate(Base, frozen=True):
+    """One fused retrieval result. Input order is fusion order."""
+
+    id: str
+    text: str = ""
+    context: str | None = None
+    heading_path: list[str] = []
+    occurred_start: dt.datetime | None = None
+    occurred_end: dt.datetime | None = None
+    mentioned_at: dt.datetime | None = None
+    proof_count: int | None = None
+    source: str | None = None
+    fusion_score: float | None = None
+    doc_id: str | None = None
+    embedding: list[float] | None = None
+    metadata: dict[str, Any] = {}
+
+
+class Boosts(Base, frozen=True):
+    """Multiplicative boost settings; each alpha scales a signal centred on 0.5."""
+
+    recency_alpha: float = 0.2
+    temporal_alpha: float = 0.2
+    proof_alpha: float = 0.1
+    recency_curve: RecencyCurve = "linear"
+    recency_window_days: float = 365.0
+    recency_floor: float = 0.1
+    recency_half_life_days: float = 90.0
+    temporal_decay_days: float = 30.0
+
+
+class TimeRange(Base, frozen=True):
+    start: dt.datetime
+    end: dt.datetime
+
+
+class StreamSpec(Base, frozen=True):
+    """Everything a worker needs to score any window of one stream, fixed at open."""
+
+    query: str
+    window_size: int
+    device: Device = "cpu"
+    min_score: float | None = None
+    min_final_score: float | None = None
+    chain: str | None = None
+    tenant: str | None = None
+    boosts: Boosts = Boosts()
+    reference_time: dt.datetime | None = None
+    query_range: TimeRange | None = None
+    strategy_boosts: dict[str, BudgetLevel] = {}
+    document_budget: int = 2048
+    ttl_s: int = 3600
+    n_candidates: int = 0
+    # The stream's instruction: sentence-transformers' ``prompt`` for an instruction-aware
+    # reranker, passed on to a remote member whose API takes one.
+    instruction: str | None = None
+    long_documents: LongDocuments = "excerpt"
+    #: Tokens of the document's text per passage and between passage starts; None: derived
+    #: by the worker from the member's max_length and the query's length.
+    passage_tokens: int | None = None
+    passage_stride: int | None = None
+    passage_aggregate: PassageAggregate = "max"
+    passage_top_k: int = 3
+    max_passages: int = 32
+
+
+# -- decisions ---------------------------------------------------------------
+
+
+class PassageSpan(Base, frozen=True):
+    """Where in a candidate's ``text`` the passage that decided its score is: ``text[start:end]``
+    (code points), and that passage's normalised score."""
+
+    start: int
+    end: int
+    score: float
+
+
+class Ranked(Base, tag="ranked", tag_field="kind", frozen=True):
+    """``score`` is the serving member's normalised score, or, when ``calibrated``, the
+    probability that the document is relevant that the member's map gives it; ``raw_score``
+    then keeps the member's own (normalised) score."""
+
+    id: str
+    index: int
+    document: str
+    score: float
+    final_score: float
+    served_by: str
+    raw_score: float | None = None
+    calibrated: bool = False
+    #: A passages stream's best passage; None for an excerpt stream.
+    passage: PassageSpan | None = None
+
+
+class Filtered(Base, tag="filtered", tag_field="kind", frozen=True):
+    """Below a min score; the scores are kept so a caller can see how close it was."""
+
+    id: str
+    index: int
+    document: str
+    score: float
+    final_score: float
+    served_by: str
+    reason: str
+    raw_score: float | None = None
+    calibrated: bool = False
+    passage: PassageSpan | None = None
+
+
+class Omitted(Base, tag="omitted", tag_field="kind", frozen=True):
+    """The provider returned a valid subset that left this candidate out."""
+
+    id: str
+    index: int
+    document: str
+    served_by: str
+
+
+class Failed(Base, tag="failed", tag_field="kind", frozen=True):
+    """Every chain member failed and none fails open; kept in fusion order."""
+
+    id: str
+    index: int
+    document: str
+    reason: str
+
+
+Decision = Ranked | Filtered | Omitted | Failed
+
+
+class WindowResult(Base, frozen=True):
+    """A committed window: its decisions in final order. Never rewritten."""
+
+    window: int
+    start: int
+    end: int
+    served_by: str | None
+    passthrough: bool
+    attempts: int
+    committed_at: float
+    decisions: list[Decision]
+    failovers: list[str] = []
+    reason: str | None = None
+    #: When the attempt that committed began (``time.time()`` on the worker): the time from
+    #: it to ``committed_at`` is the window's scoring, the time before it the queue's.
+    began_at: float | None = None
+    #: The member that served the window without the stream's instruction, because it cannot
+    #: use one (its API has no such field, or it is configured without one); None otherwise.
+    instruction_ignored_by: str | None = None
+
+
+class WindowEmbeddings(Base, frozen=True):
+    """The embeddings a window's scored documents got from the member that served it (an
+    ``embedding`` member), kept beside the window's decisions so ``select(mmr_lambda=...)``
+    works for callers who sent none. Written in the same commit as the decisions."""
+
+    window: int
+    served_by: str
+    dims: int
+    #: Stream-wide candidate indexes, in the order of ``vectors``.
+    indexes: list[int]
+    #: float32, little-endian: ``len(indexes) * dims`` values, 4 bytes each.
+    vectors: bytes
+
+    def unpack(self) -> dict[int, list[float]]:
+        """Each candidate index's embedding; a blob of the wrong size is an error, not a guess."""
+        if self.dims <= 0 or len(self.vectors) != 4 * self.dims * len(self.indexes):
+            raise ValueError(
+                f"window {self.window}: {len(self.vectors)} bytes for {len(self.indexes)} "
+                f"embeddings of {self.dims} dimensions"
+            )
+        values = array.array("f")
+        values.frombytes(self.vectors)
+        if sys.byteorder == "big":
+            values.byteswap()
+        return {index: values[k * self.dims : (k + 1) * self.dims].tolist() for k, index in enumerate(self.indexes)}
+
+
+def pack_embeddings(window: int, served_by: str, indexes: list[int], vectors: list[list[float]]) -> WindowEmbeddings:
+    """Embeddings as ``WindowEmbeddings``: float32, so MiniLM's 384 dimensions take 1.5 KiB each."""
+    dims = len(vectors[0]) if vectors else 0
+    if len(indexes) != len(vectors) or any(len(v) != dims for v in vectors):
+        raise ValueError("one embedding per index, all of one dimension")
+    values = array.array("f", (x for v in vectors for x in v))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return WindowEmbeddings(
+        window=window, served_by=served_by, dims=dims, indexes=list(indexes), vectors=values.tobytes()
+    )
+
+
+# -- what readers get --------------------------------------------------------
+
+
+class Row(Base, frozen=True):
+    rank: int
+    window: int
+    decision: Decision
+
+    @property
+    def id(self) -> str:
+        return self.decision.id
+
+    @property
+    def kind(self) -> str:
+        return type(self.decision).__struct_config__.tag  # type: ignore[return-value]
+
+    @property
+    def score(self) -> float | None:
+        return getattr(self.decision, "score", None)
+
+    @property
+    def final_score(self) -> float | None:
+        return getattr(self.decision, "final_score", None)
+
+    @property
+    def served_by(self) -> str | None:
+        return getattr(self.decision, "served_by", None)
+
+    @property
+    def raw_score(self) -> float | None:
+        """The member's own score, when ``score`` is a calibrated one."""
+        return getattr(self.decision, "raw_score", None)
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(getattr(self.decision, "calibrated", False))
+
+    @property
+    def reason(self) -> str | None:
+        """Why the row is failed (or filtered); None for a ranked row."""
+        return getattr(self.decision, "reason", None)
+
+    @property
+    def passage(self) -> PassageSpan | None:
+        """The best passage of a passages stream's row (its span in the text, its score)."""
+        return getattr(self.decision, "passage", None)
+
+
+class Page(Base, frozen=True):
+    stream_id: str
+    offset: int
+    limit: int
+    rows: list[Row]
+    total: int
+    complete: bool
+    pending_windows: int = 0
+
+
+WindowState = Literal["not_admitted", "admitted", "committed"]
+
+
+class WindowStatus(Base, frozen=True):
+    window: int
+    start: int
+    end: int
+    state: WindowState
+    attempts: int = 0
+    served_by: str | None = None
+    ranked: int = 0
+    filtered: int = 0
+    omitted: int = 0
+    failed: int = 0
+    reason: str | None = None
+    #: Members skipped on the way to the one that served, as ``"1:cohere: timeout"``.
+    failovers: list[str] = []
+    #: The serving member, when it could not use the stream's instruction (WindowResult's).
+    instruction_ignored_by: str | None = None
+
+
+def committed_window_status(result: WindowResult) -> WindowStatus:
+    """A committed window's status, counted from its decisions (the client's and the gateway's)."""
+    kinds = [type(d) for d in result.decisions]
+    return WindowStatus(
+        window=result.window,
+        start=result.start,
+        end=result.end,
+        state="committed",
+        attempts=result.attempts,
+        served_by=result.served_by,
+        ranked=kinds.count(Ranked),
+        filtered=kinds.count(Filtered),
+        omitted=kinds.count(Omitted),
+        failed=kinds.count(Failed),
+        reason=result.reason,
+        failovers=list(result.failovers),
+        instruction_ignored_by=result.instruction_ignored_by,
+    )
+
+
+class StreamStatus(Base, frozen=True):
+    stream_id: str
+    n_candidates: int
+    window_size: int
+    windows: list[WindowStatus]
+    #: The device queue the stream's windows go to.
+    device: Device | None = None
+
+
+class StreamProgress(Base, frozen=True):
+    """How far a stream has come, read from its meta alone (no results decoded)."""
+
+    stream_id: str
+    n_candidates: int
+    window_size: int
+    admitted: int
+    committed: int
+    #: Committed windows whose outcome was failed or poisoned.
+    failed: int = 0
+    #: Members skipped on the way, summed over the committed windows.
+    failovers: int = 0
+    lane: Lane = "interactive"
+
+    @property
+    def n_windows(self) -> int:
+        return -(-self.n_candidates // self.window_size)
+
+    @property
+    def complete(self) -> bool:
+        """Every window of the stream is committed."""
+        return self.committed >= self.n_windows
+
+
+# Encoders and decoders are built once; msgpack is what Redis holds.
+_msgpack_encoder = msgspec.msgpack.Encoder()
+candidate_decoder = msgspec.msgpack.Decoder(Candidate)
+spec_decoder = msgspec.msgpack.Decoder(StreamSpec)
+window_result_decoder = msgspec.msgpack.Decoder(WindowResult)
+window_embeddings_decoder = msgspec.msgpack.Decoder(WindowEmbeddings)
+
+
+def encode(value: Any) -> bytes:
+    return _msgpack_encoder.encode(value)
