@@ -13,7 +13,7 @@ import msgspec
 from kernel.settings.types import Port, PositiveInt, Seconds, StreamTtl, WholeSeconds, doc
 
 if TYPE_CHECKING:
-    from kernel.settings.model import Settings
+    from kernel.settings.streams import StreamSettings
 
 Device = Literal["cpu", "gpu", "any"]
 
@@ -86,9 +86,11 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     access_log: Annotated[bool, doc("log every request (uvicorn's access log)")] = False
     log_level: Annotated[str, doc("the gateway's log level")] = "INFO"
 
-    def document_chars(self, settings: Settings) -> int:
-        limit = settings.streams.max_text_chars
+    # The stream section, not the whole Settings: Settings holds this section, so taking it
+    # here would tie the two modules in a circle.
+    def document_chars(self, streams: StreamSettings) -> int:
+        limit = streams.max_text_chars
         return min(self.max_document_chars or limit, limit)
 
-    def documents(self, settings: Settings) -> int:
-        return min(self.max_documents, settings.streams.max_candidates)
+    def documents(self, streams: StreamSettings) -> int:
+        return min(self.max_documents, streams.max_candidates)

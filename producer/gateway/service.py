@@ -92,12 +92,12 @@ class Gateway:
         """Count and size of the documents: each API names ``field`` its own way (documents, texts)."""
         if not texts:
             raise Problem("empty", f"list of {field} must not be empty", field=field)
-        limit = self.config.documents(self.settings)
+        limit = self.config.documents(self.settings.streams)
         if len(texts) > limit:
             raise Problem(
                 "too_many", f"{field}: {len(texts)} given, over the limit of {limit} per request", field=field
             )
-        chars = self.config.document_chars(self.settings)
+        chars = self.config.document_chars(self.settings.streams)
         # A blank document is accepted, as the real services score an empty text: the worker
         # scores it minus infinity, last, without sending it (kernel.blank_text).
         for i, text in enumerate(texts):

@@ -115,7 +115,7 @@ async def rerank(request: Request) -> Response:
     # TEI's own words for these two (router/src/http/server.rs).
     if not payload.texts:
         raise Problem("empty", "`texts` cannot be empty", field="texts")
-    limit = gateway.config.documents(gateway.settings)
+    limit = gateway.config.documents(gateway.settings.streams)
     if len(payload.texts) > limit:
         raise Problem(
             "too_many", f"batch size {len(payload.texts)} > maximum allowed batch size {limit}", field="texts"
