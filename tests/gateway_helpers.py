@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+from delivery_helpers import patient
 
 from producer.gateway.auth import digest, new_key
 from worker.embedded.redis_server import free_port
@@ -64,7 +65,7 @@ class GatewayProcess:
     def start(self, timeout_s: float = 60.0) -> GatewayProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([*self.program, *self.args], env=self.env, cwd=ROOT, stdout=log, stderr=log)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + patient(timeout_s)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited {self.proc.returncode}:\n{self.log()[-3000:]}")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import make_candidates
+from delivery_helpers import wait_committed
 from rerank_servers import RerankServer
 
 from kernel.keys import Keys
@@ -115,14 +116,7 @@ def score_windows(client, n_windows: int, size: int = 4) -> tuple[str, list[str]
         window_size=size,
         first_windows=n_windows,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        status = client.status(stream)
-        if all(w.state == "committed" for w in status.windows):
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError(f"windows not committed: {client.status(stream)}")
+    wait_committed(client, stream)
     results = client.store.snapshot(stream).results
     return stream, [results[w].served_by for w in range(n_windows)], [results[w].failovers for w in range(n_windows)]
 

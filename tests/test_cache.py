@@ -4,11 +4,11 @@ the reader cannot tell a cached score from a fresh one."""
 from __future__ import annotations
 
 import shutil
-import time
 
 import msgspec
 import pytest
 from conftest import make_candidates, namespace_keys
+from delivery_helpers import wait_committed
 from rerank_servers import expected_score
 
 QUERY = "payment gateway error after a certificate expired"
@@ -121,16 +121,6 @@ def test_a_score_is_keyed_by_the_provider_beneath_any_wrapper():
 
 
 # -- what a cached answer must not change ------------------------------------------
-
-
-def wait_committed(client, stream: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = client.status(stream)
-        if all(w.state == "committed" for w in status.windows):
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"windows not committed: {client.status(stream)}")
 
 
 def test_a_subset_member_answers_a_repeat_exactly_as_the_first_time(server, start_worker, make_client):

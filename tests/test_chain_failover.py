@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import make_candidates, namespace_keys
+from delivery_helpers import patient, wait_committed
 from rerank_servers import closed_port_url, expected_score
 
 from kernel.errors import ValidationError
@@ -18,16 +19,6 @@ from producer import RerankClient, load_settings
 
 KEY = "sk-live-CHAIN-7d1e0c9a"
 DEBUG = ["--device", "cpu", "--loglevel", "DEBUG"]
-
-
-def wait_committed(client, stream: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = client.status(stream)
-        if all(w.state == "committed" for w in status.windows):
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"windows not committed: {client.status(stream)}")
 
 
 def log_lines(worker, event: str) -> list[str]:
@@ -174,7 +165,7 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
         }
     )
     # Said loudly once at start, before any window: no member that scores could start.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while not log_lines(worker, "no_scoring_member_started") and time.monotonic() < deadline:
         time.sleep(0.1)
     [error] = log_lines(worker, "no_scoring_member_started")

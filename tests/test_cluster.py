@@ -20,7 +20,7 @@ import pytest
 import redis
 import test_flow
 from conftest import BROKERS, make_candidates
-from delivery_helpers import commits_per_window, provider_env, pull_until_complete, wait_for
+from delivery_helpers import commits_per_window, patient, provider_env, pull_until_complete, wait_for
 from kombu import Connection
 from test_delivery import test_child_killed_mid_window_commits_once_and_stream_completes  # noqa: F401
 from test_flow import (  # noqa: F401
@@ -120,7 +120,7 @@ def test_streams_spread_over_every_master_and_the_sweep_recovers_lost_messages_o
 
 def _open_retrying(client, key: str, text: str):
     """Open with an idempotency key, retrying through a failover (a retry is safe with a key)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while True:
         try:
             return client.open(
@@ -156,7 +156,7 @@ def test_a_master_killed_mid_run_is_replaced_by_its_replica_and_every_stream_com
         streams[key] = _open_retrying(client, key, "cache miss {i} " + key)  # same job: same stream
 
     reopened = 0
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + patient(90)
     for key, stream in streams.items():
         while True:
             try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from delivery_helpers import patient
 from tiny_model import build_tiny_causal_reranker
 
 from kernel.settings import load_settings
@@ -316,7 +317,7 @@ def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_
     stream = client.open(query, items, window_size=len(items))
     assert client.pull(stream, 0, len(items), timeout=180).complete
     assert client.status(stream).windows[0].served_by == "1:rrf"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while "member_start_failed" not in worker.log() and time.monotonic() < deadline:
         time.sleep(0.2)
     refused = [line for line in worker.log().splitlines() if "member_start_failed" in line]

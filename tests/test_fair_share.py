@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import BROKERS, make_candidates
+from delivery_helpers import patient
 from gateway_helpers import GatewayProcess, write_keys
 
 from kernel.fair_share import member
@@ -23,7 +24,7 @@ SLOW = {"RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider", "T
 
 
 def wait_until(done: Callable[[], bool], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + patient(timeout_s)
     while not done():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
@@ -193,7 +194,7 @@ def test_through_the_gateway_b_is_answered_while_a_floods_and_a_past_its_backlog
             assert len(a_meanwhile) <= 2, f"tenant A committed {len(a_meanwhile)} windows while tenant B waited"
             # A's own backlog (158 windows waiting) is past its bound: A is refused, B is not.
             more = {"query": "a again", "candidates": make_candidates(1), "window_size": 1}
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + patient(10)
             while (refused := http.post("/v1/streams", json=more, headers=auth["a"])).status_code != 429:
                 assert time.monotonic() < deadline, refused.text
                 time.sleep(0.1)
@@ -245,7 +246,7 @@ def test_the_gateway_answers_429_to_a_tenant_whose_waiting_windows_cost_past_its
             body = {"query": "a asks", "candidates": make_candidates(40, text=long), "window_size": 4}
             assert http.post("/v1/streams", json={**body, "first_windows": 10}, headers=auth["a"]).status_code == 201
             few = {"query": "one more", "candidates": make_candidates(1), "window_size": 1}
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + patient(10)
             # Nine windows are under RERANKQ_TENANT_MAX_WAITING (5000): the cost is what refuses.
             while (refused := http.post("/v1/streams", json=few, headers=auth["a"])).status_code != 429:
                 assert refused.status_code == 201, refused.text

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from cli_helpers import rerankq
 from conftest import ROOT
+from delivery_helpers import patient
 from gateway_helpers import GatewayProcess
 from test_gateway import queue_env
 
@@ -153,7 +154,7 @@ def one_cpu_worker(redis_server, tmp_path_factory):
     gateway = GatewayProcess(env, tmp / "gateway.log", "--insecure-no-auth").start()
     client = RerankClient(load_settings(env))
     # The worker announces its queues a moment after it is ready.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while not consumers.live(client.store.client, client.store.keys, env["RERANKQ_CPU_QUEUE"]):
         assert time.monotonic() < deadline, "the worker never recorded the queues it consumes"
         time.sleep(0.2)

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import redis
 import redis.asyncio
+from delivery_helpers import patient
 from delivery_providers import _score
 from gateway_helpers import GatewayProcess, queue_env, sse_events, write_keys
 from test_options import BAD
@@ -648,7 +649,7 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
                 worker.stop()
             assert first.status_code == 200
             backlog.lpush(env["RERANKQ_CPU_QUEUE"], *[b"waiting"] * 5)  # no worker now: nothing drains it
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + patient(10)
             while True:
                 # A new job each time: one already in flight would be waited on, as nothing is sent for it.
                 cohere = http.post(

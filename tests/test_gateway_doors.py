@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from delivery_helpers import patient
 from gateway_helpers import (
     GatewayProcess,
     queue_env,
@@ -163,7 +164,7 @@ def test_idle_and_byte_a_second_connections_are_closed(doors: Doors) -> None:
 def test_secrets_in_the_url_are_masked_in_the_access_log(doors: Doors) -> None:
     secret = "rq_" + uuid.uuid4().hex
     doors.http.get(f"/health?api_key={secret}&key={secret}x&token={secret}y&keep=visible")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + patient(5)
     while "keep=visible" not in doors.gateway.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     log = doors.gateway.log()
@@ -176,7 +177,7 @@ def test_every_secret_looking_query_value_is_masked_in_the_access_log(doors: Doo
     names = ["x_api_key", "X-Api-Key", "bearer", "key[]", "key%5B%5D", "api%5Fkey", "access_token", "signature"]
     query = "&".join(f"{name}={secret}{i}" for i, name in enumerate(names))
     doors.http.get(f"/health?{query}&keep=visible2")
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + patient(5)
     while "keep=visible2" not in doors.gateway.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     log = doors.gateway.log()

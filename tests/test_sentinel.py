@@ -19,7 +19,7 @@ import time
 
 import pytest
 from conftest import make_candidates
-from delivery_helpers import commits_per_window, provider_env, pull_until_complete
+from delivery_helpers import commits_per_window, patient, provider_env, pull_until_complete
 
 from devservers.redis_sentinel import MIN_REPLICAS_MAX_LAG, EmbeddedSentinel
 from kernel.celery_config import celery_config
@@ -59,7 +59,7 @@ def test_a_sentinel_broker_is_kombus_sentinel_transport_with_our_qos(base_env, s
 
 
 def _open(client, key: str):
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while True:
         try:
             return client.open(
@@ -77,7 +77,7 @@ def _open(client, key: str):
 
 def _complete_all(client, raw_redis, streams: dict[str, str]) -> int:
     reopened = 0
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + patient(90)
     for key, stream in streams.items():
         while True:
             try:
