@@ -20,8 +20,9 @@ from delivery_helpers import patient
 from gateway_helpers import GatewayProcess
 from test_gateway import queue_env
 
+from kernel import consumers
 from kernel.errors import StoreUnavailable, mask_url
-from producer import RerankClient, consumers, load_settings
+from producer import RerankClient, load_settings
 from worker.embedded.redis_server import free_port
 from worker.embedded.worker_process import WorkerProcess
 
