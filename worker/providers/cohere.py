@@ -27,7 +27,7 @@ from worker.providers.remote import (
     refuse_instruction_field,
     scores_from_pairs,
 )
-from worker.providers.rerank_endpoint import RerankEndpoint
+from worker.providers.rerank_endpoint import RerankEndpoint, answer_object
 
 HOSTED_URL = "https://api.cohere.com"
 
@@ -77,12 +77,8 @@ class CohereProvider(RerankEndpoint):
             body["max_tokens_per_doc"] = self.member.max_tokens_per_doc
         return body
 
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        n = len(request.documents)
-        if n == 0:
-            return []
-        answer = self.post_for_object(request, self.payload(request), deadline=deadline)
-        results = answer.get("results", answer.get("data"))
-        scores = scores_from_pairs(results, n, score_field="relevance_score")
-        check_subset_size(scores, n, expected_subset(self.member, n))
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        found = answer_object(answer)
+        scores = scores_from_pairs(found.get("results", found.get("data")), n_documents, score_field="relevance_score")
+        check_subset_size(scores, n_documents, expected_subset(self.member, n_documents))
         return scores

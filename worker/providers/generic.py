@@ -77,15 +77,15 @@ class HttpProvider(RerankEndpoint):
             **sends,
         )
 
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        n = len(request.documents)
-        if n == 0:
-            return []
+    def payload(self, request: ScoreRequest) -> dict[str, Any]:
         body = self.rerank_body(request.query, request.documents)
         if self.instruction_field is not None and request.instruction is not None:
             body[self.instruction_field] = request.instruction
-        scores = read_answer(self.post(request, body, deadline=deadline), n)
-        check_subset_size(scores, n, expected_subset(self.member, n))
+        return body
+
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        scores = read_answer(answer, n_documents)
+        check_subset_size(scores, n_documents, expected_subset(self.member, n_documents))
         return scores
 
 

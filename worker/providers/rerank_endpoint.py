@@ -18,7 +18,8 @@ from worker.providers.remote import RemoteClient, expected_subset
 
 
 class RerankEndpoint:
-    """The base of a remote rerank provider: a subclass sets ``kind`` and implements ``score``."""
+    """The base of a remote rerank provider: a subclass sets ``kind`` and says what it sends
+    (``payload``) and how it reads the answer (``read``)."""
 
     kind: str
     remote = True
@@ -45,16 +46,27 @@ class RerankEndpoint:
             body["top_n"] = top_n
         return body
 
-    def post(self, request: ScoreRequest, body: dict[str, Any], *, deadline: float) -> Any:
-        """The endpoint's parsed answer to ``body``, sent with the request's headers."""
-        return self.client.post_json(self.endpoint, body, self.client.headers(request), deadline=deadline)
+    def payload(self, request: ScoreRequest) -> dict[str, Any]:
+        """The request body for a window of one or more documents."""
+        raise NotImplementedError
 
-    def post_for_object(self, request: ScoreRequest, body: dict[str, Any], *, deadline: float) -> dict[str, Any]:
-        """As ``post``, for an API whose answer is a JSON object (UnusableResponse otherwise)."""
-        answer = self.post(request, body, deadline=deadline)
-        if not isinstance(answer, dict):
-            raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
-        return answer
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        """The endpoint's parsed answer as one score a document (None for one a subset left out)."""
+        raise NotImplementedError
+
+    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
+        n = len(request.documents)
+        if n == 0:
+            return []
+        body = self.payload(request)
+        return self.read(self.client.post_json(self.endpoint, body, self.client.headers(request), deadline=deadline), n)
 
     def close(self) -> None:
         self.client.close()
+
+
+def answer_object(answer: Any) -> dict[str, Any]:
+    """An answer that must be a JSON object (UnusableResponse otherwise)."""
+    if not isinstance(answer, dict):
+        raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
+    return answer

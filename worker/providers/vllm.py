@@ -42,7 +42,7 @@ from worker.providers.remote import (
     expected_subset,
     scores_from_pairs,
 )
-from worker.providers.rerank_endpoint import RerankEndpoint
+from worker.providers.rerank_endpoint import RerankEndpoint, answer_object
 
 #: The request field vLLM's protocol gives the instruction (``ScoringRequestMixin.instruction``).
 INSTRUCTION_FIELD = "instruction"
@@ -144,15 +144,12 @@ class VllmProvider(RerankEndpoint):
             body[self.instruction_field] = text(request.instruction)
         return body
 
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        n = len(request.documents)
-        if n == 0:
-            return []
-        answer = self.post_for_object(request, self.payload(request), deadline=deadline)
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        found = answer_object(answer)
         if self.endpoint_kind == "rerank":
-            scores = scores_from_pairs(answer.get("results"), n, score_field="relevance_score")
-            check_subset_size(scores, n, expected_subset(self.member, n))
+            scores = scores_from_pairs(found.get("results"), n_documents, score_field="relevance_score")
+            check_subset_size(scores, n_documents, expected_subset(self.member, n_documents))
         else:
-            scores = scores_from_pairs(answer.get("data"), n, score_field="score")
-            check_subset_size(scores, n, None)
+            scores = scores_from_pairs(found.get("data"), n_documents, score_field="score")
+            check_subset_size(scores, n_documents, None)
         return scores
