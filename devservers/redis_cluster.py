@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from worker.embedded.redis_server import redis_server_binary
+from worker.embedded.redis_server import private_server_args, redis_server_binary
 
 SLOTS = 16384
 
@@ -116,10 +116,7 @@ class EmbeddedRedisCluster:
             self.binary,
             "--port",
             str(node.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            node.directory,
+            *private_server_args(node.directory, appendonly=self.appendonly),
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -128,18 +125,6 @@ class EmbeddedRedisCluster:
             str(self.node_timeout_ms),
             "--cluster-replica-validity-factor",
             "0",
-            "--save",
-            "",
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--appendfsync",
-            "everysec",
-            "--maxmemory-policy",
-            "noeviction",
-            "--daemonize",
-            "no",
-            "--logfile",
-            os.path.join(node.directory, "redis.log"),
             *node.extra,
         ]
         node.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -16,7 +16,8 @@ leaves the Redis side to recover on its own:
   restored after the visibility timeout, or re-sent by the sweep once its lease runs out;
 - a periodic restore of old unacked messages that cannot run is skipped until next time.
 
-It also reuses one Redis client per channel where kombu makes one per message.
+It also reuses one Redis client per channel where kombu makes one per message. What it does
+through kombu's private names lives in ``kernel.kombu_private``.
 
 Selected for ``redis://``, ``rediss://`` brokers by ``kernel.celery_config``; the same QoS
 on kombu's Sentinel channel (``SentinelTransport``) for ``redis+sentinel://`` brokers, where a
@@ -34,13 +35,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import kombu.transport as kombu_transport
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.exceptions import OutOfMemoryError
 from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 
+from kernel.kombu_private import OneClientPerChannel, remove_from_unacked, route_sentinel_scheme
 from kernel.redis_clients import NoReplicasError, refusal_reconnects
 
 log = logging.getLogger("rerankq.broker")
@@ -66,7 +67,7 @@ class QoS(kombu_redis.QoS):
 
     def ack(self, delivery_tag: str) -> None:
         try:
-            self._remove_from_indices(delivery_tag).execute()
+            remove_from_unacked(self, delivery_tag)
         except REFUSED as exc:
             log.warning(
                 "%s: ack of %s kept locally; its unacked entry is restored later and turned away",
@@ -92,29 +93,7 @@ class QoS(kombu_redis.QoS):
             return None
 
 
-class _OneClientPerChannel(kombu_redis.Channel):
-    _sync_client: tuple[object, object] | None = None  # (the pool it was made for, the client)
-
-    def _create_client(self, asynchronous: bool = False) -> Any:
-        """One client per channel and pool for publishes, acks and the unacked bookkeeping.
-
-        kombu builds a new ``redis.Redis`` for each of them (its ``conn_or_acquire``), about a
-        tenth of a millisecond a message in the client's own setup; the connections already come
-        from the channel's pool, and a client over a pool is safe to share between threads. A new
-        pool (after a reconnect) gets a new client.
-        """
-        if asynchronous:
-            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]  # kombu's, unannotated
-        pool = self.pool
-        cached = self._sync_client
-        if cached is not None and cached[0] is pool:
-            return cached[1]
-        client = super()._create_client()  # type: ignore[no-untyped-call]  # kombu's, unannotated
-        self._sync_client = (pool, client)
-        return client
-
-
-class Channel(_OneClientPerChannel, kombu_redis.Channel):
+class Channel(OneClientPerChannel, kombu_redis.Channel):
     QoS = QoS
     connection_class = refusal_reconnects(redis.Connection)
     connection_class_ssl = refusal_reconnects(redis.SSLConnection)
@@ -124,7 +103,7 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
-class SentinelChannel(_OneClientPerChannel, kombu_redis.SentinelChannel):
+class SentinelChannel(OneClientPerChannel, kombu_redis.SentinelChannel):
     QoS = QoS
     connection_class = refusal_reconnects(SentinelManagedConnection)
     # redis-py's Sentinel-over-TLS connection; kombu's annotation names its own class of the same two bases.
@@ -135,9 +114,5 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
-# kombu moves to the next of the ``sentinel://h1;sentinel://h2`` URLs when one fails, and then
-# takes the transport from that URL's scheme (``kombu.Connection.switch``), which would swap this
-# transport for kombu's own for good: no QoS above, no NOREPLICAS handling, and a worker that
-# dies of the first refusal ("Unrecoverable error: NOREPLICAS", found by the Sentinel chaos run).
-# The scheme names this transport instead; it is kombu's with the above added.
-kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
+# A failover to the next sentinel:// URL keeps this transport (see kernel.kombu_private).
+route_sentinel_scheme(SENTINEL_TRANSPORT)

@@ -29,19 +29,18 @@ import binascii
 import json
 import struct
 from collections.abc import Callable
-from queue import Empty
 from typing import Annotated, Any
 
 import amqp.basic_message
 import amqp.method_framing
 import amqp.serialization
-import kombu.transport as kombu_transport
 import msgspec
 import redis
 from kombu.transport import base as kombu_base
 from kombu.transport import pyamqp, virtual
 
 from kernel import redis_transport
+from kernel.kombu_private import GuardedReads, route_sentinel_scheme
 from worker.refusal import Refused, log_refusal, quoted
 
 #: The most a list entry, pub/sub message or AMQP body may be: rerankq's are about 1 KB.
@@ -297,53 +296,26 @@ def _unreadable_detail(exc: Exception) -> str:
     return str(exc)
 
 
-class _GuardedChannel:
+class _GuardedChannel(GuardedReads):
     Message = GuardedMessage
+    unreadable = UNREADABLE
+    client_class = BoundedRedis
 
-    def _get_client(self) -> Any:
-        client = super()._get_client()  # type: ignore[misc]
-        # kombu returns a partial for a global key prefix, which rerankq never sets.
-        assert client is redis.Redis, f"unexpected Redis client class {client!r}"
-        return BoundedRedis
-
-    def _drop_entry(self, exc: Exception) -> None:
+    def drop_entry(self, exc: Exception) -> None:
         # BRPOP/RPOP/SUBSCRIBE already took the entry and nothing recorded it as unacked:
         # dropping it is not acting on it.
         log_refusal("task_message_refused", Refused("envelope", _unreadable_detail(exc)))
         self.connection.count_refusal("envelope")  # type: ignore[attr-defined]
 
-    def _brpop_read(self, **options: Any) -> Any:
-        try:
-            return super()._brpop_read(**options)  # type: ignore[misc]
-        except UNREADABLE as exc:
-            self._drop_entry(exc)
-        return True
-
-    def _get(self, queue: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super()._get(queue, *args, **kwargs)  # type: ignore[misc]
-        except UNREADABLE as exc:
-            self._drop_entry(exc)
-            raise Empty() from None
-
-    def _handle_message(self, client: Any, r: Any) -> Any:
+    def check_broadcast(self, payload: Any) -> None:
         """A pub/sub message (remote control's broadcasts): bounded and parsed before kombu
         parses it, so junk is dropped and counted instead of logged with a traceback."""
-        payload = super()._handle_message(client, r)  # type: ignore[misc]
         data = payload.get("data")
         if str(payload.get("type"), "utf-8", "replace").endswith("message") and isinstance(data, (bytes, str)):
             if len(data) > MAX_MESSAGE_BYTES:
                 raise OversizedEntry(f"a pub/sub message of {len(data)} bytes; the bound is {MAX_MESSAGE_BYTES}")
             if data:
                 json.loads(data)
-        return payload
-
-    def _receive_one(self, c: Any) -> Any:
-        try:
-            return super()._receive_one(c)  # type: ignore[misc]
-        except UNREADABLE as exc:
-            self._drop_entry(exc)
-            return True
 
 
 class GuardedTransport:
@@ -377,6 +349,6 @@ def guarded_transport(transport: str | None, broker_kind: str) -> str | None:
 
 
 def guard_sentinel_failover() -> None:
-    """kombu takes the next ``sentinel://`` URL's transport from this alias (see
-    ``kernel.redis_transport``): a worker keeps its guard across a failover too."""
-    kombu_transport.TRANSPORT_ALIASES["sentinel"] = SENTINEL_TRANSPORT
+    """kombu takes the next ``sentinel://`` URL's transport from its scheme
+    (``kernel.kombu_private.route_sentinel_scheme``): a worker keeps its guard across a failover too."""
+    route_sentinel_scheme(SENTINEL_TRANSPORT)

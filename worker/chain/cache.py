@@ -38,10 +38,10 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 import redis
-import redis.cluster
 
 from kernel.keys import Keys
 from kernel.settings import MemberSettings
+from worker.chain.expiring_set import ExpiringSet
 from worker.providers.base import Provider, Scale, ScoreRequest, cache_identity
 from worker.side_writes import SideWrite, write
 
@@ -52,19 +52,6 @@ _decode_window = msgspec.msgpack.Decoder(list[float | None]).decode
 
 # Member settings that cannot change a score: how long to wait, how often to retry, the key.
 _NOT_IN_IDENTITY = frozenset({"api_key", "timeout_s", "connect_timeout_s", "max_retries", "send_tenant", "allow_mps"})
-
-# A window's fresh scores, each SET with its expiry, and the hit/miss counts, in one
-# atomic command. KEYS[1] is the counters hash, KEYS[2..] the cache keys;
-# ARGV: ttl, hits, misses, then one packed value per cache key.
-_SET_WITH_EXPIRY = """
-local ttl = ARGV[1]
-for i = 2, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[i + 2], 'EX', ttl)
-end
-if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', KEYS[1], 'pair_cache_misses', ARGV[3]) end
-if tonumber(ARGV[2]) > 0 then redis.call('HINCRBY', KEYS[1], 'pair_cache_hits', ARGV[2]) end
-return #KEYS - 1
-"""
 
 
 def _cacheable(value: float | None) -> bool:
@@ -154,8 +141,8 @@ class CachedProvider:
         self.ttl_s = ttl_s
         self._count = count or (lambda name, n, then=None: then() if then else None)
         self._on_counted = on_counted or (lambda hits, misses: None)
-        self._cluster = isinstance(client, redis.cluster.RedisCluster)
-        self._set_script = client.register_script(_SET_WITH_EXPIRY)
+        self._writes = ExpiringSet(client, keys, ttl_s=ttl_s, counter="pair_cache")
+        self._cluster = self._writes.cluster
 
     @property
     def scale(self) -> Scale | None:
@@ -236,23 +223,16 @@ class CachedProvider:
         """All fresh values and the hit/miss counts in one round trip."""
         try:
             if self._cluster:
-                # A script cannot span Cluster slots. Each SET with EX still writes the
-                # value and its expiry in one atomic command; the keys are independent.
-                pipe = self.client.pipeline(transaction=False)
-                for key, value in values.items():
-                    pipe.set(key, value, ex=self.ttl_s)
-                pipe.execute()
+                self._writes.set_each(values)
                 self._count("pair_cache_misses", misses)
                 if hits:
                     self._count("pair_cache_hits", hits)
             else:
                 # With the window's commit (worker.side_writes): one round trip less per window.
-                keys = [self.keys.counters_for(None), *values]
-                args = [self.ttl_s, hits, misses, *values.values()]
                 write(
                     SideWrite(
-                        queue=lambda pipe: pipe.evalsha(self._set_script.sha, len(keys), *keys, *args),
-                        run=lambda: self._set_script(keys=keys, args=args),
+                        queue=lambda pipe: self._writes.queue(pipe, values, hits=hits, misses=misses),
+                        run=lambda: self._writes.run(values, hits=hits, misses=misses),
                         done=lambda _reply: self._on_counted(hits, misses),
                     )
                 )

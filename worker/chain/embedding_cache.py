@@ -24,23 +24,12 @@ from typing import Any
 
 import msgspec
 import redis
-import redis.cluster
 
 from kernel.keys import Keys
+from worker.chain.expiring_set import ExpiringSet
 from worker.providers.base import ScoreRequest
 
 _encode = msgspec.msgpack.Encoder().encode
-
-# KEYS[1] the counters hash, KEYS[2..] the vectors; ARGV: ttl, hits, misses, then the values.
-_SET_WITH_EXPIRY = """
-local ttl = ARGV[1]
-for i = 2, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[i + 2], 'EX', ttl)
-end
-if tonumber(ARGV[3]) > 0 then redis.call('HINCRBY', KEYS[1], 'embedding_cache_misses', ARGV[3]) end
-if tonumber(ARGV[2]) > 0 then redis.call('HINCRBY', KEYS[1], 'embedding_cache_hits', ARGV[2]) end
-return #KEYS - 1
-"""
 
 
 def pack(vector: Sequence[float]) -> bytes:
@@ -79,8 +68,8 @@ class EmbeddingCache:
         self.per_tenant = per_tenant
         self.dims = dims
         self._on_counted = on_counted or (lambda hits, misses: None)
-        self._cluster = isinstance(client, redis.cluster.RedisCluster)
-        self._script = client.register_script(_SET_WITH_EXPIRY)
+        self._writes = ExpiringSet(client, keys, ttl_s=ttl_s, counter="embedding_cache")
+        self._cluster = self._writes.cluster
 
     def key(self, text: str, tenant: str | None, *, query_prompt: str | None | bool = False) -> str:
         """A document's key; with ``query_prompt`` (None: the model's own query prompt, or the
@@ -110,18 +99,11 @@ class EmbeddingCache:
         """Keep fresh vectors (by key) and count hits and misses, in one script."""
         try:
             if self._cluster:
-                # A script cannot span Cluster slots: each SET with EX is atomic on its own.
-                pipe = self.client.pipeline(transaction=False)
-                for key, value in values.items():
-                    pipe.set(key, value, ex=self.ttl_s)
-                pipe.execute()
-                self._on_counted(hits, misses)
-                return
-            # At once, not held for the window's commit: a vector is valid whatever becomes of
-            # the window, and an attempt cut off by its lease then leaves its work to the next.
-            self._script(
-                keys=[self.keys.counters_for(None), *values], args=[self.ttl_s, hits, misses, *values.values()]
-            )
+                self._writes.set_each(values)
+            else:
+                # At once, not held for the window's commit: a vector is valid whatever becomes of
+                # the window, and an attempt cut off by its lease then leaves its work to the next.
+                self._writes.run(values, hits=hits, misses=misses)
         except redis.RedisError:
             return  # a vector not kept is embedded again later, nothing worse
         self._on_counted(hits, misses)

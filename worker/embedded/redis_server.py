@@ -40,6 +40,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def private_server_args(directory: str, *, appendonly: bool) -> list[str]:
+    """redis-server's options for a private loopback server in ``directory``: no RDB snapshots,
+    AOF when asked, writes refused rather than keys evicted at maxmemory (as rerankq's store
+    needs), in the foreground, logging to ``directory/redis.log``."""
+    return [
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        directory,
+        "--save",
+        "",
+        "--appendonly",
+        "yes" if appendonly else "no",
+        "--appendfsync",
+        "everysec",
+        "--maxmemory-policy",
+        "noeviction",
+        "--daemonize",
+        "no",
+        "--logfile",
+        os.path.join(directory, "redis.log"),
+    ]
+
+
 class EmbeddedRedis:
     """Start, stop and restart one private redis-server; data survives a restart when AOF is on.
 
@@ -93,26 +117,7 @@ class EmbeddedRedis:
                 "--tls-auth-clients",
                 "no",
             ]
-        args = [
-            self.binary,
-            *ports,
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            self.directory,
-            "--save",
-            "",
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--appendfsync",
-            "everysec",
-            "--maxmemory-policy",
-            "noeviction",
-            "--daemonize",
-            "no",
-            "--logfile",
-            os.path.join(self.directory, "redis.log"),
-        ]
+        args = [self.binary, *ports, *private_server_args(self.directory, appendonly=self.appendonly)]
         if self.password:
             args += ["--requirepass", self.password]
         args += self.extra_args

@@ -23,17 +23,15 @@ from worker.engine.autotune import (
     AUTO_TIMING_S,
     Candidate,
     available_candidates,
-    decide,
-    fingerprint,
     shipped_calibration,
 )
 from worker.engine.backend import Backend
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window
-from worker.engine.forward import ForwardEngine, release_weights, shared
+from worker.engine.forward import ForwardEngine, owning, shared
 from worker.engine.loading import load_sentence_transformer
 from worker.engine.parity import SCORE_TOLERANCE, EngineDisagrees, disagreement_with
-from worker.engine.precision import library_probe, probe_pairs
+from worker.engine.precision import library_probe
 
 log = structlog.get_logger("rerankq.engine")
 
@@ -77,7 +75,6 @@ class EmbeddingEngine(ForwardEngine):
         #: What runs the transformer: None for the whole module chain in torch, else an export of
         #: the transformer whose token states the chain's later modules (pooling, normalising) read.
         self.backend: Backend | None = None
-        self.released = False
         self.tokenizer = getattr(module, "tokenizer", None) or module.processor
         self.max_length = int(module.max_seq_length or self.tokenizer.model_max_length)
         self.left_padding = getattr(self.tokenizer, "padding_side", "right") == "left"
@@ -123,28 +120,14 @@ class EmbeddingEngine(ForwardEngine):
         return available_candidates(exportable=self.unexportable_reason is None, int8=self.settings.engine.auto_int8)
 
     def _decide_automatically(self, *, timing_s: float) -> None:
-        from worker.engine.export import export_root, source_fingerprint
+        from worker.engine.export import source_fingerprint
 
-        window_size = self.settings.streams.window_size
-        calibration = shipped_calibration(window_size)
-        candidates = self.auto_candidates()
+        calibration = shipped_calibration(self.settings.streams.window_size)
         network = self.network
         source = (
             source_fingerprint(self.model_name, network)
             if network is not None
             else {"model": self.model_name, "modules": [type(m).__name__ for m in self.sentence_transformer]}
-        )
-        wanted = fingerprint(
-            kind="embedding",
-            source=source,
-            device=str(self.device),
-            shape={
-                "window_size": window_size,
-                "token_budget": self.token_budget,
-                "max_length": self.max_length,
-                "calibration": calibration.digest,
-            },
-            candidates=candidates,
         )
 
         def build(candidate: Candidate) -> tuple[Backend | None, str]:
@@ -160,57 +143,35 @@ class EmbeddingEngine(ForwardEngine):
             finally:
                 self.backend, self.precision = kept
 
-        def parity_windows(candidate: Candidate | None) -> list[Window]:
-            held_out = candidate is None or candidate.quantization == "int8"
-            return [probe_pairs(), *(calibration.held_out if held_out else [])]
-
-        decision, runner = decide(
-            root=export_root(self.model_name),
-            wanted=wanted,
-            candidates=candidates,
+        self._decide_and_adopt(
+            kind="embedding",
+            source=source,
+            shape={"calibration": calibration.digest},
+            candidates=self.auto_candidates(),
             build=build,
             score=score,
-            parity_windows=parity_windows,
+            held_out=calibration.held_out,
             timing_windows=calibration.calibrate,
             timing_s=timing_s,
         )
-        self._adopt_decision(decision, runner, engine="embedding", model=self.model_name)
 
     def _load_exported(self, candidate: Candidate, calibration: Calibration) -> Backend:
-        from worker.engine.runtimes import exported_backend
-
-        def feeds() -> list[dict[str, Any]]:
+        def encode(windows: Calibration) -> list[dict[str, list[list[int]]]]:
             # The transformer sees queries and documents alike: calibrate on both.
-            texts = [t for window in calibration.calibrate for t in dict.fromkeys(x for pair in window for x in pair)]
-            encoded, _ = self._prepare(texts, "document", None)
-            return [{k: v.numpy() for k, v in batch.tensors.items()} for batch in self.batches(encoded)]
+            texts = [t for window in windows.calibrate for t in dict.fromkeys(x for pair in window for x in pair)]
+            return [self._prepare(texts, "document", None)[0]]
 
-        return exported_backend(
+        return self._load_export(
             candidate.backend,
-            model_name=self.model_name,
-            network=self.network,
-            tokenizer=self.tokenizer,
             precision=candidate.precision,
-            device=str(self.device),
             quantization=candidate.quantization,
-            calibration=feeds,
-            calibration_digest=calibration.digest,
+            calibration=calibration,
+            encode=encode,
         )
 
-    def release_unused(self) -> bool:
-        """Free the transformer's torch weights once an export runs it: preprocess reads only
-        the tokenizer, and pooling and normalising hold no weights of the transformer. Only for
-        an engine that owns its model (``shared_embedding_engine`` loads one per engine)."""
-        if self.backend is None or self.released or self.network is None:
-            return False
-        release_weights(self.network)
-        self.released = True
-        return True
-
-    def _choose_precision(self, requested: str, *, verify: bool) -> None:
-        if verify and not getattr(self, "_agreed", False):
-            self._agree_with_library()
-        super()._choose_precision(requested, verify=verify)
+    @property
+    def export_serves(self) -> bool:
+        return self.backend is not None
 
     def _agree_with_library(self) -> None:
         import torch
@@ -228,7 +189,6 @@ class EmbeddingEngine(ForwardEngine):
                     f"the engine's cosines are not encode_query/encode_document's "
                     f"({disagreement}, prompt {'given' if prompt else 'default'}): refused"
                 )
-        self._agreed = True
         log.info(
             "engine_agrees_with_library",
             engine="embedding",
@@ -336,16 +296,9 @@ def shared_embedding_engine(model_name: str, *, device: str, settings: Settings)
         model_name,
         device=device,
         settings=settings,
-        build=lambda: _owning(
+        build=lambda: owning(
             EmbeddingEngine(
                 load_sentence_transformer(model_name, device=device), settings=settings, model_name=model_name
             )
         ),
     )
-
-
-def _owning(engine: EmbeddingEngine) -> EmbeddingEngine:
-    """The engine's model is its own: what its backend does not need is freed."""
-    if engine.release_unused():
-        log.info("torch_weights_released", model=engine.model_name, backend=engine.backend and engine.backend.name)
-    return engine

@@ -11,7 +11,7 @@ a reduced precision that a probe at load shows keeps the ranking fp32 gives.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
@@ -22,7 +22,11 @@ from worker.engine.parity import MIN_SPEARMAN, spearman
 from worker.engine.precision import probe_pairs, resolve_precision
 
 if TYPE_CHECKING:
-    from worker.engine.autotune import AutoDecision
+    from worker.engine.autotune import AutoDecision, Candidate
+    from worker.engine.backend import Backend
+    from worker.engine.calibration import Calibration, Window
+
+R = TypeVar("R")
 
 log = structlog.get_logger("rerankq.engine")
 
@@ -35,6 +39,16 @@ class ForwardEngine:
     """
 
     tokenizer: Any
+    #: The transformers model an export stands in for; None where there is none.
+    network: Any
+    model_name: str
+    max_length: int
+    #: What runs the forward pass (each subclass says what stands for its torch model).
+    backend: Any
+    #: Whether the torch weights were freed (``release_unused``).
+    released = False
+    #: Whether the engine was held to its library's scores at fp32 (``_agree_with_library``).
+    _agreed = False
 
     def __init__(
         self, *, device: Any, settings: Settings, precision: str | None, token_budget: int | None, verify_parity: bool
@@ -64,7 +78,15 @@ class ForwardEngine:
 
     # -- precision --
 
+    def _agree_with_library(self) -> None:
+        """Refuse the model (``EngineDisagrees``) unless the engine at fp32 scores the probe as
+        the library itself does; run once, before a precision is chosen."""
+        raise NotImplementedError
+
     def _choose_precision(self, requested: str, *, verify: bool) -> None:
+        if verify and not self._agreed:
+            self._agree_with_library()
+            self._agreed = True
         candidate = resolve_precision(requested, self.device.type)
         if candidate != "fp32":
             # auto engages only at parity; an explicit bf16/fp16 is the operator's call,
@@ -95,6 +117,102 @@ class ForwardEngine:
                 )
         log.info("precision_adopted", precision=candidate, verified=reference is not None, engine=type(self).__name__)
         return candidate
+
+    # -- auto and exports --
+
+    @property
+    def export_serves(self) -> bool:
+        """Whether an export, not the torch model, runs the forward pass."""
+        raise NotImplementedError
+
+    def release_unused(self) -> bool:
+        """Free the transformer's torch weights once an export runs it: the tokenizer and the
+        library's preprocess, all the engine reads besides, do not read them. Only for an engine
+        that owns its model (``owning``); afterwards torch cannot run it here."""
+        if not self.export_serves or self.released or self.network is None:
+            return False
+        release_weights(self.network)
+        self.released = True
+        log.info("torch_weights_released", model=self.model_name, backend=getattr(self.backend, "name", None))
+        return True
+
+    def _decide_and_adopt(
+        self,
+        *,
+        kind: str,
+        source: dict[str, Any],
+        shape: dict[str, Any],
+        candidates: Sequence[Candidate],
+        build: Callable[[Candidate], tuple[R, str]],
+        score: Callable[[tuple[R, str], Window], list[float]],
+        held_out: Sequence[Window],
+        timing_windows: Sequence[Window],
+        timing_s: float,
+    ) -> None:
+        """What ``auto`` decides for this model (measured, or read where an earlier start kept
+        it), adopted. Every candidate is held to the probe, an int8 one to ``held_out`` too."""
+        from worker.engine.autotune import decide, fingerprint
+        from worker.engine.export import export_root
+
+        wanted = fingerprint(
+            kind=kind,
+            source=source,
+            device=str(self.device),
+            shape={
+                "window_size": self.settings.streams.window_size,
+                "token_budget": self.token_budget,
+                "max_length": self.max_length,
+                **shape,
+            },
+            candidates=candidates,
+        )
+
+        def parity_windows(candidate: Candidate | None) -> list[Window]:
+            int8 = candidate is None or candidate.quantization == "int8"
+            return [probe_pairs(), *(held_out if int8 else [])]
+
+        decision, runner = decide(
+            root=export_root(self.model_name),
+            wanted=wanted,
+            candidates=candidates,
+            build=build,
+            score=score,
+            parity_windows=parity_windows,
+            timing_windows=timing_windows,
+            timing_s=timing_s,
+        )
+        self._adopt_decision(decision, runner, engine=kind, model=self.model_name)
+
+    def _load_export(
+        self,
+        name: str,
+        *,
+        precision: str,
+        quantization: str,
+        calibration: Calibration | None,
+        encode: Callable[[Calibration], Iterable[dict[str, list[list[int]]]]],
+        onnx_level: str = "O2",
+    ) -> Backend:
+        """The transformer exported for ``name`` (onnx, openvino) at ``precision``; an int8 one is
+        calibrated on the batches of what ``encode`` makes of the calibration windows."""
+        from worker.engine.runtimes import exported_backend
+
+        def feeds() -> list[dict[str, Any]]:
+            encoded = encode(calibration) if calibration else []
+            return [{k: v.numpy() for k, v in batch.tensors.items()} for e in encoded for batch in self.batches(e)]
+
+        return exported_backend(
+            name,
+            model_name=self.model_name,
+            network=self.network,
+            tokenizer=self.tokenizer,
+            precision=precision,
+            device=str(self.device),
+            onnx_level=onnx_level,
+            quantization=quantization,
+            calibration=feeds,
+            calibration_digest=calibration.digest if calibration else None,
+        )
 
     def _adopt_decision(self, decision: AutoDecision, runner: tuple[Any, str], *, engine: str, model: str) -> None:
         """Serve with what ``auto`` chose (``runner``: the backend and its precision), free the
@@ -201,3 +319,10 @@ def shared(
             engine = build()
             _engines[key] = engine
         return engine  # type: ignore[return-value]
+
+
+def owning(engine: E) -> E:
+    """The engine's model is its own (``shared`` built it for this engine alone): what its
+    backend does not need is freed."""
+    engine.release_unused()
+    return engine

@@ -25,14 +25,12 @@ from worker.engine.autotune import (
     AUTO_TIMING_S,
     Candidate,
     available_candidates,
-    decide,
-    fingerprint,
     shipped_calibration,
 )
 from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchBackend, auto_backend, require_package
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window, read_calibration
-from worker.engine.forward import ForwardEngine, configure_threads, release_weights, shared
+from worker.engine.forward import ForwardEngine, configure_threads, owning, shared
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, SCORE_TOLERANCE, EngineDisagrees, disagreement_with, spearman
 from worker.engine.precision import exported_precisions, library_probe, probe_pairs
@@ -105,7 +103,6 @@ class ScoringEngine(ForwardEngine):
         #: The model itself: the torch backend, and at fp32 what every other backend is held to.
         self.torch = TorchBackend(model, torch.device(model.device), features=self.features)
         self.backend: Backend = self.torch
-        self.released = False
         asked = backend or BackendChoice()
         requested = precision or settings.engine.precision
         if self._measures(asked, requested, verify=verify_parity):
@@ -187,26 +184,11 @@ class ScoringEngine(ForwardEngine):
         return available_candidates(exportable=self.exportable, int8=self.settings.engine.auto_int8 or calibrated)
 
     def _decide_automatically(self, asked: BackendChoice, *, timing_s: float) -> None:
-        from worker.engine.export import export_root, source_fingerprint
+        from worker.engine.export import source_fingerprint
 
-        window_size = self.settings.streams.window_size
-        shipped = shipped_calibration(window_size)
+        shipped = shipped_calibration(self.settings.streams.window_size)
         # int8 calibrates on the operator's windows when given, else on the shipped ones.
         calibration = read_calibration(asked.calibration) if asked.calibration else shipped
-        candidates = self.auto_candidates(calibrated=asked.calibration is not None)
-        wanted = fingerprint(
-            kind="cross-encoder",
-            source=source_fingerprint(self.model_name, self.network),
-            device=str(self.device),
-            shape={
-                "window_size": window_size,
-                "token_budget": self.token_budget,
-                "max_length": self.max_length,
-                "onnx_optimization": asked.onnx_optimization,
-                "calibration": calibration.digest,
-            },
-            candidates=candidates,
-        )
 
         def build(candidate: Candidate) -> tuple[Backend, str]:
             if candidate.backend == "torch":
@@ -225,42 +207,25 @@ class ScoringEngine(ForwardEngine):
             finally:
                 self.precision = kept
 
-        # int8 is held to its held-out windows and to the shipped collection's judged ones (for
-        # its nDCG: an operator's calibration windows come without judgements).
-        held_out = [*calibration.held_out, *(shipped.held_out if calibration is not shipped else [])]
-
-        def parity_windows(candidate: Candidate | None) -> list[Window]:
-            int8 = candidate is None or candidate.quantization == "int8"
-            return [probe_pairs(), *(held_out if int8 else [])]
-
-        decision, runner = decide(
-            root=export_root(self.model_name),
-            wanted=wanted,
-            candidates=candidates,
+        self._decide_and_adopt(
+            kind="cross-encoder",
+            source=source_fingerprint(self.model_name, self.network),
+            shape={"onnx_optimization": asked.onnx_optimization, "calibration": calibration.digest},
+            candidates=self.auto_candidates(calibrated=asked.calibration is not None),
             build=build,
             score=score,
-            parity_windows=parity_windows,
+            # int8 is held to its held-out windows and to the shipped collection's judged ones (for
+            # its nDCG: an operator's calibration windows come without judgements).
+            held_out=[*calibration.held_out, *(shipped.held_out if calibration is not shipped else [])],
             timing_windows=shipped.calibrate,
             timing_s=timing_s,
         )
-        self._adopt_decision(decision, runner, engine="cross-encoder", model=self.model_name)
 
-    def release_unused(self) -> bool:
-        """Free the torch weights once an export serves: the tokenizer and the model's
-        preprocess (all ``tokenize`` needs) do not read them. Only for an engine that owns its
-        model (``shared_engine`` loads one per engine); afterwards torch cannot run here."""
-        if self.backend is self.torch or self.released:
-            return False
-        release_weights(self.network)
-        self.released = True
-        return True
+    @property
+    def export_serves(self) -> bool:
+        return self.backend is not self.torch
 
     # -- agreement with sentence-transformers --
-
-    def _choose_precision(self, requested: str, *, verify: bool) -> None:
-        if verify and not getattr(self, "_agreed", False):
-            self._agree_with_library()
-        super()._choose_precision(requested, verify=verify)
 
     def _agree_with_library(self) -> None:
         """Refuse the model unless the engine at fp32 scores the probe windows as predict does."""
@@ -279,7 +244,6 @@ class ScoringEngine(ForwardEngine):
                 if disagreement:
                     log.warning("prefix_reuse_disabled", model=self.model_name, reason=disagreement)
                     self.prefix = None
-        self._agreed = True
         log.info(
             "engine_agrees_with_library",
             model=self.model_name,
@@ -330,27 +294,13 @@ class ScoringEngine(ForwardEngine):
         )
 
     def _load_exported(self, choice: BackendChoice, precision: str, calibration: Calibration | None) -> Any:
-        from worker.engine.runtimes import exported_backend
-
-        def feeds() -> list[dict[str, Any]]:
-            windows = calibration.calibrate if calibration else []
-            return [
-                {k: v.numpy() for k, v in batch.tensors.items()}
-                for window in windows
-                for batch in self.batches(self.tokenize(window))
-            ]
-
-        return exported_backend(
+        return self._load_export(
             choice.name,
-            model_name=self.model_name,
-            network=self.network,
-            tokenizer=self.tokenizer,
             precision=precision,
-            device=str(self.device),
-            onnx_level=choice.onnx_optimization,
             quantization=choice.quantization,
-            calibration=feeds,
-            calibration_digest=calibration.digest if calibration else None,
+            calibration=calibration,
+            encode=lambda windows: (self.tokenize(window) for window in windows.calibrate),
+            onnx_level=choice.onnx_optimization,
         )
 
     # -- scoring --
@@ -481,16 +431,9 @@ def shared_engine(
         device=device,
         settings=settings,
         variant=choice,
-        build=lambda: _owning(
+        build=lambda: owning(
             ScoringEngine(
                 load_cross_encoder(model_name, device=device), settings=settings, backend=choice, model_name=model_name
             )
         ),
     )
-
-
-def _owning(engine: ScoringEngine) -> ScoringEngine:
-    """The engine's model is its own: what its backend does not need is freed."""
-    if engine.release_unused():
-        log.info("torch_weights_released", model=engine.model_name, backend=engine.backend.name)
-    return engine

@@ -16,10 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.settings import MemberSettings, Settings
-from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
+from worker.providers.base import Remedy, ScoreRequest
 from worker.providers.remote import (
     MemberConfigError,
-    RemoteClient,
     check_base_url,
     check_member_numbers,
     check_subset_size,
@@ -28,13 +27,13 @@ from worker.providers.remote import (
     refuse_instruction_field,
     scores_from_pairs,
 )
+from worker.providers.rerank_endpoint import RerankEndpoint, answer_object
 
 HOSTED_URL = "https://api.cohere.com"
 
 
-class CohereProvider:
+class CohereProvider(RerankEndpoint):
     kind = "cohere"
-    remote = True
     accepts_instruction = False
 
     @staticmethod
@@ -54,54 +53,32 @@ class CohereProvider:
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
         base = self.check_config(member)
         if base.endswith("/rerank"):
-            self.endpoint = base
+            endpoint = base
             not_found = Remedy("url", "check {variable}: a URL ending in /rerank is POSTed to as given")
         else:
-            self.endpoint = f"{base}/{member.api_version}/rerank"
+            endpoint = f"{base}/{member.api_version}/rerank"
             # Infinity and some gateways serve /rerank at the root, not /v2/rerank.
             not_found = Remedy("url", f"if this server serves /rerank, set {{variable}}={public_url(base)}/rerank")
-        self.member = member
-        self.scale: Scale | None = member.scale or "probability"
-        self.answers_subsets = member.top_n is not None
         # The endpoint already holds the API version (or the URL given as is); the version
         # also changes the body (return_documents, max_tokens_per_doc), so it is named too.
-        self.cache_identity = cache_identity(
-            self.kind,
-            url=self.endpoint,
+        super().__init__(
+            member,
+            endpoint,
+            not_found=not_found,
             api_version=member.api_version,
-            model=member.model,
-            top_n=member.top_n,
             max_tokens_per_doc=member.max_tokens_per_doc,
-            scale=self.scale,
         )
-        self.client = RemoteClient(member, not_found=not_found)
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"query": request.query, "documents": list(request.documents)}
-        if self.member.model:
-            body["model"] = self.member.model
-        top_n = expected_subset(self.member, len(request.documents))
-        if top_n is not None:
-            body["top_n"] = top_n
+        body = self.rerank_body(request.query, request.documents)
         if self.member.api_version == "v1":
             body["return_documents"] = False
         elif self.member.max_tokens_per_doc is not None:
             body["max_tokens_per_doc"] = self.member.max_tokens_per_doc
         return body
 
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        n = len(request.documents)
-        if n == 0:
-            return []
-        answer = self.client.post_json(
-            self.endpoint, self.payload(request), self.client.headers(request), deadline=deadline
-        )
-        if not isinstance(answer, dict):
-            raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
-        results = answer.get("results", answer.get("data"))
-        scores = scores_from_pairs(results, n, score_field="relevance_score")
-        check_subset_size(scores, n, expected_subset(self.member, n))
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        found = answer_object(answer)
+        scores = scores_from_pairs(found.get("results", found.get("data")), n_documents, score_field="relevance_score")
+        check_subset_size(scores, n_documents, expected_subset(self.member, n_documents))
         return scores
-
-    def close(self) -> None:
-        self.client.close()

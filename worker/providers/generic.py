@@ -22,10 +22,9 @@ import re
 from typing import Any
 
 from kernel.settings import MemberSettings, Settings
-from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
+from worker.providers.base import Remedy, ScoreRequest, UnusableResponse
 from worker.providers.remote import (
     MemberConfigError,
-    RemoteClient,
     check_base_url,
     check_member_numbers,
     check_subset_size,
@@ -33,6 +32,7 @@ from worker.providers.remote import (
     scores_from_pairs,
     scores_in_order,
 )
+from worker.providers.rerank_endpoint import RerankEndpoint
 
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _REQUEST_FIELDS = frozenset({"query", "documents", "model", "top_n"})
@@ -49,9 +49,8 @@ def instruction_field(member: MemberSettings) -> str | None:
     return field
 
 
-class HttpProvider:
+class HttpProvider(RerankEndpoint):
     kind = "http"
-    remote = True
 
     @staticmethod
     def check_config(member: MemberSettings) -> str:
@@ -63,43 +62,31 @@ class HttpProvider:
         return url
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
-        self.endpoint = self.check_config(member)
-        self.member = member
-        self.instruction_field = instruction_field(member)
-        self.accepts_instruction = self.instruction_field is not None
-        self.scale: Scale | None = member.scale or "probability"
-        self.answers_subsets = member.top_n is not None
+        endpoint = self.check_config(member)
+        field = instruction_field(member)
+        self.instruction_field = field
+        self.accepts_instruction = field is not None
         # Named only when set, so the identity of a member without one is what it always was.
-        sends = {"instruction_field": self.instruction_field} if self.instruction_field else {}
-        self.cache_identity = cache_identity(
-            self.kind, url=self.endpoint, model=member.model, top_n=member.top_n, scale=self.scale, **sends
-        )
-        self.client = RemoteClient(
+        sends = {"instruction_field": field} if field else {}
+        super().__init__(
             member,
+            endpoint,
             not_found=Remedy(
                 "url", "check {variable}: it is POSTed to as given, so it must be the full URL of the rerank endpoint"
             ),
+            **sends,
         )
 
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        n = len(request.documents)
-        if n == 0:
-            return []
-        body: dict[str, Any] = {"query": request.query, "documents": list(request.documents)}
-        if self.member.model:
-            body["model"] = self.member.model
-        top_n = expected_subset(self.member, n)
-        if top_n is not None:
-            body["top_n"] = top_n
+    def payload(self, request: ScoreRequest) -> dict[str, Any]:
+        body = self.rerank_body(request.query, request.documents)
         if self.instruction_field is not None and request.instruction is not None:
             body[self.instruction_field] = request.instruction
-        answer = self.client.post_json(self.endpoint, body, self.client.headers(request), deadline=deadline)
-        scores = read_answer(answer, n)
-        check_subset_size(scores, n, top_n)
-        return scores
+        return body
 
-    def close(self) -> None:
-        self.client.close()
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        scores = read_answer(answer, n_documents)
+        check_subset_size(scores, n_documents, expected_subset(self.member, n_documents))
+        return scores
 
 
 def read_answer(answer: Any, n_documents: int) -> list[float | None]:

@@ -33,16 +33,16 @@ from typing import Any
 
 from kernel.settings import MemberSettings, Settings
 from worker import control_strings
-from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
+from worker.providers.base import Remedy, ScoreRequest
 from worker.providers.remote import (
     MemberConfigError,
-    RemoteClient,
     check_base_url,
     check_member_numbers,
     check_subset_size,
     expected_subset,
     scores_from_pairs,
 )
+from worker.providers.rerank_endpoint import RerankEndpoint, answer_object
 
 #: The request field vLLM's protocol gives the instruction (``ScoringRequestMixin.instruction``).
 INSTRUCTION_FIELD = "instruction"
@@ -78,9 +78,8 @@ def instruction_field(member: MemberSettings) -> str | None:
     return INSTRUCTION_FIELD
 
 
-class VllmProvider:
+class VllmProvider(RerankEndpoint):
     kind = "vllm"
-    remote = True
 
     @staticmethod
     def check_config(member: MemberSettings) -> str:
@@ -102,35 +101,27 @@ class VllmProvider:
         return endpoint
 
     def __init__(self, member: MemberSettings, settings: Settings) -> None:
-        self.endpoint = self.check_config(member)
+        endpoint = self.check_config(member)
+        field = instruction_field(member)
         self.endpoint_kind = member.endpoint
-        self.instruction_field = instruction_field(member)
-        self.accepts_instruction = self.instruction_field is not None
-        self.member = member
-        self.scale: Scale | None = member.scale or "probability"
+        self.instruction_field = field
+        self.accepts_instruction = field is not None
         # Declared logit: vLLM is asked for the raw logits and scoring applies the sigmoid.
-        self._raw = self.scale == "logit"
-        self.answers_subsets = member.top_n is not None
-        self.cache_identity = cache_identity(
-            self.kind,
-            url=self.endpoint,
-            endpoint=self.endpoint_kind,
-            model=member.model,
-            top_n=member.top_n,
-            truncate_prompt_tokens=member.truncate_prompt_tokens,
-            max_tokens_per_doc=member.max_tokens_per_doc,
-            scale=self.scale,
-            raw=self._raw,
-            instruction_field=self.instruction_field,
-            control_strings=control_strings.RULE,
-        )
-        self.client = RemoteClient(
+        self._raw = member.scale == "logit"
+        super().__init__(
             member,
+            endpoint,
             not_found=Remedy(
                 "url",
                 "check {variable}: vLLM serves POST /rerank and /score under its base URL"
                 " (http://host:8000), for a model it serves as a reranker",
             ),
+            endpoint=member.endpoint,
+            truncate_prompt_tokens=member.truncate_prompt_tokens,
+            max_tokens_per_doc=member.max_tokens_per_doc,
+            raw=self._raw,
+            instruction_field=field,
+            control_strings=control_strings.RULE,
         )
 
     def payload(self, request: ScoreRequest) -> dict[str, Any]:
@@ -138,14 +129,11 @@ class VllmProvider:
         text = control_strings.REMOTE.neutralise
         query, documents = text(request.query), control_strings.REMOTE.neutralise_all(request.documents)
         if self.endpoint_kind == "rerank":
-            body: dict[str, Any] = {"query": query, "documents": documents}
-            top_n = expected_subset(self.member, len(documents))
-            if top_n is not None:
-                body["top_n"] = top_n
+            body = self.rerank_body(query, documents)
         else:
             body = {"text_1": query, "text_2": documents}
-        if self.member.model:
-            body["model"] = self.member.model
+            if self.member.model:
+                body["model"] = self.member.model
         if self.member.truncate_prompt_tokens is not None:
             body["truncate_prompt_tokens"] = self.member.truncate_prompt_tokens
         if self.member.max_tokens_per_doc is not None:
@@ -156,22 +144,12 @@ class VllmProvider:
             body[self.instruction_field] = text(request.instruction)
         return body
 
-    def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
-        n = len(request.documents)
-        if n == 0:
-            return []
-        answer = self.client.post_json(
-            self.endpoint, self.payload(request), self.client.headers(request), deadline=deadline
-        )
-        if not isinstance(answer, dict):
-            raise UnusableResponse("bad_shape", f"expected an object, got {type(answer).__name__}")
+    def read(self, answer: Any, n_documents: int) -> list[float | None]:
+        found = answer_object(answer)
         if self.endpoint_kind == "rerank":
-            scores = scores_from_pairs(answer.get("results"), n, score_field="relevance_score")
-            check_subset_size(scores, n, expected_subset(self.member, n))
+            scores = scores_from_pairs(found.get("results"), n_documents, score_field="relevance_score")
+            check_subset_size(scores, n_documents, expected_subset(self.member, n_documents))
         else:
-            scores = scores_from_pairs(answer.get("data"), n, score_field="score")
-            check_subset_size(scores, n, None)
+            scores = scores_from_pairs(found.get("data"), n_documents, score_field="score")
+            check_subset_size(scores, n_documents, None)
         return scores
-
-    def close(self) -> None:
-        self.client.close()
