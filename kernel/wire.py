@@ -162,7 +162,17 @@ class Failed(Base, tag="failed", tag_field="kind", frozen=True):
     reason: str
 
 
-Decision = Ranked | Filtered | Omitted | Failed
+class Cancelled(Base, tag="cancelled", tag_field="kind", frozen=True):
+    """The stream was cancelled (``RerankClient.cancel``) before this candidate's window was
+    scored; kept in fusion order, with its text as ``document``, and never scored after."""
+
+    id: str
+    index: int
+    document: str
+    reason: str = "cancelled"
+
+
+Decision = Ranked | Filtered | Omitted | Failed | Cancelled
 
 
 class WindowResult(Base, frozen=True):
@@ -265,7 +275,7 @@ class Row(Base, frozen=True):
 
     @property
     def reason(self) -> str | None:
-        """Why the row is failed (or filtered); None for a ranked row."""
+        """Why the row is failed, cancelled (or filtered); None for a ranked row."""
         return getattr(self.decision, "reason", None)
 
     @property
@@ -298,6 +308,7 @@ class WindowStatus(Base, frozen=True):
     filtered: int = 0
     omitted: int = 0
     failed: int = 0
+    cancelled: int = 0
     reason: str | None = None
     #: Members skipped on the way to the one that served, as ``"1:cohere: timeout"``.
     failovers: list[str] = []
@@ -319,6 +330,7 @@ def committed_window_status(result: WindowResult) -> WindowStatus:
         filtered=kinds.count(Filtered),
         omitted=kinds.count(Omitted),
         failed=kinds.count(Failed),
+        cancelled=kinds.count(Cancelled),
         reason=result.reason,
         failovers=list(result.failovers),
         instruction_ignored_by=result.instruction_ignored_by,
