@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,14 +183,33 @@ def submit(
         )
         try:
             outcome = runner.run()
+        except KeyboardInterrupt:
+            # A second Ctrl-C stops the loop at once; the summary and the resume line still come.
+            outcome = runner.outcome
+            outcome.interrupted = True
         finally:
             output.close()
             ledger.close()
             if lookup is not None:
                 lookup.close()
-    return summarise(
-        outcome, tally, out_path, identity, as_json=as_json, in_flight=len(runner.in_flight) + len(runner.opening)
-    )
+    # Ctrl-C from here on would cut the summary short, and it is what the user pressed it for.
+    with ignoring_interrupts():
+        return summarise(
+            outcome, tally, out_path, identity, as_json=as_json, in_flight=len(runner.in_flight) + len(runner.opening)
+        )
+
+
+@contextlib.contextmanager
+def ignoring_interrupts() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are the host's
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_identity(paths: list[Path], options: dict[str, Any]) -> str:
@@ -223,9 +244,9 @@ def trec_safe(jobs: Iterator[Any]) -> Iterator[Any]:
 
 
 def resume_command() -> str:
-    from worker import cli
+    from rerankq import invoked_args
 
-    return "rerankq " + shlex.join(cli.invoked_args())
+    return "rerankq " + shlex.join(invoked_args())
 
 
 def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json: bool, in_flight: int) -> int:
@@ -250,6 +271,7 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
                     "total": tally.total,
                     "done": tally.done,
                     "resumed": tally.resumed,
+                    "reopened": tally.reopened,
                     "failed": tally.failed,
                     "skipped": tally.skipped,
                     "in_flight": in_flight,
@@ -280,8 +302,13 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
         if status
         else "done"
     )
+    reopened = (
+        f" ({tally.reopened} of them opened by an earlier run, collected without scoring them again)"
+        if tally.reopened
+        else ""
+    )
     say(
-        f"{ended}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
+        f"{ended}: {tally.done} jobs written to {out_path}{reopened} in {elapsed:.1f} s "
         f"({tally.done / elapsed:.1f} jobs/s); {tally.resumed} were there from an earlier run; {tally.failed} failed, "
         f"{tally.skipped} skipped; {tally.windows_committed} windows, {tally.failovers} failovers; run id {run_id}"
     )
