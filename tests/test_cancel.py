@@ -103,3 +103,22 @@ def test_rerankq_cancel_cancels_once_and_names_a_missing_stream(
     assert missing.returncode == 1
     assert "does not exist" in (missing.stderr + missing.stdout)
     assert len((missing.stderr + missing.stdout).strip().splitlines()) == 1
+
+
+def test_rerankq_pull_keeps_its_columns_for_long_ids_and_cancelled_rows(
+    make_client: Callable[..., RerankClient], base_env: dict[str, str]
+) -> None:
+    client = make_client()
+    candidates = [{"id": f"kb-article-{i:04d}-revision-{'x' * i}", "text": f"note {i}"} for i in range(4)]
+    stream = client.open("columns", candidates, window_size=4)
+    client.cancel(stream)
+    done = rerankq(["pull", stream, "--limit", "4"], base_env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("rank"))
+    rows = [line for line in lines if line.lstrip()[:1].isdigit()]
+    assert len(rows) == 4 and all(" cancelled " in row for row in rows)
+    column = header.index("document")
+    for row, candidate in zip(rows, candidates):
+        assert row[column:].startswith("note "), (header, row)
+        assert candidate["id"] in row
