@@ -4,6 +4,7 @@ its identity read from the workers' cards, its map fitted, one file written."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -175,7 +176,19 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
         sys.stdout.write(encode(calibration).decode() + "\n")
     else:
         click.echo(render(calibration))
+        click.echo(next_steps(request.out))
     return 0
+
+
+def next_steps(out: Path) -> str:
+    """How to use the file just written: what a user runs next."""
+    where = shlex.quote(str(out.resolve()))
+    return (
+        "\nUse it:\n"
+        f"  RERANKQ_CALIBRATION={where} rerankq worker     # serve calibrated scores (rows say calibrated: true)\n"
+        f"  RERANKQ_CALIBRATION={where} rerankq eval       # ECE raw and calibrated, per member\n"
+        "Each worker that reads it calibrates only the members it was fitted for (docs/scoring.md)."
+    )
 
 
 def render(calibration: CalibrationFile) -> str:

@@ -9,9 +9,11 @@ settings) raises through ``from_msgspec``, so a field is named the same way ever
 from __future__ import annotations
 
 import difflib
+import functools
 import re
+import typing
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -68,12 +70,77 @@ def from_msgspec(exc: msgspec.ValidationError, prefix: str = "", *, known: Itera
         message += " (a mapping key)"
     named = _NAMED.fullmatch(message)
     if named:
-        path = child(path.lstrip("."), named.group(2))
+        parent = path.lstrip(".")
+        path = child(parent, named.group(2))
         if named.group(1) == "contains unknown":
-            close = difflib.get_close_matches(named.group(2), list(known), n=1)
-            message = "unknown field" + (f"; did you mean {close[0]}?" if close else "")
+            message = "unknown field" + _suggestion(named.group(2), parent, known)
+    enum = _ENUM.fullmatch(message)
+    if enum:
+        values = _enum_values().get(_last_name(path))
+        if values:
+            message += "; valid values: " + ", ".join(values)
     pattern = _PATTERN.fullmatch(message)
     if pattern:
         # msgspec quotes the pattern as repr() would, doubling its backslashes.
         message = PATTERN_WORDS.get(pattern.group(1).replace("\\\\", "\\"), message)
     return ValidationError(path.lstrip("."), message)
+
+
+_ENUM = re.compile(r"(?s)Invalid enum value .*")
+
+#: Names people reach for that a candidate spells otherwise: what to say instead of nothing.
+CANDIDATE_SYNONYMS = {
+    "title": "context or heading_path",
+    "heading": "heading_path",
+    "headings": "heading_path",
+    "body": "text",
+    "content": "text",
+    "document": "text",
+    "score": "fusion_score",
+    "url": "source or metadata",
+    "tags": "metadata",
+    "date": "occurred_start or mentioned_at",
+    "timestamp": "occurred_start or mentioned_at",
+    "created_at": "occurred_start or mentioned_at",
+}
+
+
+def _last_name(path: str) -> str:
+    """The last name of a field path, indexes dropped: ``candidates[2]`` -> ``candidates``."""
+    return re.sub(r"(\[[^\]]*\])+$", "", path).rsplit(".", 1)[-1]
+
+
+@functools.cache
+def _nested_fields() -> dict[str, tuple[str, ...]]:
+    """The fields of the structs that input nests, by the name they are nested under."""
+    from kernel.wire import Boosts, Candidate, TimeRange
+
+    return {
+        "candidates": Candidate.__struct_fields__,
+        "boosts": Boosts.__struct_fields__,
+        "query_range": TimeRange.__struct_fields__,
+    }
+
+
+@functools.cache
+def _enum_values() -> dict[str, tuple[str, ...]]:
+    """Each input field that takes one of a few words, by name, and those words."""
+    from kernel.wire import Boosts, BudgetLevel, Lane, StreamSpec
+
+    values: dict[str, tuple[str, ...]] = {"lane": typing.get_args(Lane), "budget": typing.get_args(BudgetLevel)}
+    for struct in (StreamSpec, Boosts):
+        for name, hint in typing.get_type_hints(struct).items():
+            for option in (hint, *typing.get_args(hint)):
+                if typing.get_origin(option) is Literal:
+                    values[name] = typing.get_args(option)
+    return values
+
+
+def _suggestion(name: str, parent: str, known: Iterable[str]) -> str:
+    """``; did you mean X?`` for an unknown field ``name`` of the struct at ``parent``, or ''."""
+    nested = _nested_fields().get(_last_name(parent)) if parent else None
+    names = list(nested) if nested else list(known)
+    if nested is not None and _last_name(parent) == "candidates" and name.lower() in CANDIDATE_SYNONYMS:
+        return f"; did you mean {CANDIDATE_SYNONYMS[name.lower()]}? (a candidate's fields: docs/concepts.md)"
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {close[0]}?" if close else ""

@@ -418,6 +418,45 @@ elseif command == 'commit' then
   end
   return 1
 
+elseif command == 'cancel' then
+  -- Commit every window not yet committed as cancelled, admitted or not, in this one call:
+  -- a worker that begins one afterwards finds it committed and skips it, and one that
+  -- finishes scoring it afterwards loses the commit race, so nothing is scored into the
+  -- stream after this. ARGV: event log maxlen, then (window, encoded result) pairs, one per
+  -- window the caller saw uncommitted (a window committed since is left as it is).
+  -- Returns {1, window...}: the windows this call committed (none for a stream cancelled before).
+  if redis.call('EXISTS', meta_key) == 0 then return {-3} end
+  local count = n_windows()
+  local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
+  local written = {1}
+  for i = 4, #ARGV - 1, 2 do
+    local w = window_number(ARGV[i], count)
+    local window = ARGV[i]
+    if w ~= nil and redis.call('HEXISTS', results_key, window) == 0 then
+      redis.call('HSET', results_key, window, ARGV[i + 1])
+      redis.call('ZREM', pending_key, window)
+      redis.call('HDEL', attempts_key, 'holder:' .. window, 'until:' .. window)
+      redis.call('HDEL', meta_key, 'queued:' .. window)
+      redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[3], '*', 'window', window)
+      for _, key in ipairs(uncommitted_keys) do
+        redis.call('ZREM', key, stream_id .. ':' .. window)
+      end
+      table.insert(written, w)
+    end
+  end
+  local n = #written - 1
+  if n > 0 then
+    -- Every window now counts as admitted, so no later pull admits (and sends) one.
+    redis.call('HSET', meta_key, 'admitted', count, 'cancelled_at', now)
+    redis.call('HINCRBY', meta_key, 'committed', n)
+    redis.call('HINCRBY', meta_key, 'cancelled', n)
+    redis.call('HINCRBY', counters_key, 'windows_committed', n)
+    redis.call('HINCRBY', counters_key, 'windows_cancelled', n)
+    redis.call('PEXPIREAT', results_key, expire_at)
+    redis.call('PEXPIREAT', events_key, expire_at)
+  end
+  return written
+
 elseif command == 'due' then
   -- The sweep: admitted, uncommitted windows whose deadline (enqueue grace or lease)
   -- passed; their deadline moves to ARGV[3] so a second sweeper does not take them too.

@@ -185,6 +185,17 @@ class Store:
         if windows:
             self._run(self.keys.stream(stream_id), "hurry", *windows)
 
+    def cancel(self, stream_id: str, results: Sequence[WindowResult]) -> list[int]:
+        """Commit each of ``results`` (the cancelled windows) unless its window is committed
+        already, all in one script call; returns the windows it committed."""
+        args: list[EncodableT] = [self.event_log_maxlen]
+        for result in results:
+            args += [result.window, encode(result)]
+        reply = self._run(self.keys.stream(stream_id), "cancel", *args)
+        if reply[0] == GONE:
+            raise StreamNotFound(stream_id)
+        return [int(w) for w in reply[1:]]
+
     def snapshot(self, stream_id: str) -> Snapshot:
         # No MULTI: at maxmemory Redis refuses every command queued in one, reads included,
         # and a reader must still read a full Redis.

@@ -9,9 +9,10 @@ from __future__ import annotations
 import array
 import datetime as dt
 import sys
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 Device = Literal["cpu", "gpu", "any"]
 #: Which lane of its device queue a stream's windows wait in: a worker takes every waiting
@@ -35,21 +36,49 @@ class Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaul
 
 
 class Candidate(Base, frozen=True):
-    """One fused retrieval result. Input order is fusion order."""
+    """One fused retrieval result. Input order is fusion order. Each field's description is
+    the candidate table of docs/concepts.md (``python -m producer.reference``)."""
 
-    id: str
-    text: str = ""
-    context: str | None = None
-    heading_path: list[str] = []
-    occurred_start: dt.datetime | None = None
-    occurred_end: dt.datetime | None = None
-    mentioned_at: dt.datetime | None = None
-    proof_count: int | None = None
-    source: str | None = None
-    fusion_score: float | None = None
-    doc_id: str | None = None
-    embedding: list[float] | None = None
-    metadata: dict[str, Any] = {}
+    id: Annotated[str, Meta(description="the candidate's id, unique in the stream; rows carry it back")]
+    text: Annotated[
+        str,
+        Meta(description="what is scored; a blank one is never sent to a provider and sinks to its window's end"),
+    ] = ""
+    context: Annotated[
+        str | None,
+        Meta(description="a title or label scored with the text, as `{context}: {text}` (where a `title` goes)"),
+    ] = None
+    heading_path: Annotated[
+        list[str],
+        Meta(description="the section headings above the text, outermost first; scored joined by ` > `"),
+    ] = []
+    occurred_start: Annotated[
+        dt.datetime | None,
+        Meta(description="when what the text tells began (RFC 3339): the recency and temporal boosts' date"),
+    ] = None
+    occurred_end: Annotated[
+        dt.datetime | None, Meta(description="when it ended; recency's date when neither other date is given")
+    ] = None
+    mentioned_at: Annotated[
+        dt.datetime | None, Meta(description="when the text was written; recency's date without occurred_start")
+    ] = None
+    proof_count: Annotated[int | None, Meta(description="how many sources back it: the proof boost (1 is neutral)")] = (
+        None
+    )
+    source: Annotated[
+        str | None,
+        Meta(description="the retrieval arm that found it (`bm25`, `graph`): the per-source cap and strategy boosts"),
+    ] = None
+    fusion_score: Annotated[
+        float | None, Meta(description="the first stage's fused score, kept for the caller; not used to rank")
+    ] = None
+    doc_id: Annotated[
+        str | None, Meta(description="the document it is a part of: select(per_doc=...) caps rows per doc_id")
+    ] = None
+    embedding: Annotated[list[float] | None, Meta(description="its vector, for select(mmr_lambda=...) diversity")] = (
+        None
+    )
+    metadata: Annotated[dict[str, Any], Meta(description="anything else, kept with the stream and never scored")] = {}
 
 
 class Boosts(Base, frozen=True):
@@ -162,7 +191,17 @@ class Failed(Base, tag="failed", tag_field="kind", frozen=True):
     reason: str
 
 
-Decision = Ranked | Filtered | Omitted | Failed
+class Cancelled(Base, tag="cancelled", tag_field="kind", frozen=True):
+    """The stream was cancelled (``RerankClient.cancel``) before this candidate's window was
+    scored; kept in fusion order, with its text as ``document``, and never scored after."""
+
+    id: str
+    index: int
+    document: str
+    reason: str = "cancelled"
+
+
+Decision = Ranked | Filtered | Omitted | Failed | Cancelled
 
 
 class WindowResult(Base, frozen=True):
@@ -265,7 +304,7 @@ class Row(Base, frozen=True):
 
     @property
     def reason(self) -> str | None:
-        """Why the row is failed (or filtered); None for a ranked row."""
+        """Why the row is failed, cancelled (or filtered); None for a ranked row."""
         return getattr(self.decision, "reason", None)
 
     @property
@@ -298,6 +337,7 @@ class WindowStatus(Base, frozen=True):
     filtered: int = 0
     omitted: int = 0
     failed: int = 0
+    cancelled: int = 0
     reason: str | None = None
     #: Members skipped on the way to the one that served, as ``"1:cohere: timeout"``.
     failovers: list[str] = []
@@ -319,6 +359,7 @@ def committed_window_status(result: WindowResult) -> WindowStatus:
         filtered=kinds.count(Filtered),
         omitted=kinds.count(Omitted),
         failed=kinds.count(Failed),
+        cancelled=kinds.count(Cancelled),
         reason=result.reason,
         failovers=list(result.failovers),
         instruction_ignored_by=result.instruction_ignored_by,

@@ -16,6 +16,7 @@ from kernel.errors import (
 from kernel.settings import Settings, load_settings
 from kernel.wire import (
     Boosts,
+    Cancelled,
     Candidate,
     Decision,
     Failed,
@@ -36,6 +37,7 @@ from producer.options import StreamOptions
 
 __all__ = [
     "Boosts",
+    "Cancelled",
     "Candidate",
     "ConfigError",
     "Decision",

@@ -39,6 +39,7 @@ from kernel.wire import (
     encode,
 )
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
+from producer.cancel import CancelOutcome, cancel_stream
 from producer.options import DEFAULT_MAX_PASSAGES, DEFAULT_PASSAGE_TOP_K, takes_stream_options
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
@@ -512,6 +513,16 @@ class RerankClient:
             windows=windows,
             device=snapshot.device,
         )
+
+    def cancel(self, stream_id: str) -> CancelOutcome:
+        """Cancel a stream: every window not yet committed is committed as ``cancelled`` (its
+        rows' kind), at once, and never scored after; the stream then reads complete. Safe to
+        repeat: a second cancel, or one of a complete stream, commits nothing
+        (``producer.cancel``). Raises StreamNotFound for a stream that does not exist."""
+        check_stream_id(stream_id)
+        # One atomic write, then a give-back the sweep repeats if it is lost: safe to retry.
+        with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url):
+            return cancel_stream(self, stream_id)
 
     def progress(self, stream_ids: list[str]) -> dict[str, StreamProgress | None]:
         """How far each stream has come (windows admitted, committed, failed; failovers), read

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "demo": "rerankq.demo_command:demo",
     "submit": "rerankq.submit.command:submit",
     "status": "rerankq.status:status",
+    "cancel": "rerankq.cancel_command:cancel",
     "pull": "rerankq.pull:pull",
     "inspect": "rerankq.inspect:inspect",
     "config": "rerankq.config_command:config",

@@ -113,6 +113,7 @@ def counter_view(counters: dict[str, int]) -> dict[str, Any]:
         "windows_committed": counters.get("windows_committed", 0),
         "windows_failed": counters.get("windows_failed", 0),
         "windows_poisoned": counters.get("windows_poisoned", 0),
+        "windows_cancelled": counters.get("windows_cancelled", 0),
         "windows_redelivered": counters.get("windows_redelivered", 0),
         "failovers": counters.get("failovers", 0),
         "pair_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
@@ -200,7 +201,8 @@ def render(view: dict[str, Any]) -> None:
     rate = "-" if c["pair_cache_hit_rate"] is None else f"{c['pair_cache_hit_rate']:.1%}"
     out.print(
         f"counters: {c['windows_committed']} windows committed, {c['windows_failed']} failed, "
-        f"{c['windows_poisoned']} poisoned, {c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
+        f"{c['windows_poisoned']} poisoned, {c['windows_cancelled']} cancelled, "
+        f"{c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
         f"pair cache hit rate {rate}"
     )
     per_member = {

@@ -32,23 +32,39 @@ def words(document: str, heading: str | None = None) -> str:
     return ("… " if elided else "") + " ".join(body.split())
 
 
+#: The id column grows to the longest id on the page up to this; a longer id is cut (with …).
+MAX_ID_WIDTH = 48
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def page_lines(title: str, page: Page, *, width: int = 60, headings: dict[str, str] | None = None) -> list[str]:
+    # Each column as wide as its widest cell on this page, so every row's document starts
+    # where the header's does, whatever the ids, kinds and members.
+    kind_w = max([len("decision"), *(len(row.kind) for row in page.rows)])
+    served_w = max([len("served by"), 11, *(len(printable(row.served_by or "-")) for row in page.rows)])
+    id_w = min(MAX_ID_WIDTH, max([len("id"), 7, *(len(printable(row.id)) for row in page.rows)]))
+    win_w = max([3, *(len(str(row.window)) for row in page.rows)])
+    rank_w = max([4, *(len(str(row.rank)) for row in page.rows)])
     lines = [
         f"\n{title}  (offset {page.offset}, limit {page.limit}; {page.total} rows visible so far, "
         f"complete={page.complete})",
-        f"{'rank':>4}  {'score':>7}  {'final':>7}  {'decision':<8}  {'served by':<11}  {'win':>3}  {'id':<7}  document",
+        f"{'rank':>{rank_w}}  {'score':>7}  {'final':>7}  {'decision':<{kind_w}}  {'served by':<{served_w}}  "
+        f"{'win':>{win_w}}  {'id':<{id_w}}  document",
     ]
     for row in page.rows:
         score = "-" if row.score is None else f"{row.score:7.4f}"
         final = "-" if row.final_score is None else f"{row.final_score:7.4f}"
-        text = printable(words(row.decision.document, (headings or {}).get(row.id)))
-        text = text if len(text) <= width else text[: width - 1] + "…"
+        text = _cut(printable(words(row.decision.document, (headings or {}).get(row.id))), width)
         lines.append(
-            f"{row.rank:>4}  {score:>7}  {final:>7}  {row.kind:<8}  {printable(row.served_by or '-'):<11}  "
-            f"{row.window:>3}  {printable(row.id):<7}  {text}"
+            f"{row.rank:>{rank_w}}  {score:>7}  {final:>7}  {row.kind:<{kind_w}}  "
+            f"{printable(row.served_by or '-'):<{served_w}}  {row.window:>{win_w}}  "
+            f"{_cut(printable(row.id), id_w):<{id_w}}  {text}"
         )
         if row.kind == "failed" and row.reason:
-            lines.append(f"{'':>4}  reason: {printable(row.reason)}")
+            lines.append(f"{'':>{rank_w}}  reason: {printable(row.reason)}")
     if page.pending_windows:
         lines.append(f"({page.pending_windows} window(s) still being scored)")
     return lines

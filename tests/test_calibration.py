@@ -331,6 +331,8 @@ def test_calibrate_writes_one_map_per_member_keyed_by_its_identity(calibrated):
         assert member.fit.pairs == 192 and member.fit.positives == 24 and member.method == "platt"
         assert member.fit.ece < member.fit.ece_raw
     assert SKEWED_LABEL in calibrated["stdout"] and "ECE raw" in calibrated["stdout"]
+    # It says how to use the file it wrote.
+    assert f"RERANKQ_CALIBRATION={calibrated['file']} rerankq worker" in calibrated["stdout"]
 
 
 def _open(

@@ -48,6 +48,7 @@ def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, t
         "total": 9,
         "done": 9,
         "resumed": 0,
+        "reopened": 0,
         "failed": 0,
         "skipped": 0,
         "in_flight": 0,
@@ -348,3 +349,70 @@ def test_job_lines_and_flags_set_every_stream_option(start_worker, base_env, tmp
     assert {spec.window_size for spec in specs.values()} == {10}
     assert streams["job2"] == "k_" + own_key  # a job's own key is used as it is
     assert streams["job0"] == "k_" + idempotency_key(json.loads(done.stdout)["run_id"], "job0")
+
+
+class Reader:
+    """A running command's stdout and stderr, read line by line as they come."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        import threading
+
+        self.process = process
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.threads = [
+            threading.Thread(target=self._read, args=(stream, into), daemon=True)
+            for stream, into in ((process.stdout, self.out), (process.stderr, self.err))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in iter(stream.readline, ""):
+            into.append(line)
+
+    def finish(self, timeout_s: float = 30) -> tuple[str, str]:
+        self.process.wait(timeout=timeout_s)
+        for thread in self.threads:
+            thread.join(timeout=5)
+        return "".join(self.out), "".join(self.err)
+
+
+def test_a_stopped_run_says_why_at_once_and_a_resume_counts_what_the_earlier_run_opened(
+    start_worker, base_env, tmp_path
+):
+    # No worker yet: the first run's streams wait in their queue.
+    env = fast_env(base_env)
+    jobs = make_jobs(3, candidates=8)
+    source = write_jsonl(tmp_path / "jobs.jsonl", jobs[:2], raw_lines={2: '{"id": "broken", "query": '})
+    out = tmp_path / "out.jsonl"
+    args = ["submit", str(source), "--out", str(out), "--progress-every", "0.1"]
+    run = Reader(
+        subprocess.Popen([str(RERANKQ), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+
+    # The bad line is reported while the jobs before it are still in flight, not at the end.
+    wait_for(lambda: any(f"{source}:3" in line for line in run.err), 30, "the bad line reported at once")
+    # The progress line says why nothing moves, every time.
+    wait_for(
+        lambda: sum("no live worker consumes queue" in line for line in run.out if line.startswith("progress:")) >= 2,
+        30,
+        "the reason in the progress lines",
+    )
+    run.process.send_signal(signal.SIGINT)
+    run.process.send_signal(signal.SIGINT)  # impatient: a second Ctrl-C at once
+    stdout, stderr = run.finish()
+    assert run.process.returncode == 130, stdout + stderr
+    assert "interrupted: 0 jobs written" in stdout
+    assert f"Resume with:\n  rerankq {' '.join(args)}" in stderr
+
+    # The line fixed and a worker up, the same command collects the two streams the first run
+    # opened (scored once, by this worker) and runs the third.
+    write_jsonl(source, jobs)
+    start_worker(env)
+    again = rerankq(args, env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 jobs written" in again.stdout
+    assert "2 of them opened by an earlier run" in again.stdout
+    assert sorted(line["id"] for line in read_jsonl(out)) == ["job0", "job1", "job2"]

@@ -236,3 +236,26 @@ def test_readme_quickstart_runs_as_written(tmp_path):
     assert "workers alive: 1 cpu" in out
     assert '"relevance_score"' in out
     assert (tmp_path / "reranked.jsonl").read_text().count('"id":"q1"') == 1
+
+
+def test_the_candidate_and_option_tables_are_the_structs():
+    from producer.reference import PAGE, render
+
+    assert render(PAGE.read_text()) == PAGE.read_text(), "docs/concepts.md is stale: python -m producer.reference"
+
+
+def test_the_command_line_page_names_every_command():
+    from rerankq import COMMANDS
+
+    page = (ROOT / "docs" / "command-line.md").read_text()
+    missing = [name for name in COMMANDS if f"rerankq {name}" not in page]
+    assert not missing, f"docs/command-line.md does not name: {missing}"
+
+
+def test_the_readme_install_table_names_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = README.read_text().split("| who | what to install |", 1)[1].split("\n\n", 1)[0]
+    missing = [name for name in extras if name != "dev" and f"rerankq[{name}" not in table]
+    assert not missing, f"README's install table does not name the extras {missing}"

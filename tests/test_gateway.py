@@ -455,6 +455,33 @@ def test_a_page_admits_deeper_windows_like_pull(deployment: Deployment) -> None:
     assert len(page["rows"]) == 25 and page["total"] == 30
 
 
+def test_delete_cancels_a_stream_once_for_its_own_tenant_only(deployment: Deployment) -> None:
+    candidates = [{"id": f"c{i}", "text": f"refund note {i}"} for i in range(30)]
+    stream_id = deployment.post(
+        "/v1/streams", {"query": "refund", "candidates": candidates, "window_size": 10, "first_windows": 1}
+    ).json()["stream_id"]
+    headers = {"Authorization": f"Bearer {deployment.keys['other']}"}
+    assert deployment.http.delete(f"/v1/streams/{stream_id}", headers=headers).status_code == 404
+    assert deployment.http.delete(f"/v1/streams/{stream_id}").status_code == 401
+    headers = {"Authorization": f"Bearer {deployment.keys['acme']}"}
+    unknown = deployment.http.delete("/v1/streams/s_" + "0" * 32, headers=headers)
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found"
+
+    cancelled = deployment.http.delete(f"/v1/streams/{stream_id}", headers=headers)
+    assert cancelled.status_code == 200, cancelled.text
+    body = cancelled.json()
+    assert body["stream_id"] == stream_id and body["n_windows"] == 3
+    assert {1, 2} <= set(body["cancelled_windows"])  # never admitted: only the first was sent
+    again = deployment.http.delete(f"/v1/streams/{stream_id}", headers=headers)
+    assert again.status_code == 200 and again.json()["cancelled_windows"] == []
+
+    page = deployment.get(f"/v1/streams/{stream_id}/page", offset=0, limit=30).json()
+    assert page["complete"] and page["total"] == 30
+    assert {row["decision"]["kind"] for row in page["rows"] if row["window"] >= 1} == {"cancelled"}
+    events = sse_events(deployment.get(f"/v1/streams/{stream_id}/events").text)
+    assert events[-1]["event"] == "complete"
+
+
 def test_stream_api_errors_name_the_field(deployment: Deployment) -> None:
     bad = deployment.post("/v1/streams", {"query": "q", "candidates": [{"id": "a", "text": "t"}, {"text": "no id"}]})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "candidates[1].id"
@@ -578,6 +605,7 @@ def test_openapi_describes_every_route(deployment: Deployment) -> None:
         "/v1/streams/{stream_id}/events",
     ):
         assert path in document["paths"]
+    assert "delete" in document["paths"]["/v1/streams/{stream_id}"]
     assert deployment.post("/tpu/v2/rerank", {}).status_code == 404  # only device queues are a route prefix
     schemas = document["components"]["schemas"]
     assert set(schemas["CohereV2Request"]["required"]) == {"model", "query", "documents"}

@@ -81,6 +81,7 @@ def routes() -> list[Route]:
         Route("/rerank", tei.rerank, methods=["POST"]),
         Route("/v1/streams", streams.open_stream, methods=["POST"]),
         Route("/v1/streams/{stream_id}", streams.read_status, methods=["GET"]),
+        Route("/v1/streams/{stream_id}", streams.cancel_stream, methods=["DELETE"]),
         Route("/v1/streams/{stream_id}/page", streams.read_page, methods=["GET"]),
         Route("/v1/streams/{stream_id}/events", streams.read_events, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from kernel.store import Snapshot
-from kernel.wire import Device, Failed, Filtered, Ranked
+from kernel.wire import Cancelled, Device, Failed, Filtered, Ranked
 from producer.gateway.problems import Problem
 from producer.options import StreamOptions, given
 
@@ -82,10 +82,10 @@ class Scored:
 
 
 def failure(snapshot: Snapshot) -> str | None:
-    """The reason of the first failed window, or None when every window was scored."""
+    """The reason of the first failed (or cancelled) window, or None when every window was scored."""
     for window in sorted(snapshot.results):
         result = snapshot.results[window]
-        if any(isinstance(d, Failed) for d in result.decisions):
+        if any(isinstance(d, (Failed, Cancelled)) for d in result.decisions):
             return result.reason or "every chain member failed"
     return None
 

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from kernel.wire import Page, StreamStatus
+from producer.cancel import CancelOutcome
 from producer.gateway.cohere import CohereError, CohereResponse, CohereV1Request, CohereV2Request
 from producer.gateway.problems import STREAM_HEADER
 from producer.gateway.service import DEVICE_HEADER, TIMEOUT_HEADER
@@ -78,6 +79,7 @@ def openapi_document() -> dict[str, Any]:
         Page,
         StreamStatus,
         StreamError,
+        CancelOutcome,
     )
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     (
@@ -93,6 +95,7 @@ def openapi_document() -> dict[str, Any]:
         page,
         status,
         stream_error,
+        cancelled,
     ) = schemas
     cohere_codes = {
         400: "invalid request",
@@ -149,7 +152,15 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "a stream's windows (RerankClient.status)",
                 "parameters": [stream_param],
                 "responses": {"200": _json(status), **_errors(stream_error, {404: "no such stream"})},
-            }
+            },
+            "delete": {
+                "summary": "cancel a stream (RerankClient.cancel): its uncommitted windows commit as cancelled",
+                "parameters": [stream_param],
+                "responses": {
+                    "200": _json(cancelled, "cancelled (none again: it is idempotent)"),
+                    **_errors(stream_error, {404: "no such stream"}),
+                },
+            },
         },
         "/v1/streams/{stream_id}/page": {
             "get": {

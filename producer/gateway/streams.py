@@ -9,6 +9,9 @@
   committed prefix, ``total``, ``complete``, ``pending_windows``), admitting deeper windows
   when the committed ones cannot fill it, and waiting up to ``wait`` seconds for them.
 - ``GET /v1/streams/{id}`` is ``status``.
+- ``DELETE /v1/streams/{id}`` is ``cancel``: every window not yet committed is committed as
+  ``cancelled``, and the answer is 200 ``{"stream_id", "cancelled_windows", "n_windows"}``;
+  again, or on a complete stream, it cancels nothing and answers the same way (idempotent).
 - ``GET /v1/streams/{id}/events`` is a Server-Sent Events stream: ``commit`` (a window's
   status, with the event-log id as the SSE id, so ``Last-Event-ID`` resumes), then
   ``complete`` once every window has committed (or ``gone`` if the stream expired).
@@ -33,10 +36,13 @@ from starlette.responses import Response, StreamingResponse
 
 from kernel.errors import IdempotencyConflict, StoreError, ValidationError
 from kernel.ids import check_idempotency_key
+from kernel.logs import get_logger
 from producer.gateway.limits import read_body
 from producer.gateway.problems import STREAM_HEADER, Problem, decode
 from producer.gateway.service import Gateway, endpoint
 from producer.options import StreamOptions, given
+
+log = get_logger("rerankq.gateway")
 
 _EVENT_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
@@ -162,6 +168,19 @@ async def read_status(request: Request) -> Response:
     stream_id = request.path_params["stream_id"]
     await gateway.bridge.check_owner(principal, stream_id)
     return _json(await gateway.bridge.status(stream_id), stream_id=stream_id)
+
+
+@endpoint(render)
+async def cancel_stream(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    principal = gateway.principal(request)
+    stream_id = request.path_params["stream_id"]
+    await gateway.bridge.check_owner(principal, stream_id)
+    outcome = await gateway.bridge.blocking(gateway.bridge.client.cancel, stream_id)
+    log.info(
+        "gateway_stream_cancelled", stream=stream_id, tenant=principal.tenant, windows=len(outcome.cancelled_windows)
+    )
+    return _json(outcome, stream_id=stream_id)
 
 
 @endpoint(render)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,55 +142,87 @@ def submit(
     from rerankq.submit.progress import Tally, display
     from rerankq.submit.runner import Plan, Runner
 
-    with tempfile.TemporaryDirectory(prefix="rerankq-submit-") as scratch, client() as rerank:
-        ledger = Ledger(Path(scratch))
-        output = Output(out_path, fmt, tag=tag)
-        try:
-            ledger.add_done(output.resume())
-        except OutputError as exc:
-            raise click.ClickException(str(exc)) from None
-        lookup = None
-        if queries is not None and docs is not None:
-            from rerankq.submit.lookup import Lookup
-            from rerankq.submit.trec import count_queries, trec_jobs
+    runner: Runner | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="rerankq-submit-") as scratch, client() as rerank:
+            ledger = Ledger(Path(scratch))
+            output = Output(out_path, fmt, tag=tag)
+            try:
+                ledger.add_done(output.resume())
+            except OutputError as exc:
+                raise click.ClickException(str(exc)) from None
+            lookup = None
+            if queries is not None and docs is not None:
+                from rerankq.submit.lookup import Lookup
+                from rerankq.submit.trec import count_queries, trec_jobs
 
-            lookup = Lookup(queries, docs, Path(scratch))
-            total = count_queries(input_path)
-            from producer.budget import required_depth
+                lookup = Lookup(queries, docs, Path(scratch))
+                total = count_queries(input_path)
+                from producer.budget import required_depth
 
-            # Only the candidates that will be reranked are looked up in the corpus.
-            jobs: Iterator[Any] = trec_jobs(input_path, lookup, depth=depth or required_depth(keep or 10))
-        else:
-            total = count_lines(input_path)
-            jobs = jsonl_jobs(input_path)
-        if fmt == "trec":
-            jobs = trec_safe(jobs)
-        plan = Plan(
-            open_options=open_options,
-            depth=depth,
-            max_in_flight=max_in_flight,
-            on_error=on_error,
-            run_id=identity,
-            default_window_size=rerank.settings.streams.window_size,
+                # Only the candidates that will be reranked are looked up in the corpus.
+                jobs: Iterator[Any] = trec_jobs(input_path, lookup, depth=depth or required_depth(keep or 10))
+            else:
+                total = count_lines(input_path)
+                jobs = jsonl_jobs(input_path)
+            if fmt == "trec":
+                jobs = trec_safe(jobs)
+            plan = Plan(
+                open_options=open_options,
+                depth=depth,
+                max_in_flight=max_in_flight,
+                on_error=on_error,
+                run_id=identity,
+                default_window_size=rerank.settings.streams.window_size,
+            )
+            tally = Tally(total=total)
+            try:
+                output.open()
+            except OutputError as exc:
+                raise click.ClickException(str(exc)) from None
+            runner = Runner(
+                rerank, jobs, output, ledger, plan, tally, display(as_json=as_json, every_s=progress_every, quiet=quiet)
+            )
+            try:
+                outcome = runner.run()
+            except KeyboardInterrupt:
+                # A second Ctrl-C stops the loop at once; the summary and the resume line still come.
+                outcome = runner.outcome
+                outcome.interrupted = True
+            finally:
+                output.close()
+                ledger.close()
+                if lookup is not None:
+                    lookup.close()
+    except KeyboardInterrupt:
+        # Ctrl-C while the input or the output was read, before any job was opened (or while
+        # the output closed): the summary and the resume line all the same.
+        from rerankq.submit.runner import Outcome
+
+        outcome = runner.outcome if runner is not None else Outcome()
+        outcome.interrupted = True
+        if runner is None:
+            with ignoring_interrupts():
+                return summarise(outcome, Tally(total=0), out_path, identity, as_json=as_json, in_flight=0)
+        tally = runner.tally
+    # Ctrl-C from here on would cut the summary short, and it is what the user pressed it for.
+    with ignoring_interrupts():
+        return summarise(
+            outcome, tally, out_path, identity, as_json=as_json, in_flight=len(runner.in_flight) + len(runner.opening)
         )
-        tally = Tally(total=total)
-        try:
-            output.open()
-        except OutputError as exc:
-            raise click.ClickException(str(exc)) from None
-        runner = Runner(
-            rerank, jobs, output, ledger, plan, tally, display(as_json=as_json, every_s=progress_every, quiet=quiet)
-        )
-        try:
-            outcome = runner.run()
-        finally:
-            output.close()
-            ledger.close()
-            if lookup is not None:
-                lookup.close()
-    return summarise(
-        outcome, tally, out_path, identity, as_json=as_json, in_flight=len(runner.in_flight) + len(runner.opening)
-    )
+
+
+@contextlib.contextmanager
+def ignoring_interrupts() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are the host's
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_identity(paths: list[Path], options: dict[str, Any]) -> str:
@@ -250,6 +284,7 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
                     "total": tally.total,
                     "done": tally.done,
                     "resumed": tally.resumed,
+                    "reopened": tally.reopened,
                     "failed": tally.failed,
                     "skipped": tally.skipped,
                     "in_flight": in_flight,
@@ -280,8 +315,13 @@ def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json:
         if status
         else "done"
     )
+    reopened = (
+        f" ({tally.reopened} of them opened by an earlier run, collected without scoring them again)"
+        if tally.reopened
+        else ""
+    )
     say(
-        f"{ended}: {tally.done} jobs written to {out_path} in {elapsed:.1f} s "
+        f"{ended}: {tally.done} jobs written to {out_path}{reopened} in {elapsed:.1f} s "
         f"({tally.done / elapsed:.1f} jobs/s); {tally.resumed} were there from an earlier run; {tally.failed} failed, "
         f"{tally.skipped} skipped; {tally.windows_committed} windows, {tally.failovers} failovers; run id {run_id}"
     )

@@ -14,6 +14,7 @@ class Tally:
     total: int
     resumed: int = 0  # jobs the output held before this run
     opened: int = 0  # streams opened (or found opened) by this run
+    reopened: int = 0  # of those, streams an earlier run had opened (collected, not scored again)
     done: int = 0  # jobs written by this run
     failed: int = 0  # jobs with a failed window, or that could not finish
     lost: int = 0  # of those, jobs that could not finish (not in the output)
@@ -28,6 +29,8 @@ class Tally:
     #: Why members were passed over, from the windows of the first few jobs that failed over.
     failover_reasons: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
+    #: Why the jobs in flight do not move (no live worker for their device), repeated each line.
+    warning: str | None = None
 
     @property
     def elapsed(self) -> float:
@@ -49,6 +52,7 @@ class Tally:
             + (f", {self.resumed} from an earlier run" if self.resumed else "")
             + f"), {self.in_flight} in flight; windows {self.windows_committed}/{self.windows_total} committed; "
             f"{self.pairs / self.elapsed:.0f} pairs/s; {self.failovers} failovers; eta {clock(eta)}"
+            + (f"; waiting: {self.warning}" if self.warning else "")
         )
 
 
@@ -76,6 +80,10 @@ class PlainDisplay:
             self._last = now
             self.stream.write(f"progress: {tally.line()}\n")
             self.stream.flush()
+
+    def note(self, text: str) -> None:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
     def __exit__(self, *exc: object) -> None:
         pass
@@ -115,7 +123,7 @@ class RichDisplay:
         detail = (
             f"{tally.in_flight} in flight · {tally.windows_committed}/{tally.windows_total} windows · "
             f"{tally.pairs / tally.elapsed:.0f} pairs/s · {tally.failed} failed · {tally.skipped} skipped · "
-            f"{tally.failovers} failovers"
+            f"{tally.failovers} failovers" + (f" · waiting: {tally.warning}" if tally.warning else "")
         )
         eta = clock(tally.eta_s())
         # What the columns before the detail take (rich puts one space between columns); the
@@ -125,6 +133,10 @@ class RichDisplay:
         if len(detail) > room:
             detail = detail[: max(0, room - 1)].rstrip(" ·") + "…" if room > 1 else ""
         self.progress.update(self.task, total=tally.total, completed=tally.resumed + tally.done, detail=detail, eta=eta)
+
+    def note(self, text: str) -> None:
+        sys.stderr.write(text + "\n")  # rich's live display prints it above the bar
+        sys.stderr.flush()
 
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(None, None, None)
@@ -136,6 +148,10 @@ class NoDisplay:
 
     def update(self, tally: Tally) -> None:
         pass
+
+    def note(self, text: str) -> None:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
     def __exit__(self, *exc: object) -> None:
         pass

@@ -81,6 +81,7 @@ class Flight:
     failovers: int = 0
     pairs: int = 0
     nudged: bool = False
+    device: str = "cpu"
 
 
 @dataclass
@@ -114,7 +115,7 @@ class Runner:
         self.display = display
         self.outcome = Outcome()
         self.in_flight: dict[str, Flight] = {}
-        self.opening: dict[Future[str], tuple[Job, int]] = {}
+        self.opening: dict[Future[Any], tuple[Job, int]] = {}
         self.exhausted = False
         self._pause = FIRST_PAUSE_S
         self._failover_samples = 0
@@ -138,6 +139,8 @@ class Runner:
                         if full:
                             next_full_poll = time.monotonic() + FULL_POLL_S
                         finished = self._collect(full=full)
+                        if full:
+                            self._check_served()
                         self._pause = FIRST_PAUSE_S if finished else min(LONGEST_PAUSE_S, self._pause * 2)
                         next_poll = time.monotonic() + self._pause
                         display.update(self.tally)
@@ -224,7 +227,7 @@ class Runner:
         windows = max(1, -(-len(candidates) // window_size) if isinstance(window_size, int) and window_size > 0 else 1)
         # Every window is sent at once unless told otherwise; a job's own key is used as it is.
         options = {"first_windows": windows, "idempotency_key": idempotency_key(self.plan.run_id, job.id), **options}
-        opening = self._openers.submit(self.rerank.open, job.query, candidates, **options)
+        opening = self._openers.submit(self.rerank.open_stream, job.query, candidates, options)
         self.opening[opening] = (job, windows)
 
     def _opened(self) -> None:
@@ -233,9 +236,9 @@ class Runner:
             job, windows = self.opening.pop(opening)
             self._take(job, windows, opening)
 
-    def _take(self, job: Job, windows: int, opening: Future[str]) -> None:
+    def _take(self, job: Job, windows: int, opening: Future[Any]) -> None:
         try:
-            stream = opening.result()
+            opened = opening.result()
         except TooShallow as exc:
             # The command line's words for the opt-out, not the Python argument's.
             self._bad(
@@ -269,14 +272,26 @@ class Runner:
         except StoreError as exc:
             self.outcome.fatal = store_trouble(exc)
             return
-        self.in_flight[stream] = Flight(job_id=job.id, query=job.query, place=f"{job.file}:{job.line}", windows=windows)
+        device = {**self.plan.open_options, **job.options}.get("device") or "cpu"
+        self.in_flight[opened.stream_id] = Flight(
+            job_id=job.id, query=job.query, place=f"{job.file}:{job.line}", windows=windows, device=device
+        )
         self.tally.opened += 1
+        if not opened.created:
+            self.tally.reopened += 1  # an earlier run opened it: collected, not scored again
         self.tally.in_flight = len(self.in_flight)
         self.tally.windows_total += windows
 
     def _bad(self, bad: BadLine) -> None:
         if self.plan.on_error == "stop":
             # Opens run side by side, so a later line can be found bad first: report the earliest.
+            if self.outcome.stopped_at is None:
+                # Said now, not after the jobs in flight complete (which can take long).
+                waiting = len(self.in_flight) + len(self.opening)
+                self.display.note(
+                    f"bad line, run stopped: {bad}"
+                    + (f"; waiting for the {waiting} job(s) in flight to be written" if waiting else "")
+                )
             if self.outcome.stopped_at is None or bad.line < self.outcome.stopped_at.line:
                 self.outcome.stopped_at = bad
             return
@@ -334,6 +349,16 @@ class Runner:
             finished += 1
         self.tally.in_flight = len(self.in_flight)
         return finished
+
+    def _check_served(self) -> None:
+        """Why the streams in flight do not move, when no live worker consumes a device queue
+        they wait in: kept in the tally, so every progress line repeats it (cached by the client)."""
+        devices = sorted({flight.device for flight in self.in_flight.values()})
+        try:
+            warnings = [w for w in (self.rerank.unserved_warning(d) for d in devices) if w]
+        except StoreError:
+            return  # the next poll says what is wrong with Redis
+        self.tally.warning = "; ".join(warnings) or None
 
     def _note_servers(self, stream_id: str, page: Any, failovers: int) -> None:
         """Who served the job's windows, and (for the first few jobs that failed over) why the

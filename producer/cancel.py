@@ -1,0 +1,83 @@
+"""Cancelling a stream: every window not yet committed is committed as ``cancelled``.
+
+The windows are written in one ``store.lua`` call, so a stream is cancelled whole or not at all;
+from then on a worker that begins one of its windows finds it committed and skips it (no
+provider is called), and one that was scoring a window when the cancel came loses the commit
+race (a window is committed once, never rewritten). The stream then reads complete: its pages
+hold the rows committed before the cancel, then the cancelled ones, in fusion order.
+
+The cancelled windows' fair share (``kernel.fair_share``) is given back in a second call, on
+the device's ledger (another Cluster slot), and whatever that releases of other streams is
+sent; if that call fails, the sweep finds the shares of committed windows and gives them back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from kernel.fair_share import LEDGER_ERRORS, member, send_released
+from kernel.logs import get_logger
+from kernel.wire import Cancelled, Candidate, WindowResult
+
+if TYPE_CHECKING:
+    from producer.client import RerankClient
+
+log = get_logger("rerankq.producer")
+
+CANCELLED_REASON = "cancelled"
+
+
+class CancelOutcome(msgspec.Struct, frozen=True):
+    """What a cancel did: the windows it committed as cancelled (none when the stream was
+    complete or cancelled already) and the stream's window count."""
+
+    stream_id: str
+    cancelled_windows: list[int]
+    n_windows: int
+
+
+def cancelled_result(window: int, start: int, candidates: list[Candidate], now: float) -> WindowResult:
+    decisions = [
+        Cancelled(id=c.id, index=start + i, document=c.text, reason=CANCELLED_REASON) for i, c in enumerate(candidates)
+    ]
+    return WindowResult(
+        window=window,
+        start=start,
+        end=start + len(candidates),
+        served_by=None,
+        passthrough=False,
+        attempts=0,
+        committed_at=now,
+        decisions=list(decisions),
+        reason=CANCELLED_REASON,
+    )
+
+
+def cancel_stream(client: RerankClient, stream_id: str) -> CancelOutcome:
+    store = client.store
+    snapshot = store.snapshot(stream_id)
+    open_windows = [w for w in range(snapshot.n_windows) if w not in snapshot.results]
+    results = []
+    if open_windows:
+        candidates = store.load_candidates(stream_id, 0, snapshot.n_candidates)
+        now = time.time()
+        for window in open_windows:
+            start, end = snapshot.bounds(window)
+            results.append(cancelled_result(window, start, candidates[start:end], now))
+    written = store.cancel(stream_id, results)
+    if written:
+        try:
+            released = client.fair_share.done(snapshot.device, [member(stream_id, w) for w in written])
+            send_released(client.dispatcher, snapshot.device, released)
+        except LEDGER_ERRORS as exc:
+            log.warning(
+                "fair_share_not_given_back",
+                stream=stream_id,
+                error=type(exc).__name__,
+                recovery="the workers' sweep gives it back",
+            )
+    log.info("stream_cancelled", stream=stream_id, windows=len(written))
+    return CancelOutcome(stream_id=stream_id, cancelled_windows=written, n_windows=snapshot.n_windows)
