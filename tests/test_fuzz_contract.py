@@ -18,6 +18,7 @@ from conftest import namespace_keys
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from kernel.ids import check_idempotency_key
 from kernel.keys import Keys, shard_tag
 from kernel.settings import load_settings
 from kernel.wire import (
@@ -31,7 +32,7 @@ from kernel.wire import (
     window_result_decoder,
 )
 from producer import ValidationError
-from producer.validation import check_idempotency_key, check_stream_id
+from producer.validation import check_stream_id
 
 FUZZ = settings(
     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")),

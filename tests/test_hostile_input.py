@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from conftest import make_candidates
 
+from kernel.ids import check_idempotency_key
 from kernel.wire import Boosts, Candidate, TimeRange
 from producer import ConfigError, ValidationError, load_settings
-from producer.validation import MAX_NESTING_DEPTH, check_idempotency_key, check_stream_id
+from producer.validation import MAX_NESTING_DEPTH, check_stream_id
 
 SURROGATE = "\ud800"  # what json.loads('"\\ud800"') returns
 UTC = dt.timezone.utc
