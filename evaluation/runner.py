@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.trec import Collection
+from kernel import stream_defaults
 from kernel.limits import REMOTE_PASSAGE_TOKENS
 from kernel.settings import MemberSettings
 from kernel.wire import Failed, Filtered, Ranked
 from producer import RerankClient, load_settings
-from producer.options import DEFAULT_MAX_PASSAGES
 
 #: The chain profile that forces member ``i``: RERANKQ_CHAIN_EVAL<i>=<i>.
 PROFILE_PREFIX = "eval"
@@ -240,7 +240,7 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
             # One window holds a query's whole depth, every passage of it too, each with its header.
             env.setdefault(
                 "RERANKQ_MAX_WINDOW_PASSAGE_TOKENS",
-                str(max(1_048_576, max_depth * DEFAULT_MAX_PASSAGES * 2 * REMOTE_PASSAGE_TOKENS)),
+                str(max(1_048_576, max_depth * stream_defaults.MAX_PASSAGES * 2 * REMOTE_PASSAGE_TOKENS)),
             )
             for index in members:
                 env[f"RERANKQ_CHAIN_{profile_name(index).upper()}"] = str(index)

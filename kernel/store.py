@@ -18,6 +18,7 @@ from kernel.redis_clients import BLOCK_CHUNK_S as BLOCK_CHUNK_S
 from kernel.redis_clients import MIN_REDIS_VERSION as MIN_REDIS_VERSION
 from kernel.redis_clients import server_version as server_version
 from kernel.redis_clients import store_client
+from kernel.windows import window_count
 from kernel.wire import (
     Candidate,
     Device,
@@ -60,7 +61,7 @@ class Snapshot(msgspec.Struct):
 
     @property
     def n_windows(self) -> int:
-        return -(-self.n_candidates // self.window_size)
+        return window_count(self.n_candidates, self.window_size)
 
     def bounds(self, window: int) -> tuple[int, int]:
         start = window * self.window_size

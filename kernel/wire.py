@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from kernel import stream_defaults
+from kernel.windows import window_count
+
 Device = Literal["cpu", "gpu", "any"]
 #: Which lane of its device queue a stream's windows wait in: a worker takes every waiting
 #: interactive window before any batch one (``kernel.broker_queues``).
@@ -113,8 +116,8 @@ class StreamSpec(Base, frozen=True):
     reference_time: dt.datetime | None = None
     query_range: TimeRange | None = None
     strategy_boosts: dict[str, BudgetLevel] = {}
-    document_budget: int = 2048
-    ttl_s: int = 3600
+    document_budget: int = stream_defaults.DOCUMENT_BUDGET
+    ttl_s: int = stream_defaults.STREAM_TTL_S
     n_candidates: int = 0
     # The stream's instruction: sentence-transformers' ``prompt`` for an instruction-aware
     # reranker, passed on to a remote member whose API takes one.
@@ -125,8 +128,8 @@ class StreamSpec(Base, frozen=True):
     passage_tokens: int | None = None
     passage_stride: int | None = None
     passage_aggregate: PassageAggregate = "max"
-    passage_top_k: int = 3
-    max_passages: int = 32
+    passage_top_k: int = stream_defaults.PASSAGE_TOP_K
+    max_passages: int = stream_defaults.MAX_PASSAGES
 
 
 # -- decisions ---------------------------------------------------------------
@@ -391,7 +394,7 @@ class StreamProgress(Base, frozen=True):
 
     @property
     def n_windows(self) -> int:
-        return -(-self.n_candidates // self.window_size)
+        return window_count(self.n_candidates, self.window_size)
 
     @property
     def complete(self) -> bool:

@@ -26,7 +26,6 @@ from kernel.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_repl
 from kernel.settings import Settings, load_settings
 from kernel.store import Admitted, Snapshot, Store, connect
 from kernel.wire import (
-    Boosts,
     Candidate,
     Lane,
     Page,
@@ -40,9 +39,10 @@ from kernel.wire import (
 )
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
 from producer.cancel import CancelOutcome, cancel_stream
-from producer.options import DEFAULT_MAX_PASSAGES, DEFAULT_PASSAGE_TOP_K, takes_stream_options
+from producer.options import takes_stream_options
 from producer.pages import build_page
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
+from producer.stream_spec import resolve_spec
 from producer.validation import (
     check_candidates,
     check_options,
@@ -227,7 +227,6 @@ class RerankClient:
         chosen = check_options(options)
         check_query(query)
         first_windows = chosen.first_windows or 1
-        device = chosen.device or "cpu"
         lane: Lane = chosen.lane or "interactive"
         key = chosen.idempotency_key
         stream_id = "k_" + key if key is not None else "s_" + uuid.uuid4().hex
@@ -248,36 +247,7 @@ class RerankClient:
         )
         items = budgeted.kept
         settings = self.settings
-        spec = check_spec(
-            StreamSpec(
-                query=query,
-                window_size=chosen.window_size if chosen.window_size is not None else settings.streams.window_size,
-                device=device,
-                min_score=chosen.min_score if chosen.min_score is not None else settings.streams.min_score,
-                min_final_score=chosen.min_final_score
-                if chosen.min_final_score is not None
-                else settings.streams.min_final_score,
-                chain=chosen.chain,
-                tenant=chosen.tenant,
-                boosts=chosen.boosts or Boosts(),
-                reference_time=chosen.reference_time or dt.datetime.now(dt.timezone.utc),
-                query_range=chosen.query_range,
-                strategy_boosts=dict(limits.strategy_boosts),
-                document_budget=chosen.document_budget
-                if chosen.document_budget is not None
-                else settings.streams.document_budget,
-                ttl_s=chosen.ttl_s if chosen.ttl_s is not None else settings.streams.stream_ttl_s,
-                n_candidates=len(items),
-                instruction=chosen.instruction,
-                long_documents=chosen.long_documents or "excerpt",
-                passage_tokens=chosen.passage_tokens,
-                passage_stride=chosen.passage_stride,
-                passage_aggregate=chosen.passage_aggregate or "max",
-                passage_top_k=chosen.passage_top_k or DEFAULT_PASSAGE_TOP_K,
-                max_passages=chosen.max_passages or DEFAULT_MAX_PASSAGES,
-            ),
-            settings,
-        )
+        spec = check_spec(resolve_spec(query, chosen, settings, n_candidates=len(items), limits=limits), settings)
         costs = window_costs(spec, items)
         check_window_costs(spec, costs, settings)
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)

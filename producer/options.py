@@ -24,6 +24,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from msgspec import Meta
 
+from kernel import stream_defaults
 from kernel.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
 from kernel.limits import MAX_PASSAGES, MIN_PASSAGE_TOKENS
 from kernel.settings.types import Probability, StreamTtl
@@ -33,9 +34,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: An instruction rides in every pair sent to a model: a few sentences, not a document.
 MAX_INSTRUCTION_CHARS = 2000
-#: What the stream options default to when not given.
-DEFAULT_MAX_PASSAGES = 32
-DEFAULT_PASSAGE_TOP_K = 3
 
 Token = Annotated[str, Meta(pattern=TOKEN_PATTERN)]
 
@@ -214,14 +212,14 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     ] = None
     passage_top_k: Annotated[
         Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None,
-        Meta(description="k of passage_aggregate=sum_top_k  [default: 3]"),
+        Meta(description=f"k of passage_aggregate=sum_top_k  [default: {stream_defaults.PASSAGE_TOP_K}]"),
     ] = None
     max_passages: Annotated[
         Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None,
         Meta(
             description=f"passages per document at most, the first ones kept; at most {MAX_PASSAGES}, and "
             "window_size x max_passages x passage_tokens at most RERANKQ_MAX_WINDOW_PASSAGE_TOKENS  "
-            "[default: 32]"
+            f"[default: {stream_defaults.MAX_PASSAGES}]"
         ),
     ] = None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kernel.errors import WindowFailed
 from kernel.store import Snapshot
+from kernel.windows import window_count
 from kernel.wire import Failed, Filtered, Omitted, Page, Row
 
 # Rows that take no page slot and are not counted in the total.
@@ -66,4 +67,4 @@ def _windows_to_admit(snapshot: Snapshot, prefix: int, missing_rows: int) -> int
     short = missing_rows - potential
     if short <= 0:
         return snapshot.admitted
-    return min(snapshot.n_windows, snapshot.admitted + -(-short // snapshot.window_size))
+    return min(snapshot.n_windows, snapshot.admitted + window_count(short, snapshot.window_size))

@@ -46,6 +46,26 @@ def _bounds(kind: Any) -> list[str]:
     return out
 
 
+#: Types whose name in a table is fixed, with the limits each always states.
+_PLAIN: tuple[tuple[type, str, list[str]], ...] = (
+    (mi.BoolType, "bool", []),
+    (mi.DateTimeType, "datetime", ["RFC 3339"]),
+    (mi.DictType, "mapping", []),
+    (mi.AnyType, "any", []),
+)
+
+
+def _str_limits(kind: mi.StrType) -> list[str]:
+    limits = []
+    if kind.pattern in _PATTERN_LIMITS:
+        limits.append(_PATTERN_LIMITS[kind.pattern])
+    elif kind.pattern is not None:
+        limits.append(f"matches `{kind.pattern}`")
+    if kind.min_length is not None or kind.max_length is not None:
+        limits.append(f"{kind.min_length or 0}-{kind.max_length} characters")
+    return limits
+
+
 def _shape(kind: Any, literals: dict[frozenset[Any], tuple[Any, ...]]) -> tuple[str, list[str]]:
     """A type's name in a table, and the limits it states."""
     if isinstance(kind, mi.Metadata):
@@ -57,32 +77,18 @@ def _shape(kind: Any, literals: dict[frozenset[Any], tuple[Any, ...]]) -> tuple[
     if isinstance(kind, mi.LiteralType):
         values = literals.get(frozenset(kind.values), kind.values)
         return " \\| ".join(f"`{v}`" for v in values), []
-    if isinstance(kind, mi.IntType):
-        return "int", _bounds(kind)
-    if isinstance(kind, mi.FloatType):
-        return "float", _bounds(kind)
-    if isinstance(kind, mi.BoolType):
-        return "bool", []
+    if isinstance(kind, (mi.IntType, mi.FloatType)):
+        return ("int" if isinstance(kind, mi.IntType) else "float"), _bounds(kind)
     if isinstance(kind, mi.StrType):
-        limits = []
-        if kind.pattern in _PATTERN_LIMITS:
-            limits.append(_PATTERN_LIMITS[kind.pattern])
-        elif kind.pattern is not None:
-            limits.append(f"matches `{kind.pattern}`")
-        if kind.min_length is not None or kind.max_length is not None:
-            limits.append(f"{kind.min_length or 0}-{kind.max_length} characters")
-        return "str", limits
-    if isinstance(kind, mi.DateTimeType):
-        return "datetime", ["RFC 3339"]
+        return "str", _str_limits(kind)
     if isinstance(kind, mi.ListType):
         item, _ = _shape(kind.item_type, literals)
         return f"list of {item}", []
-    if isinstance(kind, mi.DictType):
-        return "mapping", []
     if isinstance(kind, mi.StructType):
         return kind.cls.__name__, []
-    if isinstance(kind, mi.AnyType):
-        return "any", []
+    for plain, name, limits in _PLAIN:
+        if isinstance(kind, plain):
+            return name, list(limits)
     return type(kind).__name__.removesuffix("Type").lower(), []
 
 

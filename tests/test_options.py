@@ -20,9 +20,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_candidates
 
-from producer import RerankClient, ValidationError
+from kernel.wire import StreamSpec
+from producer import RerankClient, ValidationError, load_settings
 from producer.gateway.openapi import openapi_document
 from producer.options import StreamOptions, description, option_types
+from producer.stream_spec import resolve_spec
 from rerankq.submit.command import submit
 from rerankq.submit.jobs import BadLine, Job, JobLine, jsonl_jobs
 
@@ -232,3 +234,24 @@ def test_a_field_added_to_stream_options_reaches_every_surface(base_env, tmp_pat
     assert shown.returncode == 0, shown.stderr
     assert "--colour TEXT" in shown.stdout
     assert "the colour of a stream, an option this test adds" in " ".join(shown.stdout.split())
+
+
+def test_an_option_not_given_takes_its_setting_or_the_stated_default() -> None:
+    settings = load_settings({}, window_size=7, min_score=0.2, stream_ttl_s=60, document_budget=500)
+    spec = resolve_spec("q", StreamOptions(), settings, n_candidates=3)
+    assert (spec.window_size, spec.min_score, spec.ttl_s, spec.document_budget) == (7, 0.2, 60, 500)
+    assert (spec.device, spec.long_documents, spec.passage_top_k, spec.max_passages) == ("cpu", "excerpt", 3, 32)
+    assert spec.n_candidates == 3 and spec.reference_time is not None
+    asked = StreamOptions(window_size=3, ttl_s=10, min_score=0.5, max_passages=4, long_documents="passages")
+    spec = resolve_spec("q", asked, settings)
+    assert (spec.window_size, spec.ttl_s, spec.min_score, spec.max_passages) == (3, 10, 0.5, 4)
+    assert spec.long_documents == "passages"
+
+
+def test_the_stream_defaults_are_the_settings_defaults() -> None:
+    settings = load_settings({})
+    spec = resolve_spec("q", StreamOptions(), settings)
+    assert spec.ttl_s == settings.streams.stream_ttl_s
+    assert spec.document_budget == settings.streams.document_budget
+    assert StreamSpec(query="q", window_size=1).ttl_s == settings.streams.stream_ttl_s
+    assert StreamSpec(query="q", window_size=1).document_budget == settings.streams.document_budget

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import structlog
 from celery import Celery, signals
 
@@ -11,6 +13,10 @@ from worker import card, envelope, remote_control  # noqa: F401 - registers the 
 from worker.metrics import MONITORING_OFF, Monitoring
 from worker.runtime import get_runtime, reset_runtime
 from worker.sweep import SweepTimer
+
+if TYPE_CHECKING:
+    from worker.metrics.health import WorkerHealth
+    from worker.metrics.recorder import Recorder
 
 log = structlog.get_logger("rerankq.task")
 
@@ -22,17 +28,39 @@ def create_app(
 ) -> Celery:
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
-    # Every message is checked before Celery acts on it (worker.message_door).
+    _guard_doors(app, settings)
+    recorder = monitoring.recorder
+    app.rerankq_recorder = recorder  # type: ignore[attr-defined] - read by the consumer's door
+    app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the doors and the remote-control command
+    score_window = _register_task(app, settings, recorder)
+
+    @signals.celeryd_init.connect(weak=False)
+    def _learn_hostname(sender: object = None, **_: object) -> None:
+        # The main process, before the pool forks: its children inherit the name for their cards.
+        if isinstance(sender, str):
+            card.set_hostname(sender)
+
+    if eager_runtime:
+        _load_runtime_at_start(settings, recorder)
+    if monitoring.health is not None:
+        _report_consumer_health(monitoring.health)
+    if sweep:
+        _sweep_from_main(settings, recorder)
+    app.score_window = score_window  # type: ignore[attr-defined]
+    return app
+
+
+def _guard_doors(app: Celery, settings: Settings) -> None:
+    """Every message is checked before Celery acts on it (worker.message_door)."""
     app.conf.broker_transport = envelope.guarded_transport(app.conf.broker_transport, settings.store.broker_kind)
     if settings.store.broker_kind == "amqp":
         app.conf.worker_consumer = "worker.amqp_check:AmqpConsumer"
     else:
         app.conf.worker_consumer = "worker.message_door:Consumer"
         envelope.guard_sentinel_failover()
-    recorder = monitoring.recorder
-    app.rerankq_recorder = recorder  # type: ignore[attr-defined] - read by the consumer's door
-    app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the doors and the remote-control command
 
+
+def _register_task(app: Celery, settings: Settings, recorder: Recorder) -> Any:
     # The door (worker.message_door) has checked the arguments: a real stream id, a window
     # number some stream could have; the store checks the window against the stream.
     # WindowRequest tells the store, from the main process, how each attempt ended.
@@ -49,11 +77,12 @@ def create_app(
             stream_id, window, delivery=str(self.request.id), takeover=trusts_redelivered and redelivered
         )
 
-    @signals.celeryd_init.connect(weak=False)
-    def _learn_hostname(sender: object = None, **_: object) -> None:
-        # The main process, before the pool forks: its children inherit the name for their cards.
-        if isinstance(sender, str):
-            card.set_hostname(sender)
+    return score_window
+
+
+def _load_runtime_at_start(settings: Settings, recorder: Recorder) -> None:
+    """Load the models before the first window: in each prefork child, or in the main process
+    of any other pool; publish the worker's card and keep it fresh."""
 
     def load_and_publish() -> None:
         runtime = get_runtime(settings, recorder)
@@ -61,49 +90,45 @@ def create_app(
         if name is not None:
             card.publish(runtime.store, name, card.describe(runtime))
 
-    if eager_runtime:
+    @signals.worker_process_init.connect(weak=False)
+    def _load_in_child(**_: object) -> None:
+        reset_runtime()
+        load_and_publish()
 
-        @signals.worker_process_init.connect(weak=False)
-        def _load_in_child(**_: object) -> None:
-            reset_runtime()
+    @signals.worker_ready.connect(weak=False)
+    def _load_in_main(sender: object = None, **_: object) -> None:
+        # prefork loads in each child instead; never in the parent that forks them.
+        pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
+        if "prefork" not in pool:
             load_and_publish()
+        name = card.hostname()
+        if name is not None:
+            # The queues this worker consumes, as Celery resolved them from --queues.
+            declared = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+            queues = list(getattr(declared, "consume_from", None) or {})
+            keeper = card.CardKeeper(settings, name, queues).start()
+            signals.worker_shutting_down.connect(lambda **_: keeper.request_stop(), weak=False)
 
-        @signals.worker_ready.connect(weak=False)
-        def _load_in_main(sender: object = None, **_: object) -> None:
-            # prefork loads in each child instead; never in the parent that forks them.
-            pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
-            if "prefork" not in pool:
-                load_and_publish()
-            name = card.hostname()
-            if name is not None:
-                # The queues this worker consumes, as Celery resolved them from --queues.
-                declared = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
-                queues = list(getattr(declared, "consume_from", None) or {})
-                keeper = card.CardKeeper(settings, name, queues).start()
-                signals.worker_shutting_down.connect(lambda **_: keeper.request_stop(), weak=False)
 
-    health = monitoring.health
-    if health is not None:
-        # worker_ready's sender is the consumer: /healthz asks it whether the broker is connected.
-        @signals.worker_ready.connect(weak=False)
-        def _consumer_up(sender: object = None, **_: object) -> None:
-            health.consumer_started(sender)
+def _report_consumer_health(health: WorkerHealth) -> None:
+    # worker_ready's sender is the consumer: /healthz asks it whether the broker is connected.
+    @signals.worker_ready.connect(weak=False)
+    def _consumer_up(sender: object = None, **_: object) -> None:
+        health.consumer_started(sender)
 
-        @signals.worker_shutting_down.connect(weak=False)
-        def _consumer_down(**_: object) -> None:
-            health.consumer_stopped()
+    @signals.worker_shutting_down.connect(weak=False)
+    def _consumer_down(**_: object) -> None:
+        health.consumer_stopped()
 
-    if sweep:
-        timer = SweepTimer(settings, recorder)
 
-        # The main process sweeps (worker_ready fires there only, after the pool forked).
-        @signals.worker_ready.connect(weak=False)
-        def _start_sweep(**_: object) -> None:
-            timer.start()
+def _sweep_from_main(settings: Settings, recorder: Recorder) -> None:
+    timer = SweepTimer(settings, recorder)
 
-        @signals.worker_shutting_down.connect(weak=False)
-        def _stop_sweep(**_: object) -> None:
-            timer.request_stop()  # no join: this runs inside a signal handler
+    # The main process sweeps (worker_ready fires there only, after the pool forked).
+    @signals.worker_ready.connect(weak=False)
+    def _start_sweep(**_: object) -> None:
+        timer.start()
 
-    app.score_window = score_window  # type: ignore[attr-defined]
-    return app
+    @signals.worker_shutting_down.connect(weak=False)
+    def _stop_sweep(**_: object) -> None:
+        timer.request_stop()  # no join: this runs inside a signal handler

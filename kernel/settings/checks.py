@@ -20,15 +20,29 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
     ``member_names``: the variable each member field was read from (member 0's may be
     ``RERANKQ_RERANKER_0_*``), so an error names what the user set.
     """
-    names = member_names or {}
-    streams, queues, store = settings.streams, settings.queues, settings.store
+    _check_window_size(settings)
+    _check_broker_timeouts(settings)
+    _check_profiles(settings)
+    _check_stream_defaults(settings)
+    _check_budget(settings)
+    _check_members(settings, member_names or {})
+    _check_urls(settings)
+    _check_gateway(settings)
+
+
+def _check_window_size(settings: Settings) -> None:
+    streams = settings.streams
     if streams.window_size > streams.max_window_size:
         raise ConfigError(
             variable("streams.window_size"),
             f"{streams.window_size} exceeds RERANKQ_MAX_WINDOW_SIZE={streams.max_window_size}",
         )
+
+
+def _check_broker_timeouts(settings: Settings) -> None:
     # A window's attempt is bounded by redeliver_after_s (its lease and time limit); a broker
     # timeout under that would hand a running window to a second worker. Each broker has its own.
+    queues, store = settings.queues, settings.store
     if store.broker_kind == "redis" and queues.visibility_timeout_s <= queues.redeliver_after_s:
         raise ConfigError(
             variable("queues.visibility_timeout_s"),
@@ -39,6 +53,9 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
             variable("queues.amqp_consumer_timeout_s"),
             f"must exceed RERANKQ_REDELIVER_AFTER_S={queues.redeliver_after_s} (RabbitMQ broker)",
         )
+
+
+def _check_profiles(settings: Settings) -> None:
     n_members = len(settings.chain.effective_members())
     for name, indexes in settings.chain.profiles.items():
         if not indexes or len(set(indexes)) != len(indexes) or not all(0 <= i < n_members for i in indexes):
@@ -52,7 +69,11 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
                 calibration_profile_variable(name),
                 f"names no chain profile ({chain_profile_variable(name)} is not set)",
             )
-    # Defaults of stream options: each within what a caller could ask for (the types hold the rest).
+
+
+def _check_stream_defaults(settings: Settings) -> None:
+    """Defaults of stream options: each within what a caller could ask for (the types hold the rest)."""
+    streams = settings.streams
     if streams.document_budget > streams.max_text_chars:
         raise ConfigError(
             variable("streams.document_budget"),
@@ -64,9 +85,9 @@ def check(settings: Settings, member_names: dict[tuple[int, str], str] | None = 
     ):
         if value is not None and not math.isfinite(value):
             raise ConfigError(variable(path), f"must be a finite number, got {value}")
-    _check_budget(settings)
-    _check_members(settings, names)
-    _check_urls(settings)
+
+
+def _check_gateway(settings: Settings) -> None:
     gateway = settings.gateway
     if gateway.timeout_s > gateway.max_timeout_s:
         raise ConfigError(

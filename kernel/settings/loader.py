@@ -88,100 +88,142 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
 def read_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Loaded:
     """``load_settings``, keeping where each value came from (what ``rerankq config`` prints)."""
     environ = os.environ if environ is None else environ
-    given: dict[str, tuple[Any, str]] = {}
     path = environ.get(CONFIG_FILE) or None
+    loaded = Loaded(settings=Settings(), file=path)
+    gathered = _Gathered()
+    for name, (value, source) in _given(environ, path).items():
+        _take_variable(gathered, loaded, name, value, source)
+    for key, value in overrides.items():
+        _take_override(gathered, loaded, key, value)
+    settings = Settings(**_sections(gathered, loaded))
+    check(settings, gathered.member_names)
+    loaded.settings = settings
+    return loaded
+
+
+@dataclass
+class _Gathered:
+    """What the file, the environment and the overrides said, before conversion."""
+
+    raw: dict[str, dict[str, Any]] = field(default_factory=lambda: {section: {} for section in SECTIONS})
+    member_raw: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The variable each member field was read from, to refuse member 0 given twice.
+    member_names: dict[tuple[int, str], str] = field(default_factory=dict)
+    profiles: dict[str, list[int]] = field(default_factory=dict)
+    calibration_profiles: dict[str, str] = field(default_factory=dict)
+    #: A whole section given as an override, and the members given as one.
+    chosen: dict[str, Any] = field(default_factory=dict)
+    members: list[MemberSettings] | None = None
+
+
+def _given(environ: Mapping[str, str], path: str | None) -> dict[str, tuple[Any, str]]:
+    """Every setting's name with its value and source; the environment wins over the file."""
+    given: dict[str, tuple[Any, str]] = {}
     if path:
         for name, value in _read_file(path).items():
             given[name] = (value, FILE)
     for name, value in environ.items():
-        if (
-            name.startswith(PREFIX)
-            and name != CONFIG_FILE
-            and name not in DEPLOYMENT_NAMES
-            and _IDENTIFIER.fullmatch(name)
-        ):
+        if _is_setting_name(name):
             given[name] = (value, ENVIRONMENT)
+    return given
 
-    raw: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
-    member_raw: dict[int, dict[str, Any]] = {}
-    profiles: dict[str, list[int]] = {}
-    calibration_profiles: dict[str, str] = {}
-    loaded = Loaded(settings=Settings(), file=path)
-    member_names: dict[tuple[int, str], str] = {}
-    for name, (value, source) in given.items():
-        if name in VARIABLES:
-            var = VARIABLES[name]
-            if value == "" and var.section in _BLANK_IS_UNSET:
-                continue
-            raw[var.section][var.field.name] = None if value == "" and var.field.nullable else value
-            loaded.sources[var.path], loaded.names[var.path] = source, name
-        elif (match := _MEMBER.fullmatch(name)) and match.group(2).lower() in MEMBER_FIELDS:
-            index, member_field = int(match.group(1) or 0), match.group(2).lower()
-            if (index, member_field) in member_names:
-                raise ConfigError(
-                    name,
-                    f"set as well as {member_names[index, member_field]}; both are member "
-                    f"{index}'s {member_field.upper()} (RERANKQ_RERANKER_0_* is member 0): "
-                    "set one",
-                )
-            member_names[index, member_field] = name
-            # Kept as given: an empty member value may mean something (INSTRUCTION_FIELD= is "none").
-            member_raw.setdefault(index, {})[member_field] = value
-            key = f"chain.members[{index}].{member_field}"
-            loaded.sources[key], loaded.names[key] = source, name
-        elif match := _PROFILE.fullmatch(name):
-            profiles[match.group(1).lower()] = _profile(name, value)
-            key = f"chain.profiles.{match.group(1).lower()}"
-            loaded.sources[key], loaded.names[key] = source, name
-        elif match := _CALIBRATION_PROFILE.fullmatch(name):
-            if value:
-                calibration_profiles[match.group(1).lower()] = str(value)
-            key = f"chain.calibration_profiles.{match.group(1).lower()}"
-            loaded.sources[key], loaded.names[key] = source, name
-        else:
-            raise ConfigError(name, unknown_message(name))
 
-    chosen: dict[str, Any] = {}
-    members: list[MemberSettings] | None = None
-    for key, value in overrides.items():
-        if key in SECTIONS:
-            chosen[key] = value
-        elif key == "members":
-            members = list(value)
-            loaded.sources["chain.members"] = OVERRIDE
-        elif key == "chain_profiles":
-            profiles = dict(value)
-            loaded.sources["chain.profiles"] = OVERRIDE
-        elif key == "calibration_profiles":
-            calibration_profiles = dict(value)
-            loaded.sources["chain.calibration_profiles"] = OVERRIDE
-        elif key in OVERRIDES:
-            section, _, name = OVERRIDES[key].partition(".")
-            raw[section][name] = value
-            loaded.sources[OVERRIDES[key]] = OVERRIDE
-        else:
-            close = difflib.get_close_matches(key, [*OVERRIDES, *SECTIONS, *FAMILIES], n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise TypeError(f"load_settings() got an unknown setting {key!r}{hint}")
+def _is_setting_name(name: str) -> bool:
+    return (
+        name.startswith(PREFIX)
+        and name != CONFIG_FILE
+        and name not in DEPLOYMENT_NAMES
+        and _IDENTIFIER.fullmatch(name) is not None
+    )
 
+
+def _take_variable(gathered: _Gathered, loaded: Loaded, name: str, value: Any, source: str) -> None:
+    """File it under its section's field, its member, or its profile; an unknown name is refused."""
+    if name in VARIABLES:
+        _take_field(gathered, loaded, name, value, source)
+    elif (match := _MEMBER.fullmatch(name)) and match.group(2).lower() in MEMBER_FIELDS:
+        _take_member_field(gathered, loaded, name, value, source, int(match.group(1) or 0), match.group(2).lower())
+    elif match := _PROFILE.fullmatch(name):
+        gathered.profiles[match.group(1).lower()] = _profile(name, value)
+        _record(loaded, f"chain.profiles.{match.group(1).lower()}", source, name)
+    elif match := _CALIBRATION_PROFILE.fullmatch(name):
+        if value:
+            gathered.calibration_profiles[match.group(1).lower()] = str(value)
+        _record(loaded, f"chain.calibration_profiles.{match.group(1).lower()}", source, name)
+    else:
+        raise ConfigError(name, unknown_message(name))
+
+
+def _record(loaded: Loaded, key: str, source: str, name: str) -> None:
+    loaded.sources[key], loaded.names[key] = source, name
+
+
+def _take_field(gathered: _Gathered, loaded: Loaded, name: str, value: Any, source: str) -> None:
+    var = VARIABLES[name]
+    if value == "" and var.section in _BLANK_IS_UNSET:
+        return
+    gathered.raw[var.section][var.field.name] = None if value == "" and var.field.nullable else value
+    _record(loaded, var.path, source, name)
+
+
+def _take_member_field(
+    gathered: _Gathered, loaded: Loaded, name: str, value: Any, source: str, index: int, member_field: str
+) -> None:
+    if (index, member_field) in gathered.member_names:
+        raise ConfigError(
+            name,
+            f"set as well as {gathered.member_names[index, member_field]}; both are member "
+            f"{index}'s {member_field.upper()} (RERANKQ_RERANKER_0_* is member 0): "
+            "set one",
+        )
+    gathered.member_names[index, member_field] = name
+    # Kept as given: an empty member value may mean something (INSTRUCTION_FIELD= is "none").
+    gathered.member_raw.setdefault(index, {})[member_field] = value
+    _record(loaded, f"chain.members[{index}].{member_field}", source, name)
+
+
+def _take_override(gathered: _Gathered, loaded: Loaded, key: str, value: Any) -> None:
+    """A keyword override: a whole section, a family of variables, or one variable's field."""
+    if key in SECTIONS:
+        gathered.chosen[key] = value
+    elif key == "members":
+        gathered.members = list(value)
+        loaded.sources["chain.members"] = OVERRIDE
+    elif key == "chain_profiles":
+        gathered.profiles = dict(value)
+        loaded.sources["chain.profiles"] = OVERRIDE
+    elif key == "calibration_profiles":
+        gathered.calibration_profiles = dict(value)
+        loaded.sources["chain.calibration_profiles"] = OVERRIDE
+    elif key in OVERRIDES:
+        section, _, name = OVERRIDES[key].partition(".")
+        gathered.raw[section][name] = value
+        loaded.sources[OVERRIDES[key]] = OVERRIDE
+    else:
+        close = difflib.get_close_matches(key, [*OVERRIDES, *SECTIONS, *FAMILIES], n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise TypeError(f"load_settings() got an unknown setting {key!r}{hint}")
+
+
+def _sections(gathered: _Gathered, loaded: Loaded) -> dict[str, Any]:
+    """Each section converted from what was gathered for it, or as given whole."""
     sections: dict[str, Any] = {}
     for section, struct in SECTIONS.items():
-        if section in chosen:
-            sections[section] = chosen[section]
+        if section in gathered.chosen:
+            sections[section] = gathered.chosen[section]
             continue
-        values = raw[section]
+        values = gathered.raw[section]
         if section == "chain":
             values = {
                 **values,
-                "profiles": profiles,
-                "calibration_profiles": calibration_profiles,
-                "members": members if members is not None else _members(member_raw, member_names),
+                "profiles": gathered.profiles,
+                "calibration_profiles": gathered.calibration_profiles,
+                "members": gathered.members
+                if gathered.members is not None
+                else _members(gathered.member_raw, gathered.member_names),
             }
         sections[section] = _convert(values, struct, lambda f, s=section: _field_variable(s, f, loaded))
-    settings = Settings(**sections)
-    check(settings, member_names)
-    loaded.settings = settings
-    return loaded
+    return sections
 
 
 def override(settings: Settings, **overrides: Any) -> Settings:

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from kernel.store import Snapshot
+from kernel.windows import window_count
 from kernel.wire import Cancelled, Device, Failed, Filtered, Ranked
 from producer.gateway.problems import Problem
 from producer.options import StreamOptions, given
@@ -53,7 +54,7 @@ class RerankJob:
 
     @property
     def n_windows(self) -> int:
-        return math.ceil(len(self.texts) / self.window_size)
+        return window_count(len(self.texts), self.window_size)
 
     def candidates(self) -> list[dict[str, str]]:
         return [{"id": str(i), "text": text} for i, text in enumerate(self.texts)]

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import wraps
 
+import msgspec
 import redis
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,13 +19,14 @@ from kernel.errors import StoreError, StreamNotFound, ValidationError
 from kernel.logs import get_logger
 from kernel.passage_budget import fitting_window_size
 from kernel.settings import Settings
-from kernel.wire import Candidate, Device, StreamSpec
+from kernel.wire import Candidate, Device
 from producer.gateway.auth import KeyRing, Principal
 from producer.gateway.bridge import QueueBridge, store_problem
 from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
 from producer.gateway.problems import Problem
-from producer.options import DEFAULT_MAX_PASSAGES, StreamOptions
+from producer.options import StreamOptions
+from producer.stream_spec import resolve_spec
 
 log = get_logger("rerankq.gateway")
 
@@ -128,26 +130,27 @@ class Gateway:
         if max_passages is not None:
             fits = fitting_window_size(self.settings.streams.max_window_passage_tokens, max_passages)
             window_size = max(1, min(window_size, fits))
-        sized = StreamSpec(
-            query=query,
-            window_size=window_size,
-            document_budget=budget,
-            long_documents="passages" if max_passages is not None else "excerpt",
-            max_passages=max_passages or DEFAULT_MAX_PASSAGES,
-        )
-        window_size = window_size_within(self.settings, sized, [Candidate(id="", text=text) for text in texts])
-        options = StreamOptions(
+        asked = StreamOptions(
             device=device,
             chain=principal.chain,
             tenant=principal.tenant,
             window_size=window_size,
             document_budget=budget,
-            ttl_s=self.config.stream_ttl_s or self.settings.streams.stream_ttl_s,
-            min_score=self.settings.streams.min_score,
-            min_final_score=self.settings.streams.min_final_score,
+            ttl_s=self.config.stream_ttl_s,
             instruction=instruction,
             long_documents="passages" if max_passages is not None else None,
             max_passages=max_passages,
+        )
+        sized = resolve_spec(query, asked, self.settings, n_candidates=len(texts))
+        window_size = window_size_within(self.settings, sized, [Candidate(id="", text=text) for text in texts])
+        # The resolved filters and TTL go into the options, and so into the job's key
+        # (RerankJob.idempotency_key): a job under other settings is another job.
+        options = msgspec.structs.replace(
+            asked,
+            window_size=window_size,
+            ttl_s=sized.ttl_s,
+            min_score=sized.min_score,
+            min_final_score=sized.min_final_score,
         )
         return RerankJob(query=query, texts=texts, options=options)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from kernel.errors import IdempotencyConflict, StoreError, StreamNotFound, TooShallow, ValidationError
 from kernel.explain import store_trouble
+from kernel.windows import window_count
 from producer.budget import required_depth
 from rerankq.submit.jobs import BadLine, Job
 from rerankq.submit.ledger import Ledger
@@ -224,7 +225,11 @@ class Runner:
             return
         candidates = job.candidates[:depth]
         window_size = options.get("window_size") or self.plan.default_window_size
-        windows = max(1, -(-len(candidates) // window_size) if isinstance(window_size, int) and window_size > 0 else 1)
+        windows = (
+            max(1, window_count(len(candidates), window_size))
+            if isinstance(window_size, int) and window_size > 0
+            else 1
+        )
         # Every window is sent at once unless told otherwise; a job's own key is used as it is.
         options = {"first_windows": windows, "idempotency_key": idempotency_key(self.plan.run_id, job.id), **options}
         opening = self._openers.submit(self.rerank.open_stream, job.query, candidates, options)
