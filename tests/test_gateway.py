@@ -28,6 +28,7 @@ from delivery_providers import _score
 from gateway_helpers import GatewayProcess, queue_env, sse_events, write_keys
 from test_options import BAD
 
+from kernel import consumers
 from producer import RerankClient, load_settings
 from producer.gateway.config import load_gateway_settings
 from producer.gateway.limits import Backlog, CountingDispatcher
@@ -322,10 +323,17 @@ def test_a_repeat_is_answered_from_retained_decisions_without_a_provider_call(de
 
 def test_a_timeout_answers_504_and_the_result_is_fetched_later_by_stream_id(deployment: Deployment) -> None:
     q = query("late")
-    # Nothing serves the GPU queue yet, so the windows wait there.
-    late = deployment.post(
-        "/gpu/v2/rerank", {"model": "m", "query": q, "documents": DOCS}, **{"X-Rerankq-Timeout": "0.5"}
-    )
+    # A worker that is live but never gets to the GPU queue's windows: they wait there.
+    store, gpu_queue = deployment.client.store, deployment.env["RERANKQ_GPU_QUEUE"]
+    consumers.record(store.client, store.keys, "busy-elsewhere", [gpu_queue])
+    deadline = time.monotonic() + 2 * consumers.CACHE_S
+    while True:  # until the gateway's cached view of the consumers registry has it
+        late = deployment.post(
+            "/gpu/v2/rerank", {"model": "m", "query": q, "documents": DOCS}, **{"X-Rerankq-Timeout": "0.5"}
+        )
+        if late.status_code != 429 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert late.status_code == 504 and set(late.json()) == {"message"}
     stream_id = late.headers["x-rerankq-stream-id"]
     assert stream_id in late.json()["message"]
@@ -340,6 +348,7 @@ def test_a_timeout_answers_504_and_the_result_is_fetched_later_by_stream_id(depl
         page = deployment.get(f"/v1/streams/{stream_id}/page", limit=10, wait=30)
     finally:
         gpu.stop()
+        consumers.forget(store.client, store.keys, "busy-elsewhere", [gpu_queue])
     assert page.status_code == 200 and page.json()["complete"]
     before = deployment.calls()
     done = deployment.post("/gpu/v2/rerank", {"model": "m", "query": q, "documents": DOCS})
@@ -694,13 +703,13 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
             assert tei.headers["retry-after"] == "9"
             stream = http.post("/v1/streams", json={"query": "q", "candidates": [{"id": "a"}]})
             assert stream.status_code == 429 and stream.json()["error"]["type"] == "overloaded"
-            # Another device's queue is not held back by this one.
+            # Another device's queue is not held back by this one: it is refused for its own reason.
             gpu = http.post(
                 "/gpu/v2/rerank",
                 json={"model": "m", "query": "q", "documents": ["a"]},
                 headers={"X-Rerankq-Timeout": "0.2"},
             )
-            assert gpu.status_code == 504
+            assert gpu.status_code == 429 and "no live worker consumes queue" in gpu.json()["message"]
             # What was answered before is answered still: nothing needs sending.
             again = http.post("/v2/rerank", json=answered)
             assert again.status_code == 200 and again.json()["results"] == first.json()["results"]

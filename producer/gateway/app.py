@@ -79,6 +79,7 @@ def routes() -> list[Route]:
         Route("/v2/rerank", cohere.rerank_v2, methods=["POST"]),
         Route("/v1/rerank", cohere.rerank_v1, methods=["POST"]),
         Route("/rerank", tei.rerank, methods=["POST"]),
+        Route("/info", tei.info, methods=["GET"]),
         Route("/v1/streams", streams.open_stream, methods=["POST"]),
         Route("/v1/streams/{stream_id}", streams.read_status, methods=["GET"]),
         Route("/v1/streams/{stream_id}", streams.cancel_stream, methods=["DELETE"]),

@@ -101,10 +101,19 @@ class KeyRing:
     def authenticate(self, authorization: str | None) -> Principal:
         if self.insecure:
             return ANONYMOUS
-        scheme, _, token = (authorization or "").partition(" ")
+        scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        if not scheme:
             raise Problem("unauthenticated", "no api key supplied: send Authorization: Bearer <key>")
+        if scheme.lower() != "bearer":
+            # Naming the scheme, not the value: a bare key sent as the scheme must not be echoed.
+            said = "a bare key" if not token else "another scheme"
+            raise Problem(
+                "unauthenticated",
+                f"wrong authorization scheme ({said}): send Authorization: Bearer <key>",
+            )
+        if not token:
+            raise Problem("unauthenticated", "no api key supplied after Bearer: send Authorization: Bearer <key>")
         presented = hashlib.sha256(token.encode()).digest()
         found: Principal | None = None
         for stored, principal in self._entries:

@@ -24,6 +24,7 @@ import msgspec
 import redis
 import redis.asyncio
 
+from kernel.consumers import CACHE_S
 from kernel.errors import IdempotencyConflict, StoreError, StreamNotFound, ValidationError
 from kernel.ids import check_stream_id
 from kernel.logs import get_logger
@@ -51,6 +52,10 @@ MAX_GENERATIONS = 4
 #: Up to this many windows a synchronous call counts commits on the event log, far below
 #: the log's length cap (RERANKQ_EVENT_LOG_MAXLEN), so no commit can have been trimmed away.
 FRESH_WAIT_MAX_WINDOWS = 64
+#: A client told no worker serves the queue waits this long: the producer's view of the
+#: consumers registry is that old at most (``kernel.consumers.CACHE_S``), so a worker started
+#: meanwhile is seen by the retry.
+UNSERVED_RETRY_AFTER_S = int(CACHE_S)
 #: How many answered jobs a gateway process remembers for the repeat fast path.
 ANSWERED_MEMORY = 10_000
 #: A blocking read that ends this close to a heartbeat's time counts as reaching it (its
@@ -174,54 +179,89 @@ class QueueBridge:
     async def rerank(self, job: RerankJob, timeout_s: float) -> tuple[str, list[Scored]]:
         """Open (or find) the job's stream, wait for every window, and return its scores, best first."""
         deadline = time.monotonic() + timeout_s
-        known = self._answered.get(job.idempotency_key(0))
-        if known is not None:
-            # Answered before by this process: read the retained decisions, skip open's validation.
-            try:
-                retained = await self.snapshot(known)
-                if len(retained.results) >= retained.n_windows and failure(retained) is None:
-                    return known, scored(retained, known)
-            except StreamNotFound:
-                pass
-            self._answered.pop(job.idempotency_key(0), None)
+        repeat = await self._repeat(job)
+        if repeat is not None:
+            return repeat
         for generation in range(MAX_GENERATIONS):
             key = job.idempotency_key(generation)
             stream_id = "k_" + key
-            created, found = False, None
-            tenant = job.options.tenant
-            if self.backlog.over_bound(job.device, tenant):
-                # Under backpressure only what is already there is answered: nothing is sent.
-                try:
-                    found = await self.snapshot(stream_id)
-                except StreamNotFound:
-                    found = None
-                if found is not None and len(found.results) >= found.n_windows and failure(found) is not None:
-                    found = None
-                if found is None:
-                    self.backlog.check(job.device, tenant)  # 429, unless the backlog fell under the bound meanwhile
-            if found is None:
+            created = False
+            if await self._held(job, stream_id) is None:
                 try:
                     created = await self.blocking(self._open, job, key)
                 except IdempotencyConflict:
                     continue  # a key left by a gateway configured otherwise: step past it
-            snapshot = None
-            if job.n_windows <= FRESH_WAIT_MAX_WINDOWS:
-                snapshot = await self.wait_commits(stream_id, job.n_windows, deadline)
-            if snapshot is None:
-                snapshot = await self.wait_complete(stream_id, deadline)
+            snapshot = await self._wait(job, stream_id, deadline)
             if not created and failure(snapshot) is not None:
                 continue  # a retained failure is not an answer: score again under the next key
-            answer = scored(snapshot, stream_id)
-            self._answered[job.idempotency_key(0)] = stream_id
-            while len(self._answered) > ANSWERED_MEMORY:
-                self._answered.popitem(last=False)
-            return stream_id, answer
+            self._remember(job, stream_id)
+            return stream_id, scored(snapshot, stream_id)
         last = "k_" + job.idempotency_key(MAX_GENERATIONS - 1)
         raise Problem(
             "failed",
             f"reranking failed on {MAX_GENERATIONS} streams in a row; see GET /v1/streams/{last}",
             stream_id=last,
         )
+
+    async def _repeat(self, job: RerankJob) -> tuple[str, list[Scored]] | None:
+        """A job this process answered before, read from its retained decisions (open's
+        validation skipped); None when it was not, or its stream is gone or failed."""
+        known = self._answered.get(job.idempotency_key(0))
+        if known is None:
+            return None
+        try:
+            retained = await self.snapshot(known)
+            if len(retained.results) >= retained.n_windows and failure(retained) is None:
+                return known, scored(retained, known)
+        except StreamNotFound:
+            pass
+        self._answered.pop(job.idempotency_key(0), None)
+        return None
+
+    async def _held(self, job: RerankJob, stream_id: str) -> Snapshot | None:
+        """The job's stream when nothing may be sent for it and it is there to answer from; None
+        when the job may be sent. Refuses (429) under backpressure, or at once (``unserved``)
+        when no live worker consumes the device queue, rather than after the whole timeout."""
+        tenant = job.options.tenant
+        crowded = self.backlog.over_bound(job.device, tenant)
+        unserved = None if crowded else await self.blocking(self.client.unserved_warning, job.device)
+        if not crowded and unserved is None:
+            return None
+        found = await self._existing(stream_id)
+        if unserved is not None:
+            if found is not None and len(found.results) >= found.n_windows:
+                return found  # answered already: no worker needed
+            raise Problem(
+                "unserved",
+                f"not now: {unserved}. Nothing was queued; retry after {UNSERVED_RETRY_AFTER_S} s",
+                retry_after_s=UNSERVED_RETRY_AFTER_S,
+            )
+        if found is None:
+            self.backlog.check(job.device, tenant)  # 429, unless the backlog fell under the bound meanwhile
+        return found
+
+    async def _existing(self, stream_id: str) -> Snapshot | None:
+        """The stream, unless it is not there or ended in a failure (which is no answer)."""
+        try:
+            found = await self.snapshot(stream_id)
+        except StreamNotFound:
+            return None
+        if len(found.results) >= found.n_windows and failure(found) is not None:
+            return None
+        return found
+
+    async def _wait(self, job: RerankJob, stream_id: str, deadline: float) -> Snapshot:
+        snapshot = None
+        if job.n_windows <= FRESH_WAIT_MAX_WINDOWS:
+            snapshot = await self.wait_commits(stream_id, job.n_windows, deadline)
+        if snapshot is None:
+            snapshot = await self.wait_complete(stream_id, deadline)
+        return snapshot
+
+    def _remember(self, job: RerankJob, stream_id: str) -> None:
+        self._answered[job.idempotency_key(0)] = stream_id
+        while len(self._answered) > ANSWERED_MEMORY:
+            self._answered.popitem(last=False)
 
     def _open(self, job: RerankJob, key: str) -> bool:
         """Open the job's stream (in a pool thread); True when this call created it."""

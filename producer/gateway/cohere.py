@@ -40,9 +40,8 @@ from starlette.responses import Response
 
 from kernel.limits import MAX_PASSAGES
 from producer.gateway.jobs import Scored
-from producer.gateway.limits import read_body
-from producer.gateway.problems import STREAM_HEADER, Problem, decode
-from producer.gateway.service import Gateway, endpoint
+from producer.gateway.problems import STREAM_HEADER, Problem
+from producer.gateway.service import endpoint, rerank_call
 from producer.options import InstructionOption
 
 DOCUMENTS_PER_SEARCH_UNIT = 100
@@ -56,6 +55,20 @@ class CohereV2Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens_per_doc: int | None = None
     priority: int | None = None
     instruction: InstructionOption = None
+    # v1-era fields, which clients written for v1 send here too (rerankers always sends
+    # return_documents); see V1_ERA_FIELDS.
+    return_documents: bool | None = None
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: int | None = None
+
+
+#: A v1 field on /v2/rerank that changes nothing in a v2 answer: accepted, ignored, and said so
+#: in a ``Warning`` header. v2 documents are strings (no fields to rank by) and v2 results carry
+#: no documents (the caller has them, by index).
+V1_ERA_FIELDS = {
+    "return_documents": "v2 results carry no documents; read them by index",
+    "rank_fields": "v2 documents are strings, so there are no fields to rank by",
+}
 
 
 class CohereV1Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -111,6 +124,9 @@ STATUS = {
     "overloaded": 429,
     "failed": 503,
     "timeout": 504,
+    # 429, not 503: the cohere SDK waits out Retry-After on either, but llama-index retries a 503
+    # (and 500, 504) ten more times on top of the SDK's own retries, and a 429 not at all.
+    "unserved": 429,
     "unavailable": 503,
 }
 _INVALID = ("invalid", "empty", "too_many", "malformed")
@@ -162,13 +178,18 @@ def answer(
 
 @endpoint(render)
 async def rerank_v2(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
-    device = gateway.device(request, principal)
-    timeout_s = gateway.timeout_s(request)
-    payload = decode(await read_body(request, gateway.config.max_body_bytes), CohereV2Request)
-    assert isinstance(payload, CohereV2Request)
+    call = await rerank_call(request, CohereV2Request)
+    gateway, payload = call.gateway, call.payload
     gateway.check_query(payload.query)
+    if payload.max_chunks_per_doc is not None:
+        # Ignoring it would change the answer (each document's best passage, not its excerpt).
+        raise Problem(
+            "invalid",
+            "max_chunks_per_doc: a v1 field that changes how documents are scored; send it to "
+            "/v1/rerank, or use max_tokens_per_doc here",
+            field="max_chunks_per_doc",
+        )
+    ignored = [name for name in V1_ERA_FIELDS if getattr(payload, name) is not None]
     gateway.check_documents(payload.documents, "documents")
     positive("top_n", payload.top_n)
     positive("max_tokens_per_doc", payload.max_tokens_per_doc)
@@ -176,13 +197,18 @@ async def rerank_v2(request: Request) -> Response:
     job = gateway.job(
         payload.query,
         payload.documents,
-        device,
-        principal,
+        call.device,
+        call.principal,
         max_tokens_per_doc=payload.max_tokens_per_doc,
         instruction=payload.instruction,
     )
-    stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
-    return answer(str(uuid.uuid4()), stream_id, "2", scores, len(payload.documents), payload.top_n)
+    stream_id, scores = await gateway.bridge.rerank(job, call.timeout_s)
+    response = answer(str(uuid.uuid4()), stream_id, "2", scores, len(payload.documents), payload.top_n)
+    if ignored:
+        response.headers["Warning"] = ", ".join(
+            f'299 rerankq "{name} is a v1 field, ignored on /v2/rerank: {V1_ERA_FIELDS[name]}"' for name in ignored
+        )
+    return response
 
 
 def v1_texts(documents: list[str | dict[str, Any]], rank_fields: list[str] | None) -> list[str]:
@@ -216,12 +242,8 @@ def v1_texts(documents: list[str | dict[str, Any]], rank_fields: list[str] | Non
 
 @endpoint(render)
 async def rerank_v1(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
-    device = gateway.device(request, principal)
-    timeout_s = gateway.timeout_s(request)
-    payload = decode(await read_body(request, gateway.config.max_body_bytes), CohereV1Request)
-    assert isinstance(payload, CohereV1Request)
+    call = await rerank_call(request, CohereV1Request)
+    gateway, payload = call.gateway, call.payload
     gateway.check_query(payload.query)
     if payload.rank_fields is not None and not payload.rank_fields:
         raise Problem("invalid", "rank_fields: must name at least one field", field="rank_fields")
@@ -238,12 +260,12 @@ async def rerank_v1(request: Request) -> Response:
     job = gateway.job(
         payload.query,
         texts,
-        device,
-        principal,
+        call.device,
+        call.principal,
         instruction=payload.instruction,
         max_passages=payload.max_chunks_per_doc,
     )
-    stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
+    stream_id, scores = await gateway.bridge.rerank(job, call.timeout_s)
     documents = None
     if payload.return_documents:
         documents = [{"text": d} if isinstance(d, str) else d for d in payload.documents]

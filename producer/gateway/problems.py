@@ -31,6 +31,7 @@ Kind = Literal[
     "overloaded",  # the device queue's backlog is over its bound (Retry-After)
     "failed",  # every chain member failed on a window
     "timeout",  # the windows did not commit in time (the stream id rides along)
+    "unserved",  # no live worker consumes the device queue: not now (Retry-After)
     "unavailable",  # Redis is full or unreachable
 ]
 

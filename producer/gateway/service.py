@@ -7,6 +7,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import wraps
+from typing import Generic, TypeVar, cast
 
 import msgspec
 import redis
@@ -24,7 +25,8 @@ from producer.gateway.auth import KeyRing, Principal
 from producer.gateway.bridge import QueueBridge, store_problem
 from producer.gateway.config import GatewaySettings
 from producer.gateway.jobs import RerankJob
-from producer.gateway.problems import Problem
+from producer.gateway.limits import read_body
+from producer.gateway.problems import Problem, decode
 from producer.options import StreamOptions
 from producer.stream_spec import resolve_spec
 
@@ -41,6 +43,7 @@ CHARS_PER_TOKEN = 4
 PRINCIPAL_STATE = "rerankq_principal"
 
 Handler = Callable[[Request], Awaitable[Response]]
+Body = TypeVar("Body")
 
 
 @dataclass
@@ -53,6 +56,10 @@ class Gateway:
     def principal(self, request: Request) -> Principal:
         known = request.scope.get("state", {}).get(PRINCIPAL_STATE)  # authenticated already (tenants.py)
         return known if known is not None else self.keyring.authenticate(request.headers.get("authorization"))
+
+    async def body(self, request: Request, type_: type[Body]) -> Body:
+        """The request's JSON body as ``type_``, within the byte limit."""
+        return cast(Body, decode(await read_body(request, self.config.max_body_bytes), type_))
 
     def device(self, request: Request, principal: Principal, asked: str | None = None) -> Device:
         """The device asked for (a body field), else the route's (``/gpu/v2/rerank``), else the
@@ -153,6 +160,31 @@ class Gateway:
             min_final_score=sized.min_final_score,
         )
         return RerankJob(query=query, texts=texts, options=options)
+
+
+def caller(request: Request) -> tuple[Gateway, Principal]:
+    """The gateway and who is asking: every route's first step."""
+    gateway: Gateway = request.app.state.gateway
+    return gateway, gateway.principal(request)
+
+
+@dataclass
+class RerankCall(Generic[Body]):
+    """What a rerank route (Cohere v1, v2, TEI) knows before its own checks."""
+
+    gateway: Gateway
+    principal: Principal
+    device: Device
+    timeout_s: float
+    payload: Body
+
+
+async def rerank_call(request: Request, type_: type[Body]) -> RerankCall[Body]:
+    """Who asks, for which device, how long to wait, and the body, in the order each is refused."""
+    gateway, principal = caller(request)
+    device = gateway.device(request, principal)
+    timeout_s = gateway.timeout_s(request)
+    return RerankCall(gateway, principal, device, timeout_s, await gateway.body(request, type_))
 
 
 def endpoint(render: Callable[[Problem], Response]) -> Callable[[Handler], Handler]:

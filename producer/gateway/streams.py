@@ -37,9 +37,8 @@ from starlette.responses import Response, StreamingResponse
 from kernel.errors import IdempotencyConflict, StoreError, ValidationError
 from kernel.ids import check_idempotency_key
 from kernel.logs import get_logger
-from producer.gateway.limits import read_body
-from producer.gateway.problems import STREAM_HEADER, Problem, decode
-from producer.gateway.service import Gateway, endpoint
+from producer.gateway.problems import STREAM_HEADER, Problem
+from producer.gateway.service import Gateway, caller, endpoint
 from producer.options import StreamOptions, given
 
 log = get_logger("rerankq.gateway")
@@ -82,6 +81,7 @@ STATUS = {
     "overloaded": 429,
     "failed": 502,
     "timeout": 504,
+    "unserved": 503,
     "unavailable": 503,
 }
 
@@ -108,10 +108,8 @@ def tenant_key(tenant: str | None, key: str) -> str:
 
 @endpoint(render)
 async def open_stream(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
-    payload = decode(await read_body(request, gateway.config.max_body_bytes), OpenStreamRequest)
-    assert isinstance(payload, OpenStreamRequest)
+    gateway, principal = caller(request)
+    payload = await gateway.body(request, OpenStreamRequest)
     options = given(payload)
     del options["query"], options["candidates"]
     if payload.tenant is not None and payload.tenant != principal.tenant:
@@ -150,8 +148,7 @@ def _number(request: Request, name: str, default: float, *, integer: bool, minim
 
 @endpoint(render)
 async def read_page(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
+    gateway, principal = caller(request)
     stream_id = request.path_params["stream_id"]
     offset = _number(request, "offset", 0, integer=True, minimum=0)
     limit = _number(request, "limit", 10, integer=True, minimum=1)
@@ -163,8 +160,7 @@ async def read_page(request: Request) -> Response:
 
 @endpoint(render)
 async def read_status(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
+    gateway, principal = caller(request)
     stream_id = request.path_params["stream_id"]
     await gateway.bridge.check_owner(principal, stream_id)
     return _json(await gateway.bridge.status(stream_id), stream_id=stream_id)
@@ -185,8 +181,7 @@ async def cancel_stream(request: Request) -> Response:
 
 @endpoint(render)
 async def read_events(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
+    gateway, principal = caller(request)
     stream_id = request.path_params["stream_id"]
     after = request.headers.get("last-event-id", "0-0")
     # Redis stream ids are two unsigned 64-bit numbers: a larger one is refused here, not by Redis.

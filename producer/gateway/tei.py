@@ -25,6 +25,11 @@ that sigmoid, so a client that applies the sigmoid itself gets the same number b
 stream's document budget around the first query-term match; ``truncate: false`` refuses a
 longer text with 422 instead, as TEI refuses an input past the model's length.
 ``truncation_direction`` is checked and otherwise unused: the cut keeps the matching part.
+``GET /info`` answers TEI's ``Info`` (router/src/lib.rs), which tooling probes to learn what it
+talks to: a ``reranker`` model type, and the gateway's own bounds where TEI gives its model's
+(``max_input_length`` in tokens is the document budget at ``service.CHARS_PER_TOKEN``;
+``max_client_batch_size`` the documents a request may carry; ``auto_truncate`` true, as
+``truncate`` defaults). It takes the same key as ``/rerank``.
 ``instruction`` is rerankq's own field, the stream option of that name (TEI takes none); it is
 part of the job, so the same texts under another instruction are scored again.
 """
@@ -32,15 +37,15 @@ part of the job, so the same texts under another instruction are scored again.
 from __future__ import annotations
 
 import math
+from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from producer.gateway.limits import read_body
-from producer.gateway.problems import STREAM_HEADER, Problem, decode
-from producer.gateway.service import Gateway, endpoint
+from producer.gateway.problems import STREAM_HEADER, Problem
+from producer.gateway.service import CHARS_PER_TOKEN, caller, endpoint, rerank_call
 from producer.options import InstructionOption
 
 #: Logits of scores at 0 or 1 would be infinite, which JSON cannot carry.
@@ -83,6 +88,7 @@ STATUS: dict[str, tuple[int, ErrorType]] = {
     "overloaded": (429, "Overloaded"),
     "failed": (424, "Backend"),
     "timeout": (504, "Backend"),
+    "unserved": (503, "Unhealthy"),
     "unavailable": (503, "Unhealthy"),
 }
 
@@ -98,6 +104,63 @@ def render(problem: Problem) -> Response:
     )
 
 
+class RerankerLabels(msgspec.Struct):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
+class ModelType(msgspec.Struct):
+    reranker: RerankerLabels
+
+
+class TeiInfo(msgspec.Struct):
+    model_id: str
+    model_sha: str | None
+    model_dtype: str
+    model_type: ModelType
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    sha: str | None
+    docker_label: str | None
+
+
+def _version() -> str:
+    try:
+        return version("rerankq")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "0"
+
+
+@endpoint(render)
+async def info(request: Request) -> Response:
+    gateway, _ = caller(request)
+    streams = gateway.settings.streams
+    max_input_length = max(1, streams.document_budget // CHARS_PER_TOKEN)
+    body = TeiInfo(
+        model_id="rerankq",
+        model_sha=None,
+        model_dtype="float32",
+        model_type=ModelType(reranker=RerankerLabels(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})),
+        max_concurrent_requests=gateway.config.tenant_max_requests,
+        max_input_length=max_input_length,
+        max_batch_tokens=max_input_length * streams.max_window_size,
+        max_batch_requests=None,
+        max_client_batch_size=gateway.config.documents(gateway.settings.streams),
+        auto_truncate=True,
+        tokenization_workers=gateway.config.threads,
+        version=_version(),
+        sha=None,
+        docker_label=None,
+    )
+    return Response(msgspec.json.encode(body), media_type="application/json")
+
+
 def raw(score: float) -> float:
     p = min(max(score, SCORE_EPSILON), 1 - SCORE_EPSILON)
     return math.log(p / (1 - p))
@@ -105,12 +168,8 @@ def raw(score: float) -> float:
 
 @endpoint(render)
 async def rerank(request: Request) -> Response:
-    gateway: Gateway = request.app.state.gateway
-    principal = gateway.principal(request)
-    device = gateway.device(request, principal)
-    timeout_s = gateway.timeout_s(request)
-    payload = decode(await read_body(request, gateway.config.max_body_bytes), TeiRequest)
-    assert isinstance(payload, TeiRequest)
+    call = await rerank_call(request, TeiRequest)
+    gateway, payload = call.gateway, call.payload
     gateway.check_query(payload.query)
     # TEI's own words for these two (router/src/http/server.rs).
     if not payload.texts:
@@ -121,7 +180,7 @@ async def rerank(request: Request) -> Response:
             "too_many", f"batch size {len(payload.texts)} > maximum allowed batch size {limit}", field="texts"
         )
     gateway.check_documents(payload.texts, "texts")
-    job = gateway.job(payload.query, payload.texts, device, principal, instruction=payload.instruction)
+    job = gateway.job(payload.query, payload.texts, call.device, call.principal, instruction=payload.instruction)
     if payload.truncate is False:
         for i, text in enumerate(payload.texts):
             if len(text) > job.document_budget:
@@ -131,7 +190,7 @@ async def rerank(request: Request) -> Response:
                     "this server reranks; send truncate: true to cut it",
                     field=f"texts[{i}]",
                 )
-    stream_id, scores = await gateway.bridge.rerank(job, timeout_s)
+    stream_id, scores = await gateway.bridge.rerank(job, call.timeout_s)
     ranks = [
         TeiRank(
             index=s.index,

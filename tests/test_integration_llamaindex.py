@@ -1,0 +1,80 @@
+"""The LlamaIndex postprocessor against real llama-index-core, a real worker scoring with the
+tiny cross-encoder, and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_index.core", reason="llama-index-core is in the dev extra")
+
+from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode  # noqa: E402
+
+from producer.integrations.llamaindex import RerankqRerank  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [
+    "the cat sat on the mat",
+    "checkout returned 502 after the certificate expired",
+    "how to recover checkout after 502s",
+    "office facilities: the printer on floor 3",
+    "a payment gateway runbook for 502 errors",
+    "",  # an empty node, as RAG pipelines pass them along: scored last, not refused
+]
+QUERY = "payment gateway 502 recovery"
+
+
+def nodes() -> list[NodeWithScore]:
+    return [
+        NodeWithScore(node=TextNode(text=text, id_=f"node-{i}", metadata={"source": f"kb/{i}"}), score=0.5)
+        for i, text in enumerate(TEXTS)
+    ]
+
+
+def provider_calls(client) -> int:
+    return client.store.counters().get("provider_calls:0:local", 0)
+
+
+def direct(client, given: list[NodeWithScore], top_n: int, **options) -> list[tuple[str, float]]:
+    """The same job through RerankClient itself: the nodes' content as llama-index's rerankers read it."""
+    texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in given]
+    stream_id = client.open(QUERY, [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)], **options)
+    page = client.pull(stream_id, 0, top_n, timeout=60)
+    return [(given[row.decision.index].node.node_id, row.decision.score) for row in page.rows if row.kind == "ranked"]
+
+
+def test_the_postprocessor_equals_rerankclient_sync_async_and_deeper_costs_nothing(start_worker, make_client) -> None:
+    start_worker()
+    client = make_client()
+    given = nodes()
+    top = RerankqRerank(client=client, top_n=2, instruction="find runbooks", timeout_s=60).postprocess_nodes(
+        given, query_str=QUERY
+    )
+    assert [(n.node.node_id, n.score) for n in top] == direct(client, given, 2, instruction="find runbooks")
+    assert all(n.node.metadata["source"] == f"kb/{n.node.node_id.split('-')[1]}" for n in top)
+
+    calls = provider_calls(client)
+    deeper = RerankqRerank(client=client, top_n=6, instruction="find runbooks", timeout_s=60)
+    six = asyncio.run(deeper.apostprocess_nodes(given, query_str=QUERY))
+    assert provider_calls(client) == calls  # the committed window is read, not scored again
+    assert [(n.node.node_id, n.score) for n in six] == direct(client, given, 6, instruction="find runbooks")
+    assert six[-1].node.node_id == "node-5"  # the empty node, last
+
+
+def test_the_example_runs(start_worker, base_env) -> None:
+    start_worker()
+    ran = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "llamaindex_postprocessor.py")],
+        env=base_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert len(lines) == 2 and all("kb/" in line for line in lines)
