@@ -17,7 +17,7 @@ Images the registry cannot give are replaced by stand-ins of the same name built
 packages (ops/standins/Dockerfile) on a base made with debootstrap, and the output says so. The
 pip settings of this host (its wheel directories, its CA bundle) are handed to the build
 without being written into any image. Model weights: a tiny cross-encoder built here
-(tests/tiny_model.py) and mounted into the workers, so nothing is downloaded.
+(devservers/tiny_model.py) and mounted into the workers, so nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -822,12 +822,12 @@ def main() -> int:
                 sys.executable,
                 "-c",
                 (
-                    "import sys; sys.path.insert(0, sys.argv[2]); from tiny_model import "
+                    "import sys; from devservers.tiny_model import "
                     "build_tiny_cross_encoder as b; from pathlib import Path; b(Path(sys.argv[1]))"
                 ),
                 str(model),
-                str(ROOT / "tests"),
             ],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
             timeout=300,
         )
         run(["chmod", "-R", "a+rX", str(model)])
