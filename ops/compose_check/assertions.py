@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from ops.compose_check.common import CANDIDATES, JOBS, KEEP, CheckFailed, http_json, run, url, wait_for
@@ -137,3 +138,43 @@ def check_prometheus() -> str:
     if not alerts:
         raise CheckFailed("Prometheus loaded no alert rule")
     return f"{summary}, {len(alerts)} alert rules"
+
+
+def check_ready(stack: Stack) -> str:
+    """Each worker ready over HTTP, and Prometheus's targets and rules; Prometheus's note."""
+    profile = stack.profile
+    # Each worker's /readyz, over HTTP on its container's address.
+    for worker in profile.workers:
+        with urllib.request.urlopen(f"http://{stack.address(worker)}:9191/readyz", timeout=5) as reply:
+            if reply.status != 200:
+                raise CheckFailed(f"{worker} /readyz {reply.status}")
+    return check_prometheus()
+
+
+def check_users_and_cache(stack: Stack) -> str:
+    """Every service unprivileged, the first worker's caches in the model-cache volume; a marker
+    file written there, whose path is returned, for the kill to find again."""
+    profile = stack.profile
+    # Unprivileged users.
+    for service in [*profile.workers, "exporter", profile.gateway]:
+        uid = stack.exec(service, "id", "-u").stdout.strip()
+        if uid == "0":
+            raise CheckFailed(f"{service} runs as root")
+    # The model cache: the volume, the worker user's HF_HOME and export root inside it.
+    worker = profile.workers[0]
+    mounts = json.loads(stack.inspect(worker, "{{json .Mounts}}"))
+    cache = next((m for m in mounts if m["Destination"] == "/home/rerankq/.cache"), None)
+    if cache is None or cache["Type"] != "volume":
+        raise CheckFailed(f"{worker}: no model-cache volume at /home/rerankq/.cache: {mounts}")
+    where = stack.exec(
+        worker,
+        "python",
+        "-c",
+        "import os; from worker.engine.export import export_root; "
+        "print(os.environ['HF_HOME'], export_root('org/model'))",
+    ).stdout.split()
+    if not all(p.startswith("/home/rerankq/.cache/") for p in where):
+        raise CheckFailed(f"{worker}: caches outside the volume: {where}")
+    marker = f"/home/rerankq/.cache/huggingface/check-{profile.name}"
+    stack.exec(worker, "sh", "-c", f"echo {profile.name} > {marker}")
+    return marker

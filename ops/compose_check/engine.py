@@ -3,10 +3,13 @@ Compose v2 or 1.29."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,3 +64,29 @@ def compose_client() -> tuple[list[str], str]:
             return [legacy], f"docker-compose {version} (v1)"
         raise CheckFailed(f"docker-compose {version} is too old: profiles need 1.28, depends_on conditions 1.29")
     raise CheckFailed("neither `docker compose` nor `docker-compose` is installed")
+
+
+def open_engine(work: Path) -> Engine:
+    """The engine running (started here when it is not) and the clients that build and compose."""
+    started_pid = start_engine(work)
+    docker = buildkit_client()
+    compose, kind = compose_client()
+    log(
+        f"engine: {run([*docker, 'version', '--format', '{{.Server.Version}}'], timeout=30).stdout.strip()}; "
+        f"builds: {docker[0]} with BuildKit; compose: {kind}"
+    )
+    return Engine(docker, compose, kind, started_pid)
+
+
+def stop_engine(engine: Engine) -> None:
+    """Stop the dockerd this check started, if it started one."""
+    if engine.started_pid is None:
+        return
+    log("stopping the dockerd this check started")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(engine.started_pid, signal.SIGTERM)
+    # dockerd stops its containerd before it exits: wait for that, as a supervisor would.
+    deadline = time.monotonic() + 60
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(engine.started_pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.5)

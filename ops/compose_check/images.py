@@ -11,7 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from ops.compose_check.common import ROOT, CheckFailed, log, run
+from ops.compose_check.common import BUILT, ROOT, CheckFailed, log, run
+from ops.compose_check.profiles import COMPOSE_FILE
+from ops.compose_check.wheels import host_pip_sources, torch_build_args
 
 STANDIN_TARGETS = {
     "python": "python",
@@ -132,3 +134,43 @@ def build(docker: list[str], args: list[str]) -> float:
 
 def image_size_mb(docker: list[str], name: str) -> float:
     return int(run([*docker, "image", "inspect", "--format", "{{.Size}}", name], timeout=30).stdout.strip()) / 1e6
+
+
+def build_images(docker: list[str], work: Path) -> None:
+    """The hub images (or their stand-ins) and ours, built with the host's pip settings; the CPU
+    worker image checked to hold no CUDA library."""
+    sources = host_pip_sources()
+    cert_args = ["--secret", f"id=pip_cert,src={sources.cert}"] if sources.cert else []
+    standins = ensure_hub_images(docker, work, hub_images(COMPOSE_FILE) + ["python:3.11-slim"], cert_args)
+    for image in standins:
+        log(f"stand-in: {image} is built here from Debian bookworm packages (no registry answered)")
+    with contextlib.ExitStack() as stack:
+        build_args = [*cert_args, *torch_build_args(sources, stack)]
+        for target in BUILT:
+            image = f"rerankq-{target}:latest"
+            seconds = build(docker, ["-f", "ops/Dockerfile", "--target", target, *build_args, "-t", image, "."])
+            log(f"built {image}: {image_size_mb(docker, image):.0f} MB in {seconds:.0f}s")
+    check_no_cuda(docker)
+
+
+def check_no_cuda(docker: list[str]) -> None:
+    cuda = run(
+        [
+            *docker,
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            "rerankq-worker-cpu:latest",
+            "-c",
+            (
+                "find / -xdev \\( -name 'libcudart*' -o -name 'libcublas*'"
+                " -o -name 'libnccl*' -o -name 'libcudnn*' \\)"
+                " 2>/dev/null | head -5"
+            ),
+        ],
+        timeout=120,
+    ).stdout.strip()
+    if cuda:
+        raise CheckFailed(f"the CPU worker image holds CUDA libraries: {cuda}")
+    log("rerankq-worker-cpu: no CUDA libraries")

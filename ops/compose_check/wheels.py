@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.compose_check.common import run
+from ops.compose_check.common import CheckFailed, log, reachable, run
 
 WHEELS_PORT = 18765
 
@@ -66,3 +66,25 @@ def serve_directory(directory: Path) -> Iterator[str]:
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
+
+
+def torch_build_args(sources: PipSources, stack: contextlib.ExitStack) -> list[str]:
+    """Build arguments for torch: none when the PyTorch CPU index answers, else the local +cpu
+    wheel served on loopback for as long as ``stack`` is open (the rest then comes from PyPI)."""
+    if reachable("https://download.pytorch.org/whl/cpu/"):
+        return []
+    torch_wheels = [w for d in sources.find_links for w in sorted(d.glob("torch-*+cpu-*.whl"))]
+    if not torch_wheels:
+        raise CheckFailed("the PyTorch CPU index is unreachable and no local torch +cpu wheel is configured")
+    wheel = torch_wheels[-1]
+    version = wheel.name.split("-")[1]
+    url = stack.enter_context(serve_directory(wheel.parent))
+    log(f"PyTorch index unreachable: torch=={version} from {wheel.parent} (served on {url}), the rest from PyPI")
+    return [
+        "--build-arg",
+        "TORCH_CPU_INDEX=https://pypi.org/simple",
+        "--build-arg",
+        f"TORCH_SPEC=torch=={version}",
+        "--build-arg",
+        f"PIP_BUILD_FIND_LINKS={url}",
+    ]
