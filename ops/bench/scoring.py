@@ -512,6 +512,90 @@ def subject_figures(
     }
 
 
+def make_engine_subject(
+    name: str,
+    precision: str,
+    *,
+    verify: bool,
+    choice: BackendChoice | None = None,
+    baseline_model: Any,
+    model_path: str,
+    device: str,
+    settings: Any,
+    calibration_path: str,
+) -> Subject:
+    """The engine on the bench model at one precision and backend (torch's dynamic int8 when
+    ``choice`` is None and the precision is int8), as a timed subject."""
+    if precision == "int8" and choice is None:
+        # Evaluated here only: torch's dynamic int8 is not offered (no parity on this model).
+        model = load_cross_encoder(model_path, device=device)
+        model[0].model = quantize_dynamic_int8(model[0].model)
+        # Forced like every variant: dynamic int8 quantises activations per batch, so even its
+        # agreement with its own predict (batched differently) is not to be held to fp32's tolerance.
+        engine = ScoringEngine(model, settings=settings, precision="fp32", verify_parity=verify)
+        engine.precision = "int8"
+    else:
+        choice = choice or BackendChoice()
+        if choice.quantization == "int8":
+            choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
+        engine = ScoringEngine(
+            baseline_model,
+            settings=settings,
+            precision=precision,
+            verify_parity=verify,
+            backend=choice,
+            model_name=model_path,
+        )
+        choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
+
+    def executed(window: Pairs) -> list[int]:
+        return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
+
+    subject = Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
+    subject.engine = engine
+    return subject
+
+
+def load_variants(
+    engine_subject: Callable[..., Subject],
+    candidates: list[tuple[str, str, BackendChoice | None]],
+    engine: Subject,
+    configured: BackendChoice,
+) -> list[Subject]:
+    """Each other backend and precision, forced on (no probe) so its speed and parity are both seen."""
+    variants = []
+    for name, precision, choice in candidates:
+        if choice == configured and precision == engine.precision:
+            continue  # the engine row is this one
+        start = time.perf_counter()
+        variants.append(engine_subject(f"{name} (forced)", precision, verify=False, choice=choice))
+        print(f"loaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
+    return variants
+
+
+def report_engine_against_others(
+    engine: Subject, embedding: Subject, results: dict[str, dict[str, Any]], backends: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, float]:
+    """Print auto's decision, the engine against the fastest row at parity and the embedding member
+    against the engine; return those three figures."""
+    auto_vs_fastest = auto_against_fastest(results[engine.name]["pairs_per_s"], backends)
+    measured = auto_choice(engine.engine)
+    if measured is not None:
+        print(f"auto's measured decision: {json.dumps(measured)}")
+    if auto_vs_fastest is not None:
+        print(
+            f"default engine against the fastest backend/precision at parity in this run "
+            f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
+        )
+    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
+    print(
+        f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
+        f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
+        "on the same windows"
+    )
+    return auto_vs_fastest, measured, embedding_vs_engine
+
+
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a CrossEncoder directory (default: a MiniLM-L6-sized bench model)")
@@ -621,35 +705,14 @@ def main() -> None:
         )
     )
 
-    def engine_subject(name: str, precision: str, *, verify: bool, choice: BackendChoice | None = None) -> Subject:
-        if precision == "int8" and choice is None:
-            # Evaluated here only: torch's dynamic int8 is not offered (no parity on this model).
-            model = load_cross_encoder(model_path, device=args.device)
-            model[0].model = quantize_dynamic_int8(model[0].model)
-            # Forced like every variant: dynamic int8 quantises activations per batch, so even its
-            # agreement with its own predict (batched differently) is not to be held to fp32's tolerance.
-            engine = ScoringEngine(model, settings=settings, precision="fp32", verify_parity=verify)
-            engine.precision = "int8"
-        else:
-            choice = choice or BackendChoice()
-            if choice.quantization == "int8":
-                choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
-            engine = ScoringEngine(
-                baseline_model,
-                settings=settings,
-                precision=precision,
-                verify_parity=verify,
-                backend=choice,
-                model_name=model_path,
-            )
-            choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
-
-        def executed(window: Pairs) -> list[int]:
-            return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
-
-        subject = Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
-        subject.engine = engine
-        return subject
+    engine_subject = functools.partial(
+        make_engine_subject,
+        baseline_model=baseline_model,
+        model_path=model_path,
+        device=args.device,
+        settings=settings,
+        calibration_path=calibration_path,
+    )
 
     baseline = Subject(
         "CrossEncoder.predict",
@@ -663,16 +726,11 @@ def main() -> None:
     configured = engine.choice or configured
     engine.name = f"engine ({args.backend} -> {configured.name}, {args.precision} -> {engine.precision})"
     subjects = [baseline, engine]
-    variants: list[Subject] = []
-    if not args.no_variants:
-        # Each other backend and precision, forced on (no probe) so its speed and parity are both seen.
-        candidates = variant_candidates(on_cuda=on_cuda, quick=args.quick)
-        for name, precision, choice in candidates:
-            if choice == configured and precision == engine.precision:
-                continue  # the engine row is this one
-            start = time.perf_counter()
-            variants.append(engine_subject(f"{name} (forced)", precision, verify=False, choice=choice))
-            print(f"loaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
+    variants = (
+        []
+        if args.no_variants
+        else load_variants(engine_subject, variant_candidates(on_cuda=on_cuda, quick=args.quick), engine, configured)
+    )
     # The embedding member's engine, as a worker runs it: the same precision setting and probe.
     embedding = embedding_subject(settings, args.device)
     subjects.append(embedding)
@@ -712,21 +770,7 @@ def main() -> None:
     print_backends_table(backends)
     best_name = report_fastest_at_parity(results, backends, skip=(baseline.name, embedding.name))
     main_figures = results[engine.name]
-    auto_vs_fastest = auto_against_fastest(main_figures["pairs_per_s"], backends)
-    measured = auto_choice(engine.engine)
-    if measured is not None:
-        print(f"auto's measured decision: {json.dumps(measured)}")
-    if auto_vs_fastest is not None:
-        print(
-            f"default engine against the fastest backend/precision at parity in this run "
-            f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
-        )
-    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
-    print(
-        f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
-        f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
-        "on the same windows"
-    )
+    auto_vs_fastest, measured, embedding_vs_engine = report_engine_against_others(engine, embedding, results, backends)
     causal_results = causal() if causal is not None else None
     write_json(
         args.json_path,
