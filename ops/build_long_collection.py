@@ -16,7 +16,7 @@ Writes into ``worker/collection/long/``:
 
 Run from the repository root (the seed makes it the same every time):
 
-    python ops/build_long_collection.py
+    python -m ops.build_long_collection
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
         }
     )
     if args.model == "tiny":
-        from tests.tiny_model import build_tiny_cross_encoder
+        from devservers.tiny_model import build_tiny_cross_encoder
 
         model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp(prefix="rerankq-chaos-model-")))
         env.update(
@@ -257,7 +257,7 @@ def worker_env(url: str, args: argparse.Namespace) -> dict[str, str]:
     else:
         env.update(
             {
-                "RERANKQ_RERANKER_PROVIDER": "tests.delivery_providers:FastProvider",
+                "RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider",
                 "TEST_PROVIDER_SLEEP_S": str(args.window_s),
             }
         )

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import redis
 from rerank_servers import RerankServer
-from tiny_model import build_tiny_cross_encoder
 
 from devservers.rabbitmq_server import EmbeddedRabbitMQ, rabbitmq_server_binary
+from devservers.tiny_model import build_tiny_cross_encoder
 from kernel.settings import Settings
 from producer import RerankClient, load_settings
 from worker.embedded.redis_server import EmbeddedRedis

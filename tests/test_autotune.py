@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from engine_helpers import start_engine
 from structlog.testing import capture_logs
-from tiny_model import build_tiny_cross_encoder
 
+from devservers.tiny_model import build_tiny_cross_encoder
 from producer import load_settings
 from worker.engine import BackendChoice, ScoringEngine, load_cross_encoder
 from worker.engine.autotune import DECISION_FILE, Candidate

@@ -16,8 +16,8 @@ import pytest
 from delivery_helpers import pull_until_complete
 from engine_helpers import start_engine
 from structlog.testing import capture_logs
-from tiny_model import WORDS, build_tiny_cross_encoder
 
+from devservers.tiny_model import WORDS, build_tiny_cross_encoder
 from producer import ConfigError, RerankClient, load_settings
 from worker.engine import BackendChoice, BackendRefused, ScoringEngine, load_cross_encoder, shared_engine
 from worker.engine.parity import spearman
@@ -324,7 +324,8 @@ def test_auto_precision_picks_bf16_on_a_cpu_only_where_it_is_faster(monkeypatch,
 @pytest.mark.parametrize("backend", ["onnx", "openvino"])
 def test_a_causal_lm_reranker_asked_for_an_export_runs_on_torch_and_says_why(tmp_path: Path, backend: str):
     from structlog.testing import capture_logs
-    from tiny_model import build_tiny_causal_reranker
+
+    from devservers.tiny_model import build_tiny_causal_reranker
 
     model = build_tiny_causal_reranker(tmp_path / "causal")
     with capture_logs() as logs:

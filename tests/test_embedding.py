@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from tiny_model import BI_ENCODER_PROMPTS, build_prompted_bi_encoder
 
+from devservers.tiny_model import BI_ENCODER_PROMPTS, build_prompted_bi_encoder
 from kernel.settings import MemberSettings
 from kernel.wire import encode, pack_embeddings, window_embeddings_decoder
 from producer import RerankClient, load_settings

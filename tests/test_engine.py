@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from delivery_helpers import patient
-from tiny_model import build_tiny_causal_reranker
 
+from devservers.tiny_model import build_tiny_causal_reranker
 from kernel.settings import load_settings
 from producer import RerankClient
 from worker.engine import ScoringEngine, load_cross_encoder, plan_batches, shared_engine

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import json
 import random
-import sys
-
-from conftest import ROOT
 
 from evaluation.command import collection_files, shipped
-
-sys.path.insert(0, str(ROOT / "ops"))
-import build_long_collection as build  # noqa: E402
+from ops import build_long_collection as build
 
 
 def lines(name: str) -> list[str]:

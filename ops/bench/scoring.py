@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -305,7 +306,297 @@ def auto_choice(engine: Any) -> dict[str, Any] | None:
     return msgspec.to_builtins(decision)  # type: ignore[no-any-return]
 
 
-def main() -> None:
+def variant_candidates(*, on_cuda: bool, quick: bool) -> list[tuple[str, str, BackendChoice | None]]:
+    """Each backend and precision other than the engine's own: (row name, precision, forced choice)."""
+    torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
+    candidates: list[tuple[str, str, BackendChoice | None]] = [
+        (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions
+    ]
+    if importlib.util.find_spec("onnxruntime") is not None and (not on_cuda or ort_cuda()):
+        levels = ["O2"] if quick else ["O1", "O2", "O3"]
+        candidates += [
+            (f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level)) for level in levels
+        ]
+        if not on_cuda:
+            candidates.append(("onnx int8 static", "fp32", BackendChoice("onnx", quantization="int8")))
+    if importlib.util.find_spec("openvino") is not None and not on_cuda:
+        candidates.append(("openvino fp32", "fp32", BackendChoice("openvino")))
+        if cpu_has_native_bf16():
+            candidates.append(("openvino bf16", "bf16", BackendChoice("openvino")))
+        candidates.append(("openvino int8 static", "fp32", BackendChoice("openvino", quantization="int8")))
+    return candidates
+
+
+def print_subjects_table(title: str, results: dict[str, dict[str, Any]]) -> None:
+    print_table(
+        title,
+        [
+            "subject",
+            "prec",
+            "pairs/s",
+            "ratio",
+            "exec GF/s",
+            "useful GF/s",
+            "peak GF/s",
+            "of peak",
+            "padding",
+            "spearman min",
+            "max |diff|",
+        ],
+        [
+            [
+                name,
+                f["precision"],
+                f["pairs_per_s"],
+                f["ratio"],
+                f["executed_gflops"],
+                f["useful_gflops"],
+                f["peak_gflops"],
+                f"{f['mfu']:.0%}",
+                f"{f['padding_fraction']:.0%}",
+                f"{f['spearman_min']:.4f}",
+                f"{f['max_abs_diff']:.2g}",
+            ]
+            for name, f in results.items()
+        ],
+    )
+
+
+def print_backends_table(backends: dict[str, dict[str, Any]]) -> None:
+    print_table(
+        "backends: pairs/s, ratio to predict, parity (min Spearman per window against fp32), resident MB of a "
+        "process loading only that backend",
+        ["backend/precision", "pairs/s", "ratio", "spearman min", "at parity", "rss MB"],
+        [
+            [
+                key,
+                b["pairs_per_s"],
+                b["ratio"],
+                f"{b['spearman_min']:.4f}",
+                "yes" if b["at_parity"] else "no",
+                "-" if b["rss_mb"] is None else round(b["rss_mb"]),
+            ]
+            for key, b in backends.items()
+        ],
+    )
+
+
+def report_fastest_at_parity(
+    results: dict[str, dict[str, Any]], backends: dict[str, dict[str, Any]], *, skip: tuple[str, ...]
+) -> str | None:
+    """Print the fastest row at parity and each backend auto refuses; return that row's name."""
+    at_parity = [
+        (n, f)
+        for n, f in results.items()
+        if n not in skip and f["spearman_min"] >= MIN_SPEARMAN and f.get("refused_by_auto") is None
+    ]
+    best_name, best = max(at_parity, key=lambda item: item[1]["ratio"]) if at_parity else (None, None)
+    if best_name:
+        print(
+            f"\nfastest at parity (Spearman >= {MIN_SPEARMAN} on the timed windows, and auto's bars): "
+            f"{best_name}, {best['ratio']:.2f}x predict"
+        )
+    for key, b in backends.items():
+        if b["refused_by_auto"]:
+            print(f"{key}: not at parity by auto's bars: {b['refused_by_auto']}")
+    return best_name
+
+
+def backend_rows(
+    subjects: list[Subject], results: dict[str, dict[str, Any]], rss: Callable[[Subject], float | None] | None
+) -> dict[str, dict[str, Any]]:
+    """One row per backend/precision, from the first subject that ran it."""
+    backends: dict[str, dict[str, Any]] = {}
+    for subject in subjects:
+        key = subject.backend_key
+        if key is None or key in backends:
+            continue
+        f = results[subject.name]
+        backends[key] = {
+            "subject": subject.name,
+            "pairs_per_s": f["pairs_per_s"],
+            "ratio": f["ratio"],
+            "spearman_min": f["spearman_min"],
+            "at_parity": f["spearman_min"] >= MIN_SPEARMAN and f["refused_by_auto"] is None,
+            "refused_by_auto": f["refused_by_auto"],
+            "rss_mb": None if rss is None else rss(subject),
+        }
+    return backends
+
+
+def time_rounds(
+    subjects: list[Subject], windows: list[Pairs], *, rounds: int, device: str, slow: set[str], sync: Callable[[], None]
+) -> dict[str, float]:
+    """Warm every subject, then time them round by round, alternated; the best matmul peak per precision."""
+    for subject in subjects:  # warm-up: first-call allocations, lazy inits
+        subject.score_window(windows[0][:4])
+    # The matmul peak is measured in every round too, and the best kept: on a shared
+    # machine a single measurement can land in a busy moment and flatter the engine.
+    precisions = sorted({s.precision for s in subjects})
+    peaks = dict.fromkeys(precisions, 0.0)
+    for round_ in range(rounds):
+        for precision in precisions:
+            peaks[precision] = max(
+                peaks[precision],
+                matmul_peak_gflops(
+                    precision,
+                    device,
+                    n=8192 if device.startswith("cuda") else 2048,
+                    seconds=0.5 if precision == "bf16" else 1.0,
+                ),
+            )
+        for subject in subjects:
+            if subject.name in slow:
+                if round_ == 0:
+                    subject.run(windows[:1], sync=sync, keep=True)
+                continue
+            subject.run(windows, sync=sync, keep=round_ == 0)
+        rates = ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects)
+        print(f"round {round_ + 1}/{rounds}: {rates}", flush=True)
+    return peaks
+
+
+def auto_refusals(
+    subjects: list[Subject], variants: list[Subject], calibration_path: str, *, window_size: int
+) -> dict[str, str | None]:
+    """Why auto would refuse each subject against forced torch fp32 on its parity windows (None: it would not)."""
+    torch_fp32 = next((v for v in variants if v.backend_key == "torch/fp32"), None)
+    parity_windows = [
+        probe_pairs(),
+        *read_calibration(calibration_path).held_out,
+        *shipped_calibration(window_size).held_out,
+    ]
+    expected = [torch_fp32.engine.score_pairs(w) for w in parity_windows] if torch_fp32 is not None else []
+    return {
+        s.name: parity_refusal(s, parity_windows, expected) if torch_fp32 is not None and s is not torch_fp32 else None
+        for s in [*subjects, *variants]
+    }
+
+
+def subject_figures(
+    subject: Subject,
+    windows: list[Pairs],
+    baseline: Subject,
+    *,
+    token_lengths: Callable[[Pairs], list[int]],
+    layers: int,
+    hidden: int,
+    peaks: dict[str, float],
+    slow: set[str],
+) -> dict[str, Any]:
+    """Speed, FLOPs against the peak, padding and parity of one subject's timed windows."""
+    scored = windows[: len(subject.scores)]
+    lengths = [n for w in scored for n in (subject.useful_tokens or token_lengths)(w)]
+    executed = [n for w in scored for n in subject.executed_tokens(w)]
+    n_pairs = sum(len(w) for w in scored)
+    rate = p50(subject.rates)
+    useful = sum(pair_flops(n, layers=layers, hidden=hidden) for n in lengths) / n_pairs * rate / 1e9
+    executed_gflops = sum(pair_flops(n, layers=layers, hidden=hidden) for n in executed) / n_pairs * rate / 1e9
+    if subject.reference is not None:
+        reference = [subject.reference(w) for w in scored]
+    else:
+        reference = baseline.scores[: len(subject.scores)]
+    rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
+    per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
+    return {
+        "precision": subject.precision,
+        "pairs_per_s": rate,
+        "ratio": statistics.median(per_round) if subject.name not in slow else rate / p50(baseline.rates),
+        "useful_gflops": useful,
+        "executed_gflops": executed_gflops,
+        "peak_gflops": peaks[subject.precision],
+        "mfu": executed_gflops / peaks[subject.precision],
+        "padding_fraction": 1 - sum(lengths) / sum(executed),
+        "spearman_min": min(rhos),
+        "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, subject.scores)),
+    }
+
+
+def make_engine_subject(
+    name: str,
+    precision: str,
+    *,
+    verify: bool,
+    choice: BackendChoice | None = None,
+    baseline_model: Any,
+    model_path: str,
+    device: str,
+    settings: Any,
+    calibration_path: str,
+) -> Subject:
+    """The engine on the bench model at one precision and backend (torch's dynamic int8 when
+    ``choice`` is None and the precision is int8), as a timed subject."""
+    if precision == "int8" and choice is None:
+        # Evaluated here only: torch's dynamic int8 is not offered (no parity on this model).
+        model = load_cross_encoder(model_path, device=device)
+        model[0].model = quantize_dynamic_int8(model[0].model)
+        # Forced like every variant: dynamic int8 quantises activations per batch, so even its
+        # agreement with its own predict (batched differently) is not to be held to fp32's tolerance.
+        engine = ScoringEngine(model, settings=settings, precision="fp32", verify_parity=verify)
+        engine.precision = "int8"
+    else:
+        choice = choice or BackendChoice()
+        if choice.quantization == "int8":
+            choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
+        engine = ScoringEngine(
+            baseline_model,
+            settings=settings,
+            precision=precision,
+            verify_parity=verify,
+            backend=choice,
+            model_name=model_path,
+        )
+        choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
+
+    def executed(window: Pairs) -> list[int]:
+        return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
+
+    subject = Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
+    subject.engine = engine
+    return subject
+
+
+def load_variants(
+    engine_subject: Callable[..., Subject],
+    candidates: list[tuple[str, str, BackendChoice | None]],
+    engine: Subject,
+    configured: BackendChoice,
+) -> list[Subject]:
+    """Each other backend and precision, forced on (no probe) so its speed and parity are both seen."""
+    variants = []
+    for name, precision, choice in candidates:
+        if choice == configured and precision == engine.precision:
+            continue  # the engine row is this one
+        start = time.perf_counter()
+        variants.append(engine_subject(f"{name} (forced)", precision, verify=False, choice=choice))
+        print(f"loaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
+    return variants
+
+
+def report_engine_against_others(
+    engine: Subject, embedding: Subject, results: dict[str, dict[str, Any]], backends: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, float]:
+    """Print auto's decision, the engine against the fastest row at parity and the embedding member
+    against the engine; return those three figures."""
+    auto_vs_fastest = auto_against_fastest(results[engine.name]["pairs_per_s"], backends)
+    measured = auto_choice(engine.engine)
+    if measured is not None:
+        print(f"auto's measured decision: {json.dumps(measured)}")
+    if auto_vs_fastest is not None:
+        print(
+            f"default engine against the fastest backend/precision at parity in this run "
+            f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
+        )
+    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
+    print(
+        f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
+        f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
+        "on the same windows"
+    )
+    return auto_vs_fastest, measured, embedding_vs_engine
+
+
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a CrossEncoder directory (default: a MiniLM-L6-sized bench model)")
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm", help="bench model size when no --model")
@@ -342,7 +633,11 @@ def main() -> None:
     parser.add_argument("--no-causal", action="store_true", help="skip the causal-reranker row")
     parser.add_argument("--causal-only", action="store_true", help="only the causal-reranker row")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_arguments()
 
     import torch
 
@@ -410,35 +705,14 @@ def main() -> None:
         )
     )
 
-    def engine_subject(name: str, precision: str, *, verify: bool, choice: BackendChoice | None = None) -> Subject:
-        if precision == "int8" and choice is None:
-            # Evaluated here only: torch's dynamic int8 is not offered (no parity on this model).
-            model = load_cross_encoder(model_path, device=args.device)
-            model[0].model = quantize_dynamic_int8(model[0].model)
-            # Forced like every variant: dynamic int8 quantises activations per batch, so even its
-            # agreement with its own predict (batched differently) is not to be held to fp32's tolerance.
-            engine = ScoringEngine(model, settings=settings, precision="fp32", verify_parity=verify)
-            engine.precision = "int8"
-        else:
-            choice = choice or BackendChoice()
-            if choice.quantization == "int8":
-                choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
-            engine = ScoringEngine(
-                baseline_model,
-                settings=settings,
-                precision=precision,
-                verify_parity=verify,
-                backend=choice,
-                model_name=model_path,
-            )
-            choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
-
-        def executed(window: Pairs) -> list[int]:
-            return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
-
-        subject = Subject(name, engine.precision, engine.score_pairs, executed, choice=choice)
-        subject.engine = engine
-        return subject
+    engine_subject = functools.partial(
+        make_engine_subject,
+        baseline_model=baseline_model,
+        model_path=model_path,
+        device=args.device,
+        settings=settings,
+        calibration_path=calibration_path,
+    )
 
     baseline = Subject(
         "CrossEncoder.predict",
@@ -452,200 +726,51 @@ def main() -> None:
     configured = engine.choice or configured
     engine.name = f"engine ({args.backend} -> {configured.name}, {args.precision} -> {engine.precision})"
     subjects = [baseline, engine]
-    variants: list[Subject] = []
-    if not args.no_variants:
-        # Each other backend and precision, forced on (no probe) so its speed and parity are both seen.
-        torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
-        candidates: list[tuple[str, str, BackendChoice | None]] = [
-            (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions
-        ]
-        if importlib.util.find_spec("onnxruntime") is not None and (not on_cuda or ort_cuda()):
-            levels = ["O2"] if args.quick else ["O1", "O2", "O3"]
-            candidates += [
-                (f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level)) for level in levels
-            ]
-            if not on_cuda:
-                candidates.append(("onnx int8 static", "fp32", BackendChoice("onnx", quantization="int8")))
-        if importlib.util.find_spec("openvino") is not None and not on_cuda:
-            candidates.append(("openvino fp32", "fp32", BackendChoice("openvino")))
-            if cpu_has_native_bf16():
-                candidates.append(("openvino bf16", "bf16", BackendChoice("openvino")))
-            candidates.append(("openvino int8 static", "fp32", BackendChoice("openvino", quantization="int8")))
-        for name, precision, choice in candidates:
-            if choice == configured and precision == engine.precision:
-                continue  # the engine row is this one
-            start = time.perf_counter()
-            variants.append(engine_subject(f"{name} (forced)", precision, verify=False, choice=choice))
-            print(f"loaded {name} in {time.perf_counter() - start:.1f}s", flush=True)
+    variants = (
+        []
+        if args.no_variants
+        else load_variants(engine_subject, variant_candidates(on_cuda=on_cuda, quick=args.quick), engine, configured)
+    )
     # The embedding member's engine, as a worker runs it: the same precision setting and probe.
     embedding = embedding_subject(settings, args.device)
     subjects.append(embedding)
     # bf16 without native CPU support is emulated and slow: one window says enough.
     slow = {v.name for v in variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
 
-    for subject in subjects + variants:  # warm-up: first-call allocations, lazy inits
-        subject.score_window(windows[0][:4])
-    # The matmul peak is measured in every round too, and the best kept: on a shared
-    # machine a single measurement can land in a busy moment and flatter the engine.
-    precisions = sorted({s.precision for s in subjects + variants})
-    peaks = dict.fromkeys(precisions, 0.0)
-    for round_ in range(rounds):
-        for precision in precisions:
-            peaks[precision] = max(
-                peaks[precision],
-                matmul_peak_gflops(
-                    precision, args.device, n=8192 if on_cuda else 2048, seconds=0.5 if precision == "bf16" else 1.0
-                ),
-            )
-        for subject in subjects + variants:
-            if subject.name in slow:
-                if round_ == 0:
-                    subject.run(windows[:1], sync=sync, keep=True)
-                continue
-            subject.run(windows, sync=sync, keep=round_ == 0)
-        rates = ", ".join(f"{s.name} {s.rates[-1]:.1f}/s" for s in subjects + variants)
-        print(f"round {round_ + 1}/{rounds}: {rates}", flush=True)
+    peaks = time_rounds(subjects + variants, windows, rounds=rounds, device=args.device, slow=slow, sync=sync)
 
     def figures(subject: Subject) -> dict[str, Any]:
-        scored = windows[: len(subject.scores)]
-        lengths = [n for w in scored for n in (subject.useful_tokens or token_lengths)(w)]
-        executed = [n for w in scored for n in subject.executed_tokens(w)]
-        n_pairs = sum(len(w) for w in scored)
-        rate = p50(subject.rates)
-        useful = sum(pair_flops(n, layers=layers, hidden=hidden) for n in lengths) / n_pairs * rate / 1e9
-        executed_gflops = sum(pair_flops(n, layers=layers, hidden=hidden) for n in executed) / n_pairs * rate / 1e9
-        if subject.reference is not None:
-            reference = [subject.reference(w) for w in scored]
-        else:
-            reference = baseline.scores[: len(subject.scores)]
-        rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
-        per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
-        return {
-            "precision": subject.precision,
-            "pairs_per_s": rate,
-            "ratio": statistics.median(per_round) if subject.name not in slow else rate / p50(baseline.rates),
-            "useful_gflops": useful,
-            "executed_gflops": executed_gflops,
-            "peak_gflops": peaks[subject.precision],
-            "mfu": executed_gflops / peaks[subject.precision],
-            "padding_fraction": 1 - sum(lengths) / sum(executed),
-            "spearman_min": min(rhos),
-            "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, subject.scores)),
-        }
+        return subject_figures(
+            subject,
+            windows,
+            baseline,
+            token_lengths=token_lengths,
+            layers=layers,
+            hidden=hidden,
+            peaks=peaks,
+            slow=slow,
+        )
 
     results = {s.name: figures(s) for s in subjects + variants}
     # Parity as auto judges it, beside the timed windows' Spearman.
-    torch_fp32 = next((v for v in variants if v.backend_key == "torch/fp32"), None)
-    parity_windows = [
-        probe_pairs(),
-        *read_calibration(calibration_path).held_out,
-        *shipped_calibration(args.window_size).held_out,
-    ]
-    expected = [torch_fp32.engine.score_pairs(w) for w in parity_windows] if torch_fp32 is not None else []
-    refusals = {
-        s.name: parity_refusal(s, parity_windows, expected) if torch_fp32 is not None and s is not torch_fp32 else None
-        for s in subjects + variants
-    }
+    refusals = auto_refusals(subjects, variants, calibration_path, window_size=args.window_size)
     for name, refusal in refusals.items():
         results[name]["refused_by_auto"] = refusal
-    backends: dict[str, dict[str, Any]] = {}
-    for subject in subjects + variants:
-        key = subject.backend_key
-        if key is None or key in backends:
-            continue
-        f = results[subject.name]
-        backends[key] = {
-            "subject": subject.name,
-            "pairs_per_s": f["pairs_per_s"],
-            "ratio": f["ratio"],
-            "spearman_min": f["spearman_min"],
-            "at_parity": f["spearman_min"] >= MIN_SPEARMAN and f["refused_by_auto"] is None,
-            "refused_by_auto": f["refused_by_auto"],
-            "rss_mb": None
-            if args.no_rss
-            else process_rss_mb(subject, model=model_path, device=args.device, threads=threads, window=windows[0]),
-        }
-    print_table(
+    rss = (
+        None
+        if args.no_rss
+        else functools.partial(process_rss_mb, model=model_path, device=args.device, threads=threads, window=windows[0])
+    )
+    backends = backend_rows(subjects + variants, results, rss)
+    print_subjects_table(
         f"scoring: {len(pairs)} pairs in {len(windows)} windows of {args.window_size}, "
         f"{rounds} alternated rounds, {threads} threads, device {args.device}, model {model_path}",
-        [
-            "subject",
-            "prec",
-            "pairs/s",
-            "ratio",
-            "exec GF/s",
-            "useful GF/s",
-            "peak GF/s",
-            "of peak",
-            "padding",
-            "spearman min",
-            "max |diff|",
-        ],
-        [
-            [
-                name,
-                f["precision"],
-                f["pairs_per_s"],
-                f["ratio"],
-                f["executed_gflops"],
-                f["useful_gflops"],
-                f["peak_gflops"],
-                f"{f['mfu']:.0%}",
-                f"{f['padding_fraction']:.0%}",
-                f"{f['spearman_min']:.4f}",
-                f"{f['max_abs_diff']:.2g}",
-            ]
-            for name, f in results.items()
-        ],
+        results,
     )
-    print_table(
-        "backends: pairs/s, ratio to predict, parity (min Spearman per window against fp32), resident MB of a "
-        "process loading only that backend",
-        ["backend/precision", "pairs/s", "ratio", "spearman min", "at parity", "rss MB"],
-        [
-            [
-                key,
-                b["pairs_per_s"],
-                b["ratio"],
-                f"{b['spearman_min']:.4f}",
-                "yes" if b["at_parity"] else "no",
-                "-" if b["rss_mb"] is None else round(b["rss_mb"]),
-            ]
-            for key, b in backends.items()
-        ],
-    )
-    at_parity = [
-        (n, f)
-        for n, f in results.items()
-        if n not in (baseline.name, embedding.name)
-        and f["spearman_min"] >= MIN_SPEARMAN
-        and f.get("refused_by_auto") is None
-    ]
-    best_name, best = max(at_parity, key=lambda item: item[1]["ratio"]) if at_parity else (None, None)
-    if best_name:
-        print(
-            f"\nfastest at parity (Spearman >= {MIN_SPEARMAN} on the timed windows, and auto's bars): "
-            f"{best_name}, {best['ratio']:.2f}x predict"
-        )
-    for key, b in backends.items():
-        if b["refused_by_auto"]:
-            print(f"{key}: not at parity by auto's bars: {b['refused_by_auto']}")
+    print_backends_table(backends)
+    best_name = report_fastest_at_parity(results, backends, skip=(baseline.name, embedding.name))
     main_figures = results[engine.name]
-    auto_vs_fastest = auto_against_fastest(main_figures["pairs_per_s"], backends)
-    measured = auto_choice(engine.engine)
-    if measured is not None:
-        print(f"auto's measured decision: {json.dumps(measured)}")
-    if auto_vs_fastest is not None:
-        print(
-            f"default engine against the fastest backend/precision at parity in this run "
-            f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
-        )
-    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
-    print(
-        f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
-        f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
-        "on the same windows"
-    )
+    auto_vs_fastest, measured, embedding_vs_engine = report_engine_against_others(engine, embedding, results, backends)
     causal_results = causal() if causal is not None else None
     write_json(
         args.json_path,
