@@ -140,9 +140,9 @@ def inspect(timeout: float, as_json: bool) -> int:
     device with their model and precision, each remote member's circuit breaker, and counters
     (windows committed, failed, poisoned, failovers, the pair cache's hit rate)."""
     with client() as rerank:
-        view = {"queues": queue_view(rerank.settings)}
-        view["workers"] = worker_view(rerank, timeout)
-        view["breakers"] = breaker_view(rerank, view["workers"])
+        view: dict[str, Any] = {"queues": queue_view(rerank.settings)}
+        view["workers"] = workers = worker_view(rerank, timeout)
+        view["breakers"] = breaker_view(rerank, workers)
         view["counters"] = counter_view(rerank.store.counters())
     if as_json:
         print_json(view)

@@ -58,7 +58,7 @@ def page_json(page: Page) -> dict[str, Any]:
     """A page with every field of each row (the decision's kind and reason included)."""
     from rerankq.common import to_builtins
 
-    out = to_builtins(page)
+    out: dict[str, Any] = to_builtins(page)
     out["rows"] = [row_json(row) for row in page.rows]
     return out
 

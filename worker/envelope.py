@@ -160,7 +160,7 @@ class GuardedAmqpMessage(pyamqp.Message):
             )
         )
         if refusal is None:
-            super().__init__(msg, channel=channel, **kwargs)
+            super().__init__(msg, channel=channel, **kwargs)  # type: ignore[no-untyped-call]  # kombu's, unannotated
             return
         kombu_base.Message.__init__(
             self,
@@ -259,7 +259,7 @@ class GuardedMessage(virtual.Message):
         if refusal is not None:
             payload = {**payload, "body": "", "headers": _without_compression(headers)}
         try:
-            super().__init__(payload, channel=channel, **kwargs)
+            super().__init__(payload, channel=channel, **kwargs)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         except binascii.Error as exc:
             raise UnreadableEnvelope(f"a body that is not base64: {str(exc)[:200]}") from None
         except (ValueError, TypeError, KeyError) as exc:
@@ -279,7 +279,7 @@ class BoundedRedis(redis.Redis):
     """
 
     def parse_response(self, connection: Any, command_name: str | bytes, **options: Any) -> Any:
-        reply = super().parse_response(connection, command_name, **options)
+        reply = super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]  # redis-py's
         if command_name in ("BRPOP", "RPOP") and reply:
             entry = reply[1] if command_name == "BRPOP" else reply
             if isinstance(entry, (bytes, str)) and len(entry) > MAX_MESSAGE_BYTES:
@@ -348,7 +348,7 @@ class _GuardedChannel:
 
 class GuardedTransport:
     #: Replaced by the worker's consumer once it connects, so drops are counted.
-    count_refusal: Callable[[str], None] = staticmethod(lambda reason: None)  # type: ignore[assignment]
+    count_refusal: Callable[[str], None] = staticmethod(lambda reason: None)
 
 
 class RedisChannel(_GuardedChannel, redis_transport.Channel):

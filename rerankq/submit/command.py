@@ -223,9 +223,9 @@ def trec_safe(jobs: Iterator[Any]) -> Iterator[Any]:
 
 
 def resume_command() -> str:
-    from worker import cli
+    from rerankq import invoked_args
 
-    return "rerankq " + shlex.join(cli.invoked_args())
+    return "rerankq " + shlex.join(invoked_args())
 
 
 def summarise(outcome: Any, tally: Any, out_path: Path, run_id: str, *, as_json: bool, in_flight: int) -> int:

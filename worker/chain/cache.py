@@ -34,7 +34,7 @@ import dataclasses
 import hashlib
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import redis
@@ -72,11 +72,16 @@ def _cacheable(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+def _values(replies: Iterable[object]) -> list[bytes | None]:
+    """MGET's replies as the cache reads them: its client does not decode, so a value is bytes."""
+    return [reply if isinstance(reply, bytes) else None for reply in replies]
+
+
 def _declared(provider: object, name: str) -> object | None:
     """An attribute the raw provider declares, looked up beneath any wrappers (checks, metering)."""
     layer: object | None = provider
     while layer is not None:
-        value = getattr(layer, name, None)
+        value: object | None = getattr(layer, name, None)
         if value is not None:
             return value
         layer = getattr(layer, "inner", None)
@@ -227,8 +232,8 @@ class CachedProvider:
         try:
             if self._cluster:
                 # Keys hash to different slots; a read needs no atomicity, so split it.
-                return list(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
-            return list(self.client.mget(keys))
+                return _values(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
+            return _values(self.client.mget(keys))
         except redis.RedisError:
             return [None] * len(keys)  # a cache outage costs provider calls, never a window
 
@@ -248,7 +253,7 @@ class CachedProvider:
             else:
                 # With the window's commit (worker.side_writes): one round trip less per window.
                 keys = [self.keys.counters_for(None), *values]
-                args = [self.ttl_s, hits, misses, *values.values()]
+                args: list[int | bytes] = [self.ttl_s, hits, misses, *values.values()]
                 write(
                     SideWrite(
                         queue=lambda pipe: pipe.evalsha(self._set_script.sha, len(keys), *keys, *args),

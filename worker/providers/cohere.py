@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.settings import MemberSettings, Settings
-from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
+from worker.providers.base import MemberConfigError, Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
-    MemberConfigError,
     RemoteClient,
     check_base_url,
     check_member_numbers,

@@ -33,9 +33,8 @@ from typing import Any
 
 from kernel.settings import MemberSettings, Settings
 from worker import control_strings
-from worker.providers.base import Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
+from worker.providers.base import MemberConfigError, Remedy, Scale, ScoreRequest, UnusableResponse, cache_identity
 from worker.providers.remote import (
-    MemberConfigError,
     RemoteClient,
     check_base_url,
     check_member_numbers,
