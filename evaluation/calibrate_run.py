@@ -8,7 +8,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +21,9 @@ from worker.scoring.calibration import (
     encode,
 )
 
+if TYPE_CHECKING:
+    from evaluation.calibration import Method, Unjudged
+
 
 @dataclass(frozen=True)
 class CalibrateRequest:
@@ -32,8 +35,8 @@ class CalibrateRequest:
     members: str | None
     depth: int
     relevant_grade: int
-    unjudged: str
-    method: str
+    unjudged: Unjudged
+    method: Method
     timeout_s: float
     device: str
 
@@ -151,9 +154,9 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
                     else f"workers disagree on its identity: {sorted(identities)}"
                 )
                 continue
-            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)  # type: ignore[arg-type]
+            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)
             try:
-                fitted = fit_map(pairs, label=label, method=request.method)  # type: ignore[arg-type]
+                fitted = fit_map(pairs, label=label, method=request.method)
             except FitError as exc:
                 skipped[label] = str(exc)
                 continue
@@ -165,7 +168,7 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     calibration = CalibrationFile(
         format=FORMAT,
         relevant_grade=request.relevant_grade,
-        unjudged=request.unjudged,  # type: ignore[arg-type]
+        unjudged=request.unjudged,
         fitted_on={"files": {k: str(v) for k, v in files.items()}, "queries": len(qids), "depth": depth},
         members=maps,
     )
