@@ -36,7 +36,7 @@ install: $(STAMP)
 demo: $(READY)
 	$(PY) -m rerankq demo
 
-# Style (ruff), formatting (ruff format --check), types (mypy, strict on producer/) and the
+# Style (ruff), formatting (ruff format --check), types (mypy, strict on every shipped package) and the
 # import contracts (lint-imports). Changes nothing: `ruff format` and `ruff check --fix` do.
 lint: $(LINT_READY)
 	$(PY) -m ruff check .

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,6 +22,9 @@ from worker.scoring.calibration import (
     encode,
 )
 
+if TYPE_CHECKING:
+    from evaluation.calibration import Method, Unjudged
+
 
 @dataclass(frozen=True)
 class CalibrateRequest:
@@ -33,8 +36,8 @@ class CalibrateRequest:
     members: str | None
     depth: int
     relevant_grade: int
-    unjudged: str
-    method: str
+    unjudged: Unjudged
+    method: Method
     timeout_s: float
     device: str
 
@@ -152,9 +155,9 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
                     else f"workers disagree on its identity: {sorted(identities)}"
                 )
                 continue
-            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)  # type: ignore[arg-type]
+            pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)
             try:
-                fitted = fit_map(pairs, label=label, method=request.method)  # type: ignore[arg-type]
+                fitted = fit_map(pairs, label=label, method=request.method)
             except FitError as exc:
                 skipped[label] = str(exc)
                 continue
@@ -166,7 +169,7 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     calibration = CalibrationFile(
         format=FORMAT,
         relevant_grade=request.relevant_grade,
-        unjudged=request.unjudged,  # type: ignore[arg-type]
+        unjudged=request.unjudged,
         fitted_on={"files": {k: str(v) for k, v in files.items()}, "queries": len(qids), "depth": depth},
         members=maps,
     )

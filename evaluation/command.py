@@ -140,8 +140,8 @@ def collection_files(
         raise click.UsageError(
             "--qrels, --run, --queries and --documents go together (or none, for the shipped collection)"
         )
-    if any(given):
-        return qrels, run, queries, documents  # type: ignore[return-value]
+    if qrels and run and queries and documents:
+        return qrels, run, queries, documents
     folder = "long/" if long_documents else ""
     return (
         shipped(folder + "qrels.txt"),

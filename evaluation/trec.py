@@ -67,9 +67,9 @@ def read_run(path: Path) -> dict[str, list[Ranked]]:
         parts = line.split()
         if len(parts) != 6:
             raise InputError(f"{path}:{n}: expected 'qid Q0 docid rank score tag', got {len(parts)} fields")
-        qid, _, docid, rank, score, _ = parts
+        qid, _, docid, rank_field, score_field, _ = parts
         try:
-            lines.setdefault(qid, []).append((float(score), int(rank), docid))
+            lines.setdefault(qid, []).append((float(score_field), int(rank_field), docid))
         except ValueError:
             raise InputError(f"{path}:{n}: rank must be an integer and score a number") from None
     run: dict[str, list[Ranked]] = {}

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rerankq.common import json_option
+
+if TYPE_CHECKING:
+    from evaluation.calibration import Method, Unjudged
 
 
 @click.command(
@@ -83,8 +87,8 @@ def calibrate(
     members: str | None,
     depth: int,
     relevant_grade: int,
-    unjudged: str,
-    method: str,
+    unjudged: Unjudged,
+    method: Method,
     timeout: float,
     device: str,
     as_json: bool,

@@ -10,11 +10,14 @@ those workers run; and the fleet's counters.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from rerankq.common import age, client, console, json_option, print_json
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 
 def device_kind(device: str | None) -> str:
@@ -141,9 +144,9 @@ def inspect(timeout: float, as_json: bool) -> int:
     device with their model and precision, each remote member's circuit breaker, and counters
     (windows committed, failed, poisoned, failovers, the pair cache's hit rate)."""
     with client() as rerank:
-        view = {"queues": queue_view(rerank.settings)}
-        view["workers"] = worker_view(rerank, timeout)
-        view["breakers"] = breaker_view(rerank, view["workers"])
+        view: dict[str, Any] = {"queues": queue_view(rerank.settings)}
+        view["workers"] = workers = worker_view(rerank, timeout)
+        view["breakers"] = breaker_view(rerank, workers)
         view["counters"] = counter_view(rerank.store.counters())
     if as_json:
         print_json(view)
@@ -157,14 +160,15 @@ def render(view: dict[str, Any]) -> None:
 
     out = console()
     queues = Table(title="queues", title_justify="left")
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("device", "left"),
         ("queue", "left"),
         ("lane", "left"),
         ("waiting", "right"),
         ("oldest", "right"),
-    ):
-        queues.add_column(name, justify=justify)  # type: ignore[arg-type]
+    )
+    for name, justify in columns:
+        queues.add_column(name, justify=justify)
     for q in view["queues"]:
         queues.add_row(q["device"], q["queue"], q["lane"], str(q["waiting"]), age(q["oldest_age_s"]))
     out.print(queues)

@@ -4,10 +4,13 @@ them), a rich table for status."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel.wire import Page, StreamStatus
 from rerankq.common import printable
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 #: The header ``worker.scoring.documents`` puts before a document's words: an optional date, then a
 #: heading path ending in a blank line.
@@ -74,7 +77,7 @@ def page_json(page: Page) -> dict[str, Any]:
     """A page with every field of each row (the decision's kind and reason included)."""
     from rerankq.common import to_builtins
 
-    out = to_builtins(page)
+    out: dict[str, Any] = to_builtins(page)
     out["rows"] = [row_json(row) for row in page.rows]
     return out
 
@@ -108,7 +111,7 @@ def status_table(status: StreamStatus) -> Any:
         title=f"{status.stream_id}: {status.n_candidates} candidates in windows of {status.window_size}",
         title_justify="left",
     )
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("window", "right"),
         ("range", "left"),
         ("state", "left"),
@@ -120,8 +123,9 @@ def status_table(status: StreamStatus) -> Any:
         ("omitted", "right"),
         ("failed", "right"),
         ("reason", "left"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    )
+    for name, justify in columns:
+        table.add_column(name, justify=justify)
     for w in status.windows:
         state = {"committed": "[green]committed[/]", "admitted": "[yellow]admitted[/]"}.get(w.state, w.state)
         if w.state == "committed" and w.failed:

@@ -214,6 +214,20 @@ def test_prefix_reuse_runs_each_querys_shared_prefix_once(causal_reranker, fp32_
     assert reused.padded_tokens < 0.7 * plain.padded_tokens
 
 
+def test_a_cache_that_cannot_be_shared_scores_every_query_of_the_call_plainly(causal_reranker, fp32_settings):
+    first, second = realistic_pairs(12, seed=6), realistic_pairs(9, seed=7)
+    engine = ScoringEngine(causal_reranker, settings=fp32_settings)
+    # How a model with sliding-window or quantised cache layers reads: no layer is a plain one.
+    engine.prefix._dynamic_layer = type(None)
+    engine.prefix_reused = 0  # the agreement check at load reused prefixes
+
+    scores = engine.score_pairs(first + second)
+
+    expected = predicted(causal_reranker, first) + predicted(causal_reranker, second)
+    assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-4
+    assert engine.prefix is None and engine.prefix_reused == 0
+
+
 # A document that closes its own turn and writes the answer the score is read from, and the
 # same text as the engine must read it: each control string broken by a space after its first
 # character (spelled out here, not computed by the code under test).

@@ -140,11 +140,11 @@ def test_a_short_document_is_one_passage_and_max_passages_keeps_the_first():
 def test_maxp_firstp_and_sum_of_the_top_k_against_hand_computed_values():
     scores = [0.2, 0.9, None, 0.5]
     same = lambda s: s  # noqa: E731
-    assert aggregate(scores, "max", top_k=2, normalise=same).__dict__ == {"score": 0.9, "best": 1}
-    assert aggregate(scores, "first", top_k=2, normalise=same).__dict__ == {"score": 0.2, "best": 0}
+    assert aggregate(scores, "max", top_k=2, normalise=same).__dict__ == {"score": 0.9, "best": 1, "best_score": 0.9}
+    assert aggregate(scores, "first", top_k=2, normalise=same).__dict__ == {"score": 0.2, "best": 0, "best_score": 0.2}
     # (0.9 + 0.5) / 2; the best passage is still the one the span points at.
     top2 = aggregate(scores, "sum_top_k", top_k=2, normalise=same)
-    assert top2.score == pytest.approx(0.7) and top2.best == 1
+    assert top2.score == pytest.approx(0.7) and top2.best == 1 and top2.best_score == 0.9
     # k past the passages present: the missing count 0. (0.2 + 0.9 + 0.5) / 5
     assert aggregate(scores, "sum_top_k", top_k=5, normalise=same).score == pytest.approx(0.32)
     # On a logit scale the sum adds probabilities: sigmoid(0) + sigmoid(2) over 2.

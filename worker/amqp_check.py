@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import structlog
-from kombu import Connection
+from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 
 from kernel.amqp_broker import check_broker, kombu_queues

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
-from celery import Celery, signals
+from celery import Celery, Task, signals
 
 from kernel.celery_config import TASK_NAME, celery_config
 from kernel.settings import Settings
@@ -22,6 +23,18 @@ log = structlog.get_logger("rerankq.task")
 
 WINDOW_REQUEST = "worker.window_request:WindowRequest"
 
+Receiver = TypeVar("Receiver", bound=Callable[..., None])
+
+
+def receives(signal: Any) -> Callable[[Receiver], Receiver]:
+    """``signal.connect(weak=False)`` as a decorator that keeps the receiver's type (Celery's is unannotated)."""
+
+    def connect(receiver: Receiver) -> Receiver:
+        signal.connect(receiver, weak=False)
+        return receiver
+
+    return connect
+
 
 def create_app(
     settings: Settings, *, eager_runtime: bool = True, sweep: bool = True, monitoring: Monitoring = MONITORING_OFF
@@ -30,11 +43,12 @@ def create_app(
     app.conf.update(celery_config(settings))
     _guard_doors(app, settings)
     recorder = monitoring.recorder
-    app.rerankq_recorder = recorder  # type: ignore[attr-defined] - read by the consumer's door
-    app.rerankq_settings = settings  # type: ignore[attr-defined] - read by the doors and the remote-control command
+    # Read by the consumer's door; the settings also by the doors and the remote-control command.
+    app.rerankq_recorder = recorder
+    app.rerankq_settings = settings
     score_window = _register_task(app, settings, recorder)
 
-    @signals.celeryd_init.connect(weak=False)
+    @receives(signals.celeryd_init)
     def _learn_hostname(sender: object = None, **_: object) -> None:
         # The main process, before the pool forks: its children inherit the name for their cards.
         if isinstance(sender, str):
@@ -46,7 +60,7 @@ def create_app(
         _report_consumer_health(monitoring.health)
     if sweep:
         _sweep_from_main(settings, recorder)
-    app.score_window = score_window  # type: ignore[attr-defined]
+    app.score_window = score_window
     return app
 
 
@@ -69,8 +83,8 @@ def _register_task(app: Celery, settings: Settings, recorder: Recorder) -> Any:
     # flag is the envelope's, which anyone who writes to the list writes: never trusted.
     trusts_redelivered = settings.store.broker_kind == "amqp"
 
-    @app.task(name=TASK_NAME, bind=True, ignore_result=True, Request=WINDOW_REQUEST)
-    def score_window(self, stream_id: str, window: int) -> str:  # type: ignore[no-untyped-def]
+    @app.task(name=TASK_NAME, bind=True, ignore_result=True, Request=WINDOW_REQUEST)  # type: ignore[untyped-decorator]  # Celery's
+    def score_window(self: Task, stream_id: str, window: int) -> str:
         runtime = get_runtime(settings, recorder)
         redelivered = (self.request.delivery_info or {}).get("redelivered") is True
         return runtime.scorer.process(
@@ -90,12 +104,12 @@ def _load_runtime_at_start(settings: Settings, recorder: Recorder) -> None:
         if name is not None:
             card.publish(runtime.store, name, card.describe(runtime))
 
-    @signals.worker_process_init.connect(weak=False)
+    @receives(signals.worker_process_init)
     def _load_in_child(**_: object) -> None:
         reset_runtime()
         load_and_publish()
 
-    @signals.worker_ready.connect(weak=False)
+    @receives(signals.worker_ready)
     def _load_in_main(sender: object = None, **_: object) -> None:
         # prefork loads in each child instead; never in the parent that forks them.
         pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
@@ -112,11 +126,11 @@ def _load_runtime_at_start(settings: Settings, recorder: Recorder) -> None:
 
 def _report_consumer_health(health: WorkerHealth) -> None:
     # worker_ready's sender is the consumer: /healthz asks it whether the broker is connected.
-    @signals.worker_ready.connect(weak=False)
+    @receives(signals.worker_ready)
     def _consumer_up(sender: object = None, **_: object) -> None:
         health.consumer_started(sender)
 
-    @signals.worker_shutting_down.connect(weak=False)
+    @receives(signals.worker_shutting_down)
     def _consumer_down(**_: object) -> None:
         health.consumer_stopped()
 
@@ -125,10 +139,10 @@ def _sweep_from_main(settings: Settings, recorder: Recorder) -> None:
     timer = SweepTimer(settings, recorder)
 
     # The main process sweeps (worker_ready fires there only, after the pool forked).
-    @signals.worker_ready.connect(weak=False)
+    @receives(signals.worker_ready)
     def _start_sweep(**_: object) -> None:
         timer.start()
 
-    @signals.worker_shutting_down.connect(weak=False)
+    @receives(signals.worker_shutting_down)
     def _stop_sweep(**_: object) -> None:
         timer.request_stop()  # no join: this runs inside a signal handler

@@ -76,7 +76,7 @@ def check_remote_control(settings: Settings) -> None:
         )
 
 
-class GuardedPidbox(pidbox.Pidbox):
+class GuardedPidbox(pidbox.Pidbox):  # type: ignore[misc]  # Celery's, unannotated
     """Celery's worker mailbox, answering only the allowed commands, each message checked first."""
 
     def __init__(self, c: Any) -> None:
@@ -107,8 +107,8 @@ class GuardedPidbox(pidbox.Pidbox):
             return
         body, method_allowed = checked
         if not method_allowed:
-            refusal = Refused("control", f"command {body.method!r} is not one this worker answers")
-            log_refusal("control_command_refused", refusal, method=body.method)
+            not_answered = Refused("control", f"command {body.method!r} is not one this worker answers")
+            log_refusal("control_command_refused", not_answered, method=body.method)
             self.count_refusal("control")
             if body.reply_to is not None:
                 self.node.reply(
@@ -154,7 +154,7 @@ class GuardedPidbox(pidbox.Pidbox):
         return body, body.method in self.node.handlers
 
 
-class Control(CeleryControl):
+class Control(CeleryControl):  # type: ignore[misc]  # Celery's, unannotated
     """Celery's remote-control bootstep with the guarded mailbox (any pool: rerankq runs no green one)."""
 
     def __init__(self, c: Any, **kwargs: Any) -> None:

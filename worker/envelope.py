@@ -159,7 +159,7 @@ class GuardedAmqpMessage(pyamqp.Message):
             )
         )
         if refusal is None:
-            super().__init__(msg, channel=channel, **kwargs)
+            super().__init__(msg, channel=channel, **kwargs)  # type: ignore[no-untyped-call]  # kombu's, unannotated
             return
         kombu_base.Message.__init__(
             self,
@@ -258,7 +258,7 @@ class GuardedMessage(virtual.Message):
         if refusal is not None:
             payload = {**payload, "body": "", "headers": _without_compression(headers)}
         try:
-            super().__init__(payload, channel=channel, **kwargs)
+            super().__init__(payload, channel=channel, **kwargs)  # type: ignore[no-untyped-call]  # kombu's, unannotated
         except binascii.Error as exc:
             raise UnreadableEnvelope(f"a body that is not base64: {str(exc)[:200]}") from None
         except (ValueError, TypeError, KeyError) as exc:
@@ -278,7 +278,7 @@ class BoundedRedis(redis.Redis):
     """
 
     def parse_response(self, connection: Any, command_name: str | bytes, **options: Any) -> Any:
-        reply = super().parse_response(connection, command_name, **options)
+        reply = super().parse_response(connection, command_name, **options)  # type: ignore[no-untyped-call]  # redis-py's
         if command_name in ("BRPOP", "RPOP") and reply:
             entry = reply[1] if command_name == "BRPOP" else reply
             if isinstance(entry, (bytes, str)) and len(entry) > MAX_MESSAGE_BYTES:
@@ -320,7 +320,7 @@ class _GuardedChannel(GuardedReads):
 
 class GuardedTransport:
     #: Replaced by the worker's consumer once it connects, so drops are counted.
-    count_refusal: Callable[[str], None] = staticmethod(lambda reason: None)  # type: ignore[assignment]
+    count_refusal: Callable[[str], None] = staticmethod(lambda reason: None)
 
 
 class RedisChannel(_GuardedChannel, redis_transport.Channel):

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict
 
 from kernel.logs import LevelCheckedLogger
 from kernel.masking import mask_text
@@ -44,7 +45,7 @@ def _secret_key(key: str) -> bool:
     return bool(_SECRET_KEYS.search(key))
 
 
-def redact_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def redact_secrets(logger: Any, method: str, event: EventDict) -> EventDict:
     return {k: "***" if _secret_key(k) else _redact(v) for k, v in event.items()}
 
 
@@ -53,7 +54,7 @@ def redact_rendered(logger: Any, method: str, rendered: Any) -> Any:
     return redact_text(rendered) if isinstance(rendered, str) else rendered
 
 
-def lift_library_fields(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def lift_library_fields(logger: Any, method: str, event: EventDict) -> EventDict:
     """A library record (``kernel.logs``) becomes its event and fields again, not a flat message."""
     record = event.get("_record")
     name = getattr(record, "rerankq_event", None)

@@ -54,10 +54,10 @@ def _describe(message: Any) -> dict[str, str]:
     }
 
 
-class Consumer(CeleryConsumer):
+class Consumer(CeleryConsumer):  # type: ignore[misc]  # Celery's, unannotated
     """Celery's consumer; a task message reaches Celery's handler only once it is checked."""
 
-    class Blueprint(CeleryConsumer.Blueprint):
+    class Blueprint(CeleryConsumer.Blueprint):  # type: ignore[misc]  # Celery's, unannotated
         default_steps = [
             CONTROL_STEP if step == CELERY_CONTROL_STEP else step for step in CeleryConsumer.Blueprint.default_steps
         ]

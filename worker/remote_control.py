@@ -15,7 +15,7 @@ from celery.worker.control import inspect_command
 COMMAND = "rerankq_worker"
 
 
-@inspect_command(name=COMMAND)
+@inspect_command(name=COMMAND)  # type: ignore[untyped-decorator]  # Celery's, unannotated
 def rerankq_worker(state: Any, **_: Any) -> dict[str, Any]:
     """rerankq: device, queues, pool and windows in progress."""
     consumer = state.consumer

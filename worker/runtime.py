@@ -71,13 +71,14 @@ class Runtime:
         if not self.settings.chain.pair_cache or provider.scale is None:
             return metered
         raw = getattr(provider, "inner", provider)
-        if hasattr(raw, "vector_cache") and isinstance(getattr(raw, "cache_identity", None), str):
+        identity = getattr(raw, "cache_identity", None)
+        if hasattr(raw, "vector_cache") and isinstance(identity, str):
             from worker.chain.embedding_cache import EmbeddingCache
 
             raw.vector_cache = EmbeddingCache(
                 self.store.client,
                 self.store.keys,
-                identity=raw.cache_identity,
+                identity=identity,
                 ttl_s=self.settings.chain.cache_ttl_s,
                 per_tenant=member.send_tenant or not self.settings.chain.pair_cache_shared_across_tenants,
                 dims=getattr(getattr(raw, "engine", None), "dimensions", None),

@@ -19,6 +19,7 @@ from kernel.settings import Settings
 from kernel.store import Begun, Store
 from kernel.wire import (
     Candidate,
+    Decision,
     Failed,
     StreamSpec,
     WindowEmbeddings,
@@ -45,6 +46,8 @@ T = TypeVar("T")
 # between tries, for as long as its lease lasts: a full Redis is waited out like a
 # restarting one, not turned into a lost or failed window.
 FULL_REDIS_MAX_BACKOFF_S = 2.0
+#: What a store call is retried on (``_through_full_redis`` tells a full Redis from other refusals).
+_RETRIED: tuple[type[Exception], ...] = (redis.exceptions.ResponseError, *UNAVAILABLE_ERRORS)
 
 #: Who served a window none of whose candidates has text: nobody was asked.
 NO_TEXT = "no_text"
@@ -127,7 +130,7 @@ class WindowScorer:
         while True:
             try:
                 return call()
-            except (redis.exceptions.ResponseError, *UNAVAILABLE_ERRORS) as exc:
+            except _RETRIED as exc:
                 # A full Redis; or a master refusing writes for want of replicas in sync
                 # (NOREPLICAS, raw where no rerankq connection class converted it: a cluster node).
                 if isinstance(exc, redis.exceptions.ResponseError) and not (
@@ -368,7 +371,7 @@ class WindowScorer:
             spec = None
         size = spec.window_size if spec is not None else len(begun.candidates)
         start = window * size
-        decisions = []
+        decisions: list[Decision] = []
         for i, blob in enumerate(begun.candidates):
             try:
                 candidate = candidate_decoder.decode(blob)

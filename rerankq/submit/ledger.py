@@ -37,7 +37,8 @@ class Ledger:
         try:
             self.db.execute("INSERT INTO seen VALUES (?, ?)", (job_id, place))
         except sqlite3.IntegrityError:
-            return self.db.execute("SELECT place FROM seen WHERE id = ?", (job_id,)).fetchone()[0]
+            earlier: str = self.db.execute("SELECT place FROM seen WHERE id = ?", (job_id,)).fetchone()[0]
+            return earlier
         return None
 
     def close(self) -> None:

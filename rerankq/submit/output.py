@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -205,7 +205,7 @@ def _trec_field_ok(index: int, value: bytes, partial: bool, tag: bytes) -> bool:
     return True
 
 
-def _last_line_end(fh: Any) -> int:
+def _last_line_end(fh: BinaryIO) -> int:
     """The offset just past the file's last newline (0 when it has none)."""
     size = fh.seek(0, os.SEEK_END)
     position = size

@@ -169,7 +169,7 @@ class Runner:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now
             self.outcome.interrupted = True
 
-        previous = {}
+        previous: dict[int, Any] = {}
         for signum in (signal.SIGINT, signal.SIGTERM):
             try:
                 previous[signum] = signal.signal(signum, stop)

@@ -69,7 +69,7 @@ class Breaker:
         """Whether to call ``member`` now. ``probe_lease_s``: how long a probe may take before
         another process may probe instead (its holder may have died)."""
         lease_ms = int(probe_lease_s * 1000)
-        return Gate(int(self._run(member, "acquire", lease_ms, self._ttl_ms(lease_ms))))  # type: ignore[arg-type]
+        return Gate(_number(self._run(member, "acquire", lease_ms, self._ttl_ms(lease_ms))))
 
     def record_success(self, member: str) -> str:
         """Closes the breaker; returns the state it was in (the caller logs a change by its label)."""
@@ -87,8 +87,12 @@ class Breaker:
     def state(self, member: str) -> dict[str, str]:
         """The raw hash, for operators and tests; empty when closed with no failures."""
         raw = self.client.hgetall(self.keys.breaker(member))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return {_text(k): _text(v) for k, v in raw.items()}
 
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _number(value: object) -> int:
+    return value if isinstance(value, int) else int(_text(value))

@@ -34,7 +34,7 @@ import dataclasses
 import hashlib
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import redis
@@ -59,11 +59,16 @@ def _cacheable(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+def _values(replies: Iterable[object]) -> list[bytes | None]:
+    """MGET's replies as the cache reads them: its client does not decode, so a value is bytes."""
+    return [reply if isinstance(reply, bytes) else None for reply in replies]
+
+
 def _declared(provider: object, name: str) -> object | None:
     """An attribute the raw provider declares, looked up beneath any wrappers (checks, metering)."""
     layer: object | None = provider
     while layer is not None:
-        value = getattr(layer, name, None)
+        value: object | None = getattr(layer, name, None)
         if value is not None:
             return value
         layer = getattr(layer, "inner", None)
@@ -214,8 +219,8 @@ class CachedProvider:
         try:
             if self._cluster:
                 # Keys hash to different slots; a read needs no atomicity, so split it.
-                return list(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
-            return list(self.client.mget(keys))
+                return _values(self.client.mget_nonatomic(keys))  # type: ignore[attr-defined]
+            return _values(self.client.mget(keys))
         except redis.RedisError:
             return [None] * len(keys)  # a cache outage costs provider calls, never a window
 

@@ -151,7 +151,7 @@ class Member:
         if not self.uses_instructions and self._provider is not None and self._provider.scale is not None:
             # Once per start; each window it serves with an instruction records it too.
             log.info("member_ignores_instructions", member=self.label, provider=self.settings.provider)
-        return self._provider  # type: ignore[return-value]
+        return self._provider
 
     def _start_failed(self, exc: ProviderStartError) -> None:
         self._failed_at = time.monotonic()

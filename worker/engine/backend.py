@@ -48,10 +48,16 @@ class Backend(Protocol):
     """What runs a batch's forward pass. An exported backend also has the ``precision`` it was
     adopted at (fp32, bf16 or int8); torch runs at the engine's (``ForwardEngine``'s policy)."""
 
-    #: torch, onnx or openvino.
-    name: str
-    #: A digest of the exported model this backend runs (None for torch): its scores' identity.
-    artifact: str | None
+    # Read-only: each backend class fixes them (torch's artifact is always None).
+    @property
+    def name(self) -> str:
+        """torch, onnx or openvino."""
+        ...
+
+    @property
+    def artifact(self) -> str | None:
+        """A digest of the exported model this backend runs (None for torch): its scores' identity."""
+        ...
 
     def forward(self, tensors: Mapping[str, Any]) -> Any:
         """One batch of padded CPU tensors (input_ids, attention_mask, token_type_ids) to

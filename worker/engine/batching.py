@@ -83,7 +83,7 @@ def pad_batches(
             span = slice(width - n, width) if left else slice(0, n)
             input_ids[row, span] = torch.tensor(ids[i], dtype=torch.long)
             mask[row, span] = 1
-            if token_types is not None:
+            if token_types is not None and types is not None:
                 token_types[row, span] = torch.tensor(types[i], dtype=torch.long)
         tensors = {"input_ids": input_ids, "attention_mask": mask}
         if token_types is not None:

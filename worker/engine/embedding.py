@@ -203,7 +203,8 @@ class EmbeddingEngine(ForwardEngine):
             return prompt
         prompts = self.sentence_transformer.prompts
         name = next((n for n in _PROMPT_NAMES[role] if n in prompts), None)
-        return self.sentence_transformer._resolve_prompt(None, name)
+        resolved: str | None = self.sentence_transformer._resolve_prompt(None, name)
+        return resolved
 
     def _prepare(
         self, texts: Sequence[str], role: Role, prompt: str | None

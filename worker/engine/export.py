@@ -273,7 +273,7 @@ def onnx_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed]) -
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    class Reader(CalibrationDataReader):
+    class Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime's, unannotated
         def __init__(self) -> None:
             self._feeds = iter(feeds)
 

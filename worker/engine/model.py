@@ -381,7 +381,8 @@ class ScoringEngine(ForwardEngine):
         for members in by_query.values():
             rows = [ids[i] for i in members]
             length = common_prefix_length(rows)
-            if len(members) < 2 or length < MIN_PREFIX_TOKENS:
+            # self.prefix is None once a query before found the model's cache unusable.
+            if self.prefix is None or len(members) < 2 or length < MIN_PREFIX_TOKENS:
                 plain.extend(members)
                 continue
             cached = self.prefix.prefix_cache(rows[0][:length], self.device)

@@ -6,6 +6,7 @@ A reduced precision is acceptable only where it orders a window the way fp32 doe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 #: The bar a reduced precision must clear per window against fp32.
@@ -66,7 +67,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     var_b = sum((y - mean_b) ** 2 for y in rb)
     if var_a == 0 or var_b == 0:
         return 1.0 if var_a == var_b else 0.0
-    return cov / (var_a * var_b) ** 0.5
+    return cov / math.sqrt(var_a * var_b)
 
 
 def max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:

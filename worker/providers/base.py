@@ -123,8 +123,12 @@ class Provider(Protocol):
     """
 
     kind: str
-    #: None for an explicit passthrough (rrf): it keeps fusion order and scores nothing.
-    scale: Scale | None
+
+    # Read-only here: the wrappers (checked, metered, cached) answer with their inner provider's.
+    @property
+    def scale(self) -> Scale | None:
+        """None for an explicit passthrough (rrf): it keeps fusion order and scores nothing."""
+        ...
 
     def score(self, request: ScoreRequest, *, deadline: float) -> list[float | None]:
         """One score per document in input order; None marks a document a valid subset omitted.

@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.settings import MemberSettings, Settings
-from worker.providers.base import Remedy, ScoreRequest
+from worker.providers.base import MemberConfigError, Remedy, ScoreRequest
 from worker.providers.remote import (
-    MemberConfigError,
     check_base_url,
     check_member_numbers,
     check_subset_size,

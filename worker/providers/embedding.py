@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import threading
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -37,6 +37,9 @@ from worker.providers.base import (
     check_device,
 )
 from worker.providers.local import resolve_device
+
+if TYPE_CHECKING:
+    from worker.chain.embedding_cache import EmbeddingCache
 
 log = structlog.get_logger("rerankq.provider.embedding")
 
@@ -69,7 +72,7 @@ class EmbeddingProvider:
     #: The stream's instruction is the query's prompt (encode_query(prompt=...)).
     accepts_instruction = True
     #: Each text's embedding kept in Redis (``worker.chain.embedding_cache``); set by the worker.
-    vector_cache: Any = None
+    vector_cache: EmbeddingCache | None = None
 
     @staticmethod
     def check_config(member: MemberSettings) -> None:

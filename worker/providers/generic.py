@@ -22,9 +22,8 @@ import re
 from typing import Any
 
 from kernel.settings import MemberSettings, Settings
-from worker.providers.base import Remedy, ScoreRequest, UnusableResponse
+from worker.providers.base import MemberConfigError, Remedy, ScoreRequest, UnusableResponse
 from worker.providers.remote import (
-    MemberConfigError,
     check_base_url,
     check_member_numbers,
     check_subset_size,

@@ -33,9 +33,8 @@ from typing import Any
 
 from kernel.settings import MemberSettings, Settings
 from worker import control_strings
-from worker.providers.base import Remedy, ScoreRequest
+from worker.providers.base import MemberConfigError, Remedy, ScoreRequest
 from worker.providers.remote import (
-    MemberConfigError,
     check_base_url,
     check_member_numbers,
     check_subset_size,

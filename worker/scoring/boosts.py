@@ -49,7 +49,7 @@ def recency(when: dt.datetime | None, reference: dt.datetime | None, boosts: Boo
         return 1.0
     if boosts.recency_curve == "exponential":
         # The half-life is the age at which a candidate is exactly neutral.
-        return 0.5 ** (age_days / boosts.recency_half_life_days)
+        return math.pow(0.5, age_days / boosts.recency_half_life_days)
     floor = min(max(boosts.recency_floor, 0.0), 1.0)
     return max(floor, 1.0 - (1.0 - floor) * age_days / boosts.recency_window_days)
 
@@ -83,7 +83,7 @@ def temporal(candidate: Candidate, query_range: TimeRange | None, boosts: Boosts
         return 1.0
     if boosts.temporal_decay_days <= 0:
         return 0.0
-    return 0.5 ** (distance / boosts.temporal_decay_days)
+    return math.pow(0.5, distance / boosts.temporal_decay_days)
 
 
 def proof(count: int | None) -> float:

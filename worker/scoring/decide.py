@@ -92,9 +92,9 @@ def decide(
     each candidate, kept on its decision.
     """
     if outcome.failed:
-        reason = outcome.reason or "failed"
+        failure = outcome.reason or "failed"
         return [
-            Failed(id=c.id, index=first_index + i, document=documents[i], reason=reason)
+            Failed(id=c.id, index=first_index + i, document=documents[i], reason=failure)
             for i, c in enumerate(candidates)
         ]
     served_by = outcome.served_by or ""
@@ -108,14 +108,15 @@ def decide(
     for i, c in enumerate(candidates):
         index = first_index + i
         raw: float | None = None
+        member_score = base[i]
         if not has_text(c):
             # No text: sinks to the bottom of its window, never dropped.
             score = final = -math.inf
-        elif base[i] is None:
+        elif member_score is None:
             omitted.append(Omitted(id=c.id, index=index, document=documents[i], served_by=served_by))
             continue
         else:
-            score = base[i]  # type: ignore[assignment]
+            score = member_score
             if calibrate is not None:
                 raw, score = score, calibrate(score)
             final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)

@@ -190,7 +190,7 @@ def cut(
     if len(offsets) <= tokens:
         return [(0, len(text))]
     ends = [b for _, b in offsets]
-    spans = []
+    spans: list[tuple[int, int]] = []
     first = 0
     while len(spans) < max_passages:
         start = _back_to_boundary(text, offsets[first][0])
@@ -270,6 +270,8 @@ class Aggregated:
     score: float
     #: Which passage decided it: the best one (``first``: the first one).
     best: int
+    #: That passage's own score, on the member's scale.
+    best_score: float
 
 
 def aggregate(
@@ -287,11 +289,11 @@ def aggregate(
         return None
     best_score, best = max(present, key=lambda item: (item[0], -item[1]))
     if how == "max":
-        return Aggregated(score=best_score, best=best)
+        return Aggregated(score=best_score, best=best, best_score=best_score)
     if how == "first":
-        return None if scores[0] is None else Aggregated(score=scores[0], best=0)
+        return None if scores[0] is None else Aggregated(score=scores[0], best=0, best_score=scores[0])
     top = sorted((normalise(s) for s, _ in present), reverse=True)[:top_k]
-    return Aggregated(score=sum(top) / top_k, best=best)
+    return Aggregated(score=sum(top) / top_k, best=best, best_score=best_score)
 
 
 @dataclass
@@ -335,7 +337,7 @@ class WindowPassages:
                 continue
             best = passages[result.best]
             out_scores.append(result.score)
-            spans.append(PassageSpan(start=best.start, end=best.end, score=normalise(mine[result.best], scale)))  # type: ignore[arg-type]
+            spans.append(PassageSpan(start=best.start, end=best.end, score=normalise(result.best_score, scale)))
             best_texts.append(best.text)
         return out_scores, spans, best_texts
 
