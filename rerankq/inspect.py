@@ -107,6 +107,10 @@ def breaker_view(rerank: Any, workers: list[dict[str, Any]]) -> list[dict[str, A
     return out
 
 
+#: The counters kept per chain member, shown under the totals.
+PER_MEMBER = ("failovers:", "members_not_started:", "provider_calls:", "provider_timeouts:")
+
+
 def counter_view(counters: dict[str, int]) -> dict[str, Any]:
     hits, misses = counters.get("pair_cache_hits", 0), counters.get("pair_cache_misses", 0)
     return {
@@ -115,6 +119,7 @@ def counter_view(counters: dict[str, int]) -> dict[str, Any]:
         "windows_poisoned": counters.get("windows_poisoned", 0),
         "windows_redelivered": counters.get("windows_redelivered", 0),
         "failovers": counters.get("failovers", 0),
+        "members_not_started": counters.get("members_not_started", 0),
         "pair_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
         "all": dict(sorted(counters.items())),
     }
@@ -200,12 +205,11 @@ def render(view: dict[str, Any]) -> None:
     rate = "-" if c["pair_cache_hit_rate"] is None else f"{c['pair_cache_hit_rate']:.1%}"
     out.print(
         f"counters: {c['windows_committed']} windows committed, {c['windows_failed']} failed, "
-        f"{c['windows_poisoned']} poisoned, {c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
+        f"{c['windows_poisoned']} poisoned, {c['windows_redelivered']} re-sent; {c['failovers']} failovers, "
+        f"{c['members_not_started']} windows passed a member that never started; "
         f"pair cache hit rate {rate}"
     )
-    per_member = {
-        k: v for k, v in c["all"].items() if k.startswith(("failovers:", "provider_calls:", "provider_timeouts:"))
-    }
+    per_member = {k: v for k, v in c["all"].items() if k.startswith(PER_MEMBER)}
     if per_member:
         out.print("  " + ", ".join(f"{k} {v}" for k, v in per_member.items()))
 
