@@ -128,3 +128,51 @@ def test_an_offline_first_member_is_said_once_and_counted_apart_from_failovers(
         timeout=60,
     )
     assert "0 failovers" in done.stdout and "members_not_started:0:local" in done.stdout, done.stdout + done.stderr
+
+
+# -- every command fails fast, in one line ----------------------------------------------------
+
+
+def rerankq(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rerankq", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_serve_without_a_redis_says_so_in_one_line(base_env):
+    env = {k: v for k, v in base_env.items() if k not in ("RERANKQ_REDIS_URL", "RERANKQ_BROKER_URL")}
+    done = rerankq(env, "serve", "--insecure-no-auth", "--port", "0", timeout=60)
+    assert done.returncode == 2  # docs/gateway.md: a setting that is wrong
+    [line] = (done.stdout + done.stderr).strip().splitlines()
+    assert "RERANKQ_REDIS_URL" in line and "is not set" in line
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "extra"),
+    [
+        ("starlette", ["serve", "--insecure-no-auth", "--port", "0"], "gateway"),
+        ("ir_measures", ["eval", "--limit", "1"], "eval"),
+        ("sklearn", ["calibrate", "--out", "never-written.json"], "eval"),
+    ],
+)
+def test_a_command_without_its_extra_names_the_extra(base_env, tmp_path, module, args, extra):
+    shim = tmp_path / "without"
+    (shim / module).mkdir(parents=True)
+    (shim / module / "__init__.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n"
+    )
+    done = rerankq({**base_env, "PYTHONPATH": f"{shim}:{ROOT}"}, *args)
+    assert done.returncode != 0
+    said = [line for line in (done.stdout + done.stderr).splitlines() if module in line]
+    assert len(said) == 1 and f"pip install 'rerankq[{extra}]'" in said[0], done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_eval_against_workers_without_its_profiles_exits_2_saying_what_to_change(start_worker, base_env, tmp_path):
+    start_worker()  # a worker of the configured Redis, without RERANKQ_CHAIN_EVAL<i>
+    out = tmp_path / "report.json"
+    done = rerankq(base_env, "eval", "--limit", "1", "--depths", "5", "--json", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "unset RERANKQ_REDIS_URL" in line and "RERANKQ_CHAIN_EVAL0=0" in line
+    assert not out.exists()
