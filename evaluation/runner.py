@@ -26,6 +26,7 @@ from pathlib import Path
 
 from evaluation.trec import Collection
 from kernel import stream_defaults
+from kernel.errors import ConfigError
 from kernel.limits import REMOTE_PASSAGE_TOKENS
 from kernel.settings import MemberSettings
 from kernel.wire import Failed, Filtered, Ranked
@@ -196,11 +197,25 @@ def run_member(
         )
         run.queries.append(query)
         if n == 1 and query.failed is not None:
+            if f"chain profile {profile_name(index)!r} is not configured" in query.failed:
+                # Every member would be reported unavailable, and the tables come out empty.
+                raise missing_profiles(index)
             break
         if n % 10 == 0 or n == len(qids):
             progress(f"{label} at depth {depth}: {n}/{len(qids)} queries")
     run.provider_calls = client.store.counters().get(f"provider_calls:{label}", 0) - before
     return run
+
+
+def missing_profiles(index: int) -> ConfigError:
+    """A configured Redis (its workers, or this host) lacks the profile that forces member ``index``."""
+    variable = f"RERANKQ_CHAIN_{profile_name(index).upper()}"
+    return ConfigError(
+        "RERANKQ_REDIS_URL",
+        f"its workers have no chain profile {profile_name(index)!r} to force member {index} with: unset "
+        f"RERANKQ_REDIS_URL to evaluate on a private Redis and worker started here, or start those workers "
+        f"with {variable}={index} (one RERANKQ_CHAIN_EVAL<i>=<i> per member evaluated)",
+    )
 
 
 @dataclass
@@ -247,6 +262,9 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
             log_path = Path(tempfile.mkdtemp(prefix="rerankq-eval-")) / "worker.log"
             worker = WorkerProcess.rerankq(env, log_path, "--device", device).start(timeout_s=300)
         settings = load_settings(env)
+        for index in members:
+            if profile_name(index) not in settings.chain.profiles:
+                raise missing_profiles(index)
         with RerankClient(settings) as client:
             yield Stack(client=client, private=private, chain=settings.chain.effective_members(), log_path=log_path)
     finally:

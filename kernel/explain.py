@@ -17,6 +17,28 @@ from kernel.errors import RerankqError, StoreError, mask_url
 CHECK = "check RERANKQ_REDIS_URL (and RERANKQ_BROKER_URL, RERANKQ_CONFIG_FILE) and that the server runs there"
 
 
+#: A package a command imports only where its extra is installed -> that extra (pyproject.toml).
+EXTRA_OF = {
+    "torch": "worker",
+    "transformers": "worker",
+    "sentence_transformers": "worker",
+    "starlette": "gateway",
+    "uvicorn": "gateway",
+    "ir_measures": "eval",
+    "matplotlib": "eval",
+    "sklearn": "eval",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """``No module named 'starlette'`` in words: the extra that brings it."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF.get(top)
+    if extra is None:
+        return None
+    return f"{top} is not installed, and this command needs it: pip install 'rerankq[{extra}]'"
+
+
 def _urls() -> str:
     """The store and broker URLs this command was configured with, passwords masked."""
     try:
@@ -45,6 +67,8 @@ def explain(exc: BaseException) -> str | None:
     """One line for an error a command should report rather than crash on; None otherwise."""
     if isinstance(exc, StoreError):
         return store_trouble(exc)
+    if isinstance(exc, ModuleNotFoundError):
+        return missing_extra(exc)
     if isinstance(exc, RerankqError):
         return f"{type(exc).__name__}: {exc}"
     if isinstance(exc, redis.exceptions.OutOfMemoryError):

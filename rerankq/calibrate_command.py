@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,6 +101,9 @@ def calibrate(
     fitted for."""
     from evaluation.calibrate_run import CalibrateRequest, run
 
+    # The fit, at the end, needs scikit-learn: on an install without rerankq[eval], say so
+    # before every member has scored every query (rerankq's one line for a missing extra).
+    importlib.import_module("sklearn")
     given = [qrels, run_path, queries, documents]
     if any(given) and not all(given):
         raise click.UsageError(

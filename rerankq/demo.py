@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections import Counter
 from importlib import resources
@@ -43,12 +44,22 @@ How to read a row:
 NEXT = """\
 Next: run it yourself against your own Redis and worker, as README.md's "Run it yourself"
 section shows (docs/README.md has the rest):
-  redis-server --port 6390 --daemonize yes
+  . .venv/bin/activate
+  redis-server --port 6390 --save "" --daemonize yes
   export RERANKQ_REDIS_URL=redis://127.0.0.1:6390/0
   rerankq worker --device cpu            # in one terminal; then a pipeline script or rerankq submit"""
 
 
-def served_note(served: list[str], failovers: list[str], chain: list[MemberSettings], log_path: Path) -> str:
+def worker_cause(log: str) -> str:
+    """The worker's own one-line reason for exiting (its ``worker_cannot_score`` line, or its last line)."""
+    lines = [line for line in log.splitlines() if line.strip()]
+    for line in lines:
+        if "worker_cannot_score" in line:
+            return line.split("problem=", 1)[-1].strip().strip("'\"")
+    return lines[-1] if lines else "it exited without a word"
+
+
+def served_note(served: list[str], failovers: list[str], chain: list[MemberSettings]) -> str:
     """Which member served the windows, and why not the first one, in plain words."""
     labels = sorted(set(served))
     lines = [f"\nserved by: {', '.join(labels) or 'nobody yet'}"]
@@ -76,7 +87,6 @@ def served_note(served: list[str], failovers: list[str], chain: list[MemberSetti
         )
     elif labels:
         lines.append(f"Why: the first member of the chain ({model}) loaded and scored every window.")
-    lines.append(f"Worker log: {log_path}")
     return "\n".join(lines)
 
 
@@ -105,11 +115,16 @@ def main(as_json: bool = False) -> int:
         + " -> ".join(f"{i}:{m.provider}" for i, m in enumerate(chain))
     )
     sample = json.loads(resources.files("producer").joinpath("sample/sample.json").read_text())
-    log_path = Path(tempfile.mkdtemp(prefix="rerankq-demo-")) / "worker.log"
+    scratch = Path(tempfile.mkdtemp(prefix="rerankq-demo-"))
+    log_path = scratch / "worker.log"
     worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu")
     try:
         say("starting a CPU worker (loads the model once; a first start also measures its backends)...")
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError:
+            print(f"The worker did not start. Why: {worker_cause(worker.log())}")
+            return 1
         with RerankClient(load_settings(env)) as client:
             stream = client.open(sample["query"], sample["candidates"], window_size=10)
             say(f"opened stream {stream}: {len(sample['candidates'])} candidates in windows of 10")
@@ -136,7 +151,6 @@ def main(as_json: bool = False) -> int:
                         "query": sample["query"],
                         "pages": [page_json(first), page_json(deeper)],
                         "status": to_builtins(status),
-                        "worker_log": str(log_path),
                     }
                 )
             say(
@@ -144,7 +158,6 @@ def main(as_json: bool = False) -> int:
                     [w.served_by for w in status.windows if w.served_by],
                     [f for w in status.windows for f in w.failovers],
                     chain,
-                    log_path,
                 )
             )
             say("\n" + NEXT)
@@ -152,6 +165,7 @@ def main(as_json: bool = False) -> int:
         worker.stop()
         if redis_server is not None:
             redis_server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

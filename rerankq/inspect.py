@@ -110,6 +110,10 @@ def breaker_view(rerank: Any, workers: list[dict[str, Any]]) -> list[dict[str, A
     return out
 
 
+#: The counters kept per chain member, shown under the totals.
+PER_MEMBER = ("failovers:", "members_not_started:", "provider_calls:", "provider_timeouts:")
+
+
 def counter_view(counters: dict[str, int]) -> dict[str, Any]:
     hits, misses = counters.get("pair_cache_hits", 0), counters.get("pair_cache_misses", 0)
     return {
@@ -119,6 +123,7 @@ def counter_view(counters: dict[str, int]) -> dict[str, Any]:
         "windows_cancelled": counters.get("windows_cancelled", 0),
         "windows_redelivered": counters.get("windows_redelivered", 0),
         "failovers": counters.get("failovers", 0),
+        "members_not_started": counters.get("members_not_started", 0),
         "pair_cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
         "all": dict(sorted(counters.items())),
     }
@@ -206,12 +211,11 @@ def render(view: dict[str, Any]) -> None:
     out.print(
         f"counters: {c['windows_committed']} windows committed, {c['windows_failed']} failed, "
         f"{c['windows_poisoned']} poisoned, {c['windows_cancelled']} cancelled, "
-        f"{c['windows_redelivered']} re-sent; {c['failovers']} failovers; "
+        f"{c['windows_redelivered']} re-sent; {c['failovers']} failovers, "
+        f"{c['members_not_started']} windows passed a member that never started; "
         f"pair cache hit rate {rate}"
     )
-    per_member = {
-        k: v for k, v in c["all"].items() if k.startswith(("failovers:", "provider_calls:", "provider_timeouts:"))
-    }
+    per_member = {k: v for k, v in c["all"].items() if k.startswith(PER_MEMBER)}
     if per_member:
         out.print("  " + ", ".join(f"{k} {v}" for k, v in per_member.items()))
 

@@ -162,6 +162,8 @@ def test_member_that_cannot_start_is_retried_lazily(start_worker, make_client, t
             "RERANKQ_RERANKER_MODEL": str(model_dir),
             "RERANKQ_RERANKER_1_PROVIDER": "rrf",
             "RERANKQ_MEMBER_RESTART_S": "2",
+            # Started on purpose before its model is there (the model arrives below).
+            "RERANKQ_SERVE_WITHOUT_SCORING": "true",
         }
     )
     # Said loudly once at start, before any window: no member that scores could start.

@@ -327,7 +327,13 @@ def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_
     # the chain's next member serves.
     serving.stop()
     gpt2 = build_tiny_causal_reranker(tmp_path / "gpt2", absolute_positions=True)
-    worker = start_worker(env={"RERANKQ_RERANKER_MODEL": str(gpt2), "RERANKQ_RERANKER_1_PROVIDER": "rrf"})
+    worker = start_worker(
+        env={
+            "RERANKQ_RERANKER_MODEL": str(gpt2),
+            "RERANKQ_RERANKER_1_PROVIDER": "rrf",
+            "RERANKQ_SERVE_WITHOUT_SCORING": "true",
+        }
+    )
     stream = client.open(query, items, window_size=len(items))
     assert client.pull(stream, 0, len(items), timeout=180).complete
     assert client.status(stream).windows[0].served_by == "1:rrf"

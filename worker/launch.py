@@ -18,6 +18,7 @@ from worker.app import create_app
 from worker.chain.member_config import check_member_configs
 from worker.control_door import check_remote_control
 from worker.logs import configure_logging
+from worker.metrics.recorder import Recorder
 from worker.scoring.calibration import Calibrations
 
 log = structlog.get_logger("rerankq.worker")
@@ -52,6 +53,9 @@ def start_worker(
     with no URL), raises ConfigError naming the variable before anything starts; a member
     that cannot load (a model that is not there) is the chain's to retry.
     """
+    # Model loading draws tqdm bars on stderr, which Celery would log as a warning per line.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     loaded = read_settings()
     settings = loaded.settings
     loglevel = (loglevel or settings.worker.log_level).upper()
@@ -103,6 +107,10 @@ def start_worker(
         return 1
     if monitoring.server is not None:
         log.info("metrics_listening", host=settings.metrics.host, port=monitoring.server.port)
+    problem = scoring_problem(settings, pool_name, monitoring.recorder)
+    if problem:
+        log.error("worker_cannot_score", problem=problem)
+        return 1
     from kernel.celery_config import delivery_summary
 
     log.info("broker_configured", **delivery_summary(settings))
@@ -133,6 +141,25 @@ def start_worker(
             *heartbeat,
         ],
     )
+
+
+def scoring_problem(settings: Settings, pool_name: str, recorder: Recorder) -> str | None:
+    """Why this worker must not take windows (no chain member that scores starts), or None.
+
+    Before the consumer starts, so a worker that cannot score takes nothing from the queue.
+    A threads pool loads its chain here, in the process that serves it; a prefork parent
+    asks a process of its own (``worker.readiness``), so that no model stays in the parent.
+    """
+    from worker import readiness
+
+    if readiness.passthrough_on_purpose(settings):
+        return None
+    if pool_name == "prefork":
+        return readiness.problem_in_subprocess(settings)
+    from worker.runtime import get_runtime
+
+    runtime = get_runtime(settings, recorder)
+    return None if runtime.scoring_started() else readiness.explain(runtime.start_causes())
 
 
 def run_celery(app: Celery, argv: list[str]) -> int:

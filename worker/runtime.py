@@ -42,7 +42,11 @@ class Runtime:
             connect(store_url), settings.store.namespace, event_log_maxlen=settings.streams.event_log_maxlen
         )
         self.chain = Chain.from_settings(
-            settings, wrap=self._wrap_member, on_failover=self._count_failover, redis_client=self.store.client
+            settings,
+            wrap=self._wrap_member,
+            on_failover=self._count_failover,
+            on_not_started=self._count_not_started,
+            redis_client=self.store.client,
         )
         self.share_return = ShareReturn(settings, self.store)
         self.scorer = WindowScorer(
@@ -116,13 +120,38 @@ class Runtime:
             self.count(f"provider_timeouts:{member}")
         self.recorder.failover(member, reason)
 
+    def _count_not_started(self, member: str) -> None:
+        self.count("members_not_started")
+        self.count(f"members_not_started:{member}")
+        self.recorder.member_not_started(member)
+
     def warm_up(self) -> None:
         self.chain.warm_up()
         self._warmed_up = True
         self.report_started()
+        from worker.readiness import passthrough_on_purpose
+
         # The line to wait for before the first window: Celery's "ready" comes before a
         # prefork child has loaded its models (and, at a first start, measured their backends).
-        log.info("chain_warmed_up", started=[m.label for m in self.chain.members if m.started])
+        # Never said by a worker that cannot score (unless fusion order is what it was asked for).
+        passthrough = passthrough_on_purpose(self.settings)
+        if self.chain.scoring_started() or passthrough:
+            started = [m.label for m in self.chain.members if m.started]
+            log.info("chain_warmed_up", started=started, **({"passthrough_on_purpose": True} if passthrough else {}))
+
+    def scoring_started(self) -> bool:
+        return self.chain.scoring_started()
+
+    def start_causes(self) -> list[str]:
+        """Each scoring member's failed start, in words (``worker.readiness.cause``)."""
+        from worker.readiness import cause
+
+        errors = self.chain.start_errors
+        return [
+            cause(m.label, errors[m.label])
+            for m in self.chain.members
+            if m.settings.provider != "rrf" and m.label in errors
+        ]
 
     def report_started(self, starting: str | None = None) -> None:
         """Tell the metrics which members started and whether this process can score: a

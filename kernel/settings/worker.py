@@ -26,6 +26,15 @@ class WorkerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ] = 20.0
     task_events: Annotated[bool, doc("Celery task events (and worker heartbeats), for Flower")] = False
     log_level: Annotated[str, doc("worker log level (rerankq worker --loglevel overrides it)")] = "INFO"
+    # A worker that cannot score would turn its share of every tenant's windows into fusion
+    # order: it refuses to start unless told that is what is wanted (worker.readiness).
+    serve_without_scoring: Annotated[
+        bool,
+        doc(
+            "start and take windows even when no chain member that scores can start (they keep fusion "
+            "order or fail); a chain configured with rrf members only needs no such setting"
+        ),
+    ] = False
     # rerankq's own tools use ping and rerankq_worker (rerankq inspect); every other command
     # a client of the broker sends (shutdown, rate_limit, revoke, conf, ...) is refused.
     remote_control_commands: Annotated[

@@ -66,6 +66,7 @@ def serve(ctx: click.Context, /, **overrides: Any) -> int | None:
         return None
     try:
         settings = load_settings()
+        settings.store.broker  # noqa: B018 - raises ConfigError when no Redis is named; checked before the app starts
         config = load_gateway_settings(**overrides)
     except ConfigError as exc:
         apply_host_logging((overrides["log_level"] or "INFO").upper())

@@ -3,8 +3,10 @@
 A member is skipped on any ProviderError (timeout, connection, HTTP, unusable
 response), when it cannot start, or when its circuit breaker is open. A member that
 cannot start is retried on a later window (at most once per ``member_restart_s``)
-rather than taking the worker down. Every skip is a failover: logged at WARNING with
-the member, the reason, the stream and the window, and counted through ``on_failover``.
+rather than taking the worker down. A skip of a member that was up is a failover: logged
+at WARNING with the member, the reason, the stream and the window, and counted through
+``on_failover``. A skip of a member that never started is not: its start failure was said
+once, and each window it is skipped for is counted apart, through ``on_not_started``.
 
 A member is named by its label (``0:cohere``) in every log line and failover; the
 breaker's Redis key adds a digest of the endpoint, and that key is all it is used for.
@@ -74,6 +76,10 @@ def explained(index: int, exc: ProviderError) -> tuple[str, dict[str, str]]:
         return exc.detail, {}
     variable = member_variable(index, exc.remedy.field)
     return f"{exc.detail}; {exc.remedy.render(variable)}", {"variable": variable}
+
+
+def described(exc: ProviderStartError) -> str:
+    return f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
 
 
 def _not_bound() -> Provider:
@@ -154,11 +160,15 @@ class Member:
         return self._provider
 
     def _start_failed(self, exc: ProviderStartError) -> None:
+        previous = self._last_error
         self._failed_at = time.monotonic()
         self._last_error = exc
         field_name = getattr(exc, "field", None)
         named = {"variable": member_variable(self.index, field_name)} if isinstance(field_name, str) else {}
-        log.warning(
+        # Said once: a model that is not there (offline, the default chain's first member) is
+        # retried every restart_s, and each retry that fails as the last one did is no news.
+        same = previous is not None and (previous.reason, previous.detail) == (exc.reason, exc.detail)
+        (log.debug if same else log.warning)(
             "member_start_failed",
             member=self.label,
             reason=exc.reason,
@@ -179,6 +189,7 @@ class Chain:
         *,
         on_call: Callable[[str], None] | None = None,
         on_failover: Callable[[str, str], None] | None = None,
+        on_not_started: Callable[[str], None] | None = None,
         breaker: Breaker | None = None,
         flat_min_window: int = FLAT_MIN_WINDOW,
         flat_range: float = FLAT_RANGE,
@@ -191,7 +202,10 @@ class Chain:
         self.flat_range = flat_range
         self._on_call = on_call or (lambda label: None)
         self._on_failover = on_failover or (lambda label, reason: None)
+        self._on_not_started = on_not_started or (lambda label: None)
         self._owned_redis: redis.Redis | None = None  # a connection made for the breaker alone
+        #: Why each member that failed its start at warm-up did (by label).
+        self.start_errors: dict[str, ProviderStartError] = {}
 
     @classmethod
     def from_settings(
@@ -250,24 +264,29 @@ class Chain:
         """Start every member now (model load at process start); failures are logged, not fatal.
 
         When no member that scores (anything but ``rrf``) starts, the worker can only keep
-        fusion order or fail windows: that is said once, at ERROR, naming each member and why.
+        fusion order or fail windows: that is said once, at ERROR, naming each member and why
+        (a worker refuses to start so unless told to: ``worker.readiness``).
         """
-        failed: dict[str, str] = {}
+        self.start_errors = {}
         for member in self.members:
             try:
                 member.provider()
             except ProviderStartError as exc:
                 # Logged by the member at WARNING; retried on a later window.
-                failed[member.label] = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+                self.start_errors[member.label] = exc
         scoring = [m for m in self.members if m.settings.provider != "rrf"]
-        if scoring and all(m.label in failed for m in scoring):
+        if scoring and not self.scoring_started():
             fallback = next((m.label for m in self.members if m.settings.provider == "rrf"), None)
             log.error(
                 "no_scoring_member_started",
-                members={m.label: failed[m.label] for m in scoring},
+                members={m.label: described(self.start_errors[m.label]) for m in scoring},
                 windows_served_by=fallback or "nobody: windows are committed as failed",
                 retry_in_s=max(m.restart_s for m in scoring),
             )
+
+    def scoring_started(self) -> bool:
+        """Whether a member that scores (anything but ``rrf``) is up."""
+        return any(m.started for m in self.members if m.settings.provider != "rrf")
 
     def members_for(self, profile: str | None) -> list[Member] | None:
         """The members a stream's chain profile selects, in its order; None if it is not configured."""
@@ -309,8 +328,13 @@ class Chain:
             try:
                 provider = member.provider()
             except ProviderStartError as exc:
-                detail, named = explained(member.index, exc)
-                fail_over(member, exc.reason, detail, **named)
+                # A member that never started (said once, at its start) was not tried for this
+                # window: no failover, or every window of an offline default chain would be one.
+                # One reason whether this window retried the start or waited for the next try,
+                # so a reader sees one cause, not two wordings of it.
+                failovers.append(f"{member.label}: not_started")
+                log.debug("member_not_started", member=member.label, reason=exc.reason, window=request.window)
+                self._on_not_started(member.label)
                 continue
             gate = self._acquire(member)
             if gate is Gate.SKIP:

@@ -125,6 +125,12 @@ class WorkerMetrics(Recorder):
         self.failovers = Counter(
             "rerankq_failovers", "Members skipped by the chain, by reason", ["member", "reason"], registry=None
         )
+        self.not_started = Counter(
+            "rerankq_members_not_started",
+            "Windows the chain passed over a member for because it never started (not failovers)",
+            ["member"],
+            registry=None,
+        )
         self.cache_hits = Counter(
             "rerankq_pair_cache_hits", "Pair scores served from the cache", ["member"], registry=None
         )
@@ -237,6 +243,9 @@ class WorkerMetrics(Recorder):
 
     def failover(self, member: str, reason: str) -> None:
         self.failovers.labels(member, reason).inc()
+
+    def member_not_started(self, member: str) -> None:
+        self.not_started.labels(member).inc()
 
     def cache_counted(self, member: str, hits: int, misses: int) -> None:
         counters = self._cache.get(member)

@@ -35,6 +35,9 @@ class Recorder:
     def failover(self, member: str, reason: str) -> None:
         """The chain skipped a member (counted as ``failovers:<member>``)."""
 
+    def member_not_started(self, member: str) -> None:
+        """The chain passed over a member that never started (counted as ``members_not_started:<member>``)."""
+
     def cache_counted(self, member: str, hits: int, misses: int) -> None:
         """The pair cache counted hits and misses in the store."""
 
