@@ -342,3 +342,37 @@ def test_a_worker_serves_a_causal_reranker_as_predict_scores_it_and_refuses_one_
         time.sleep(0.2)
     refused = [line for line in worker.log().splitlines() if "member_start_failed" in line]
     assert refused and "engine_disagrees" in refused[0] and "CrossEncoder.predict" in refused[0]
+
+
+@pytest.mark.slow  # three real workers
+def test_a_causal_rerankers_agreement_is_checked_once_per_model_and_again_when_it_changes(
+    causal_dir: Path,
+    tmp_path: Path,
+    start_worker: Callable[..., Any],
+    make_client: Callable[..., RerankClient],
+) -> None:
+    import shutil
+
+    model = Path(shutil.copytree(causal_dir, tmp_path / "model"))
+    pairs = realistic_pairs(6, seed=11)
+    items = [{"id": f"d{i}", "text": d} for i, (_, d) in enumerate(pairs)]
+    env = {"RERANKQ_RERANKER_MODEL": str(model), "RERANKQ_PAIR_CACHE": "false"}
+
+    def start_and_serve() -> str:
+        worker = start_worker(env=env)
+        client = make_client()
+        stream = client.open(pairs[0][0], items, window_size=len(items))
+        page = client.pull(stream, 0, len(items), timeout=180)
+        assert page.complete and {r.served_by for r in page.rows} == {"0:local"}
+        worker.stop()
+        return worker.log()
+
+    first = start_and_serve()
+    assert "engine_agrees_with_library" in first and "engine_agreement_reused" not in first
+    second = start_and_serve()
+    assert "engine_agreement_reused" in second and "engine_agrees_with_library" not in second
+    # New weights (rewritten in place): the kept verdict is not this model's, so it is checked again.
+    weights = next(p for p in model.iterdir() if p.suffix in {".safetensors", ".bin"})
+    weights.write_bytes(weights.read_bytes())
+    third = start_and_serve()
+    assert "engine_agrees_with_library" in third and "engine_agreement_reused" not in third

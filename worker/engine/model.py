@@ -228,7 +228,35 @@ class ScoringEngine(ForwardEngine):
     # -- agreement with sentence-transformers --
 
     def _agree_with_library(self) -> None:
-        """Refuse the model unless the engine at fp32 scores the probe windows as predict does."""
+        """Refuse the model unless the engine at fp32 scores the probe windows as predict does;
+        a causal reranker's agreement is kept (``agreement``), so a second start skips it."""
+        if not self.causal:
+            self._check_agreement()
+            return
+        from worker.engine.agreement import keep_verdict, kept_verdict
+        from worker.engine.autotune import fingerprint
+        from worker.engine.export import export_root, source_fingerprint
+
+        root = export_root(self.model_name)
+        wanted = fingerprint(
+            kind="agreement",
+            source=source_fingerprint(self.model_name, self.network),
+            device=str(self.device),
+            shape={"max_length": self.max_length, "prefix_reuse": self.prefix is not None},
+            candidates=[],
+        )
+        verdict = kept_verdict(root, wanted)
+        if verdict is not None:
+            if not verdict.prefix_reuse:
+                self.prefix = None
+            log.info(
+                "engine_agreement_reused", model=self.model_name, causal=True, prefix_reuse=self.prefix is not None
+            )
+            return
+        self._check_agreement()
+        keep_verdict(root, wanted, prefix_reuse=self.prefix is not None)
+
+    def _check_agreement(self) -> None:
         for window, prompt in library_probe():
             expected = library_scores(self.cross_encoder, window, prompt=prompt)
             plain = self._score(self.torch, window, prompt=prompt, reuse=False)

@@ -1,0 +1,52 @@
+"""ops/bench/gpu_check.sh with its device forced to the CPU: every step's code path runs and
+every row is reported; a step that cannot run fails the check, naming the row it lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_model import build_tiny_cross_encoder
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = (
+    "engine at parity vs predict",
+    "causal reranker vs predict",
+    "coalescing across streams",
+    "queue throughput, two GPU workers",
+    "peak memory",
+)
+
+
+def gpu_check(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    model = build_tiny_cross_encoder(tmp_path / "model")
+    env = {**os.environ, "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_MODEL": str(model), "PYTHON": sys.executable, **extra}
+    return subprocess.run(
+        ["bash", str(ROOT / "ops/bench/gpu_check.sh"), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+
+@pytest.mark.slow  # every bench step, two real workers
+def test_the_gpu_check_reports_every_row_with_its_device_forced_to_the_cpu(tmp_path: Path) -> None:
+    done = gpu_check(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reported = [line.split(":")[0] for line in done.stdout.splitlines()]
+    assert all(row in reported for row in ROWS)
+
+
+@pytest.mark.slow  # every bench step, two real workers
+def test_the_gpu_check_fails_loudly_naming_a_row_it_could_not_measure(tmp_path: Path) -> None:
+    done = gpu_check(tmp_path, GPU_CHECK_CAUSAL_LAYERS="none")  # the causal step cannot run
+
+    assert done.returncode != 0
+    assert "step causal FAILED" in done.stderr
+    assert "NOT MEASURED: causal reranker vs predict" in done.stderr
+    reported = [line.split(":")[0] for line in done.stdout.splitlines()]
+    assert all(row in reported for row in ROWS if row != "causal reranker vs predict")
