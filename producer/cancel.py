@@ -23,7 +23,9 @@ from kernel.logs import get_logger
 from kernel.wire import Cancelled, Candidate, WindowResult
 
 if TYPE_CHECKING:
-    from producer.client import RerankClient
+    from kernel.dispatch import Dispatcher
+    from kernel.fair_share import FairShare
+    from kernel.store import Store
 
 log = get_logger("rerankq.producer")
 
@@ -56,8 +58,7 @@ def cancelled_result(window: int, start: int, candidates: list[Candidate], now: 
     )
 
 
-def cancel_stream(client: RerankClient, stream_id: str) -> CancelOutcome:
-    store = client.store
+def cancel_stream(store: Store, fair_share: FairShare, dispatcher: Dispatcher, stream_id: str) -> CancelOutcome:
     snapshot = store.snapshot(stream_id)
     open_windows = [w for w in range(snapshot.n_windows) if w not in snapshot.results]
     results = []
@@ -70,8 +71,8 @@ def cancel_stream(client: RerankClient, stream_id: str) -> CancelOutcome:
     written = store.cancel(stream_id, results)
     if written:
         try:
-            released = client.fair_share.done(snapshot.device, [member(stream_id, w) for w in written])
-            send_released(client.dispatcher, snapshot.device, released)
+            released = fair_share.done(snapshot.device, [member(stream_id, w) for w in written])
+            send_released(dispatcher, snapshot.device, released)
         except LEDGER_ERRORS as exc:
             log.warning(
                 "fair_share_not_given_back",

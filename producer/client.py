@@ -492,7 +492,7 @@ class RerankClient:
         check_stream_id(stream_id)
         # One atomic write, then a give-back the sweep repeats if it is lost: safe to retry.
         with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url):
-            return cancel_stream(self, stream_id)
+            return cancel_stream(self.store, self.fair_share, self.dispatcher, stream_id)
 
     def progress(self, stream_ids: list[str]) -> dict[str, StreamProgress | None]:
         """How far each stream has come (windows admitted, committed, failed; failovers), read
