@@ -44,14 +44,15 @@ lint: $(LINT_READY)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# Test processes (pytest-xdist): one per CPU for the whole suite. Its tests wait more than they
-# compute (worker start-ups, store retries, failovers), so on this 2-core machine two processes
-# took 9:22 (a clone, 2026-12-01) and one 18:17 (with other work beside it). With `--dist loadgroup`,
-# tests/conftest.py's scheduler keeps a module whose tests share a costly module-scoped server or
-# worker (ONE_PROCESS_MODULES) in one process, so it starts once. Each process starts its own
-# private Redis and, at its first amqp case, its own RabbitMQ node; every test has its own
-# namespace and queues.
-TEST_PROCESSES ?= $(shell nproc 2>/dev/null || echo 2)
+# Test processes (pytest-xdist): two per CPU for the whole suite. Its tests wait more than they
+# compute (worker start-ups, store retries, failovers): on this 2-core machine two processes took
+# 18:15 in CI (2026-12-02) and three 10:13 (2026-12-02, quiet). Every wait for an event has a
+# generous deadline (tests/delivery_helpers.py PATIENCE), so the extra load does not make it
+# flaky. With `--dist loadgroup`, tests/conftest.py's scheduler keeps a module whose tests share
+# a costly module-scoped server or worker (ONE_PROCESS_MODULES) in one process, so it starts
+# once. Each process starts its own private Redis and, at its first amqp case, its own RabbitMQ
+# node; every test has its own namespace and queues.
+TEST_PROCESSES ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
 test: $(READY)
 	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup tests
 
