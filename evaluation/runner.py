@@ -251,6 +251,9 @@ def stack(env: dict[str, str], *, max_depth: int, members: Sequence[int], device
             env["RERANKQ_REDIS_URL"] = redis_server.url
             # Off unless asked for: a batch run's embedding cache (on with it) is worth measuring too.
             env.setdefault("RERANKQ_PAIR_CACHE", "false")
+            # Each member is measured on its own and one that cannot start is reported as such, so
+            # the private worker serves even when no member of its chain scores.
+            env.setdefault("RERANKQ_SERVE_WITHOUT_SCORING", "true")
             env.setdefault("RERANKQ_MAX_WINDOW_SIZE", str(max(256, max_depth)))
             # One window holds a query's whole depth, every passage of it too, each with its header.
             env.setdefault(

@@ -356,7 +356,9 @@ def test_a_causal_rerankers_agreement_is_checked_once_per_model_and_again_when_i
     model = Path(shutil.copytree(causal_dir, tmp_path / "model"))
     pairs = realistic_pairs(6, seed=11)
     items = [{"id": f"d{i}", "text": d} for i, (_, d) in enumerate(pairs)]
-    env = {"RERANKQ_RERANKER_MODEL": str(model), "RERANKQ_PAIR_CACHE": "false"}
+    # No start check in a process of its own (worker.readiness): the serving process itself
+    # loads the model, so its log shows whether the agreement was checked or reused.
+    env = {"RERANKQ_RERANKER_MODEL": str(model), "RERANKQ_PAIR_CACHE": "false", "RERANKQ_SERVE_WITHOUT_SCORING": "true"}
 
     def start_and_serve() -> str:
         worker = start_worker(env=env)

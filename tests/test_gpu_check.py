@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_model import build_tiny_cross_encoder
+
+from devservers.tiny_model import build_tiny_cross_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (
