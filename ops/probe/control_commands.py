@@ -147,7 +147,11 @@ def _hostile_control_messages(hostname: str, queue: str) -> list[tuple[str, Any,
         ("control-reply-to-task-queue", aimed(reply_to={"exchange": "", "routing_key": queue}, ticket="t"), {}),
         ("control-pattern-pcre", aimed(destination=None, pattern="(a+)+$", matcher="pcre"), {}),
         ("control-clock-string", aimed(), {"headers": {"clock": "x"}}),
-        ("control-content-pickle", aimed(), {"content_type": "application/x-python-serialize"}),
+        (
+            "control-content-python-serialize",
+            aimed(),
+            {"content_type": "application/x-python-serialize"},
+        ),  # refused: JSON only
     ]
 
 
