@@ -681,7 +681,13 @@ def test_backlog_over_the_bound_answers_429_with_retry_after(redis_server, tmp_p
         with httpx.Client(base_url=gateway.url, timeout=30) as http:
             worker = WorkerProcess.rerankq(env, tmp_path / "worker.log", "--device", "cpu", cwd=ROOT).start()
             try:
+                # The worker records the queues it consumes a moment after it is ready; until then
+                # the gateway rightly answers "no live worker" (429).
                 first = http.post("/v2/rerank", json=answered)
+                deadline = time.monotonic() + patient(2 * consumers.CACHE_S)
+                while first.status_code == 429 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    first = http.post("/v2/rerank", json=answered)
             finally:
                 worker.stop()
             assert first.status_code == 200
