@@ -11,55 +11,32 @@ stream under ``rerankq_stream_id``. The same documents asked again, or deeper (a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict
 
 from kernel.wire import Ranked
-from producer.client import RerankClient
-from producer.integrations.jobs import SCORE_KEY, STREAM_KEY, QueueRerank
+from producer.integrations.jobs import SCORE_KEY, STREAM_KEY
+from producer.integrations.queue_fields import QueueFields
 
 
-class RerankqCompressor(BaseDocumentCompressor):
+class RerankqCompressor(QueueFields, BaseDocumentCompressor):
     """Rerank LangChain documents on the queue; keep the best ``top_n``.
 
     ``instruction``, ``long_documents`` (``"excerpt"`` or ``"passages"``), ``min_score``
     and ``device`` are the stream options of those names; ``options`` takes any other
     (``RerankClient.open``'s keywords: ``chain``, ``lane``, ``window_size``, ...)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    client: RerankClient
-    top_n: int = 3
-    instruction: str | None = None
-    long_documents: Literal["excerpt", "passages"] | None = None
-    min_score: float | None = None
-    device: Literal["cpu", "gpu", "any"] | None = None
-    options: dict[str, Any] = {}
-    timeout_s: float = 30.0
-
-    def _queue(self) -> QueueRerank:
-        options = {
-            "instruction": self.instruction,
-            "long_documents": self.long_documents,
-            "min_score": self.min_score,
-            "device": self.device,
-            **self.options,
-        }
-        return QueueRerank(self.client, self.top_n, options, self.timeout_s)
-
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
-        stream_id, rows = self._queue().top(query, [d.page_content for d in documents])
+        stream_id, rows = self.queue().top(query, [d.page_content for d in documents])
         return _ranked(documents, stream_id, rows)
 
     async def acompress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
-        stream_id, rows = await self._queue().atop(query, [d.page_content for d in documents])
+        stream_id, rows = await self.queue().atop(query, [d.page_content for d in documents])
         return _ranked(documents, stream_id, rows)
 
 

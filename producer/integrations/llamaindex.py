@@ -10,60 +10,35 @@ windows cost no provider call.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
-from pydantic import ConfigDict
 
 from kernel.wire import Ranked
-from producer.client import RerankClient
-from producer.integrations.jobs import QueueRerank
+from producer.integrations.queue_fields import QueueFields
 
 
-class RerankqRerank(BaseNodePostprocessor):
+class RerankqRerank(QueueFields, BaseNodePostprocessor):
     """Rerank LlamaIndex nodes on the queue; keep the best ``top_n``.
 
     ``instruction``, ``long_documents``, ``min_score`` and ``device`` are the stream options of
     those names; ``options`` takes any other ``RerankClient.open`` keyword."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    client: RerankClient
-    top_n: int = 3
-    instruction: str | None = None
-    long_documents: Literal["excerpt", "passages"] | None = None
-    min_score: float | None = None
-    device: Literal["cpu", "gpu", "any"] | None = None
-    options: dict[str, Any] = {}
-    timeout_s: float = 30.0
-
     @classmethod
     def class_name(cls) -> str:
         return "RerankqRerank"
-
-    def _queue(self) -> QueueRerank:
-        options = {
-            "instruction": self.instruction,
-            "long_documents": self.long_documents,
-            "min_score": self.min_score,
-            "device": self.device,
-            **self.options,
-        }
-        return QueueRerank(self.client, self.top_n, options, self.timeout_s)
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
         query = _query(query_bundle)
-        _, rows = self._queue().top(query, _texts(nodes))
+        _, rows = self.queue().top(query, _texts(nodes))
         return _ranked(nodes, rows)
 
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
         query = _query(query_bundle)
-        _, rows = await self._queue().atop(query, _texts(nodes))
+        _, rows = await self.queue().atop(query, _texts(nodes))
         return _ranked(nodes, rows)
 
 
