@@ -4,42 +4,26 @@ with the tiny cross-encoder, and Redis."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("haystack", reason="haystack-ai is in the dev extra")
 
 from haystack import Document, Pipeline  # noqa: E402
+from integration_job import KB_TEXTS, QUERY, direct_rows, provider_calls, run_example  # noqa: E402
 
 from producer.integrations.haystack import RerankqRanker  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-TEXTS = [
-    "the cat sat on the mat",
-    "checkout returned 502 after the certificate expired",
-    "how to recover checkout after 502s",
-    "office facilities: the printer on floor 3",
-    "a payment gateway runbook for 502 errors",
-    None,  # haystack's content=None, as RAG pipelines pass it along: scored last, not refused
-]
-QUERY = "payment gateway 502 recovery"
+TEXTS = [*KB_TEXTS, None]  # haystack's content=None, as RAG pipelines pass it along: scored last, not refused
 
 
 def documents() -> list[Document]:
     return [Document(content=text, meta={"source": f"kb/{i}"}, id=f"doc-{i}") for i, text in enumerate(TEXTS)]
 
 
-def provider_calls(client) -> int:
-    return client.store.counters().get("provider_calls:0:local", 0)
-
-
 def direct(client, top_n: int, **options) -> list[tuple[str, float]]:
-    stream_id = client.open(QUERY, [{"id": f"d{i}", "text": t or ""} for i, t in enumerate(TEXTS)], **options)
-    page = client.pull(stream_id, 0, top_n, timeout=60)
-    return [(f"doc-{row.decision.index}", row.decision.score) for row in page.rows if row.kind == "ranked"]
+    texts = [t or "" for t in TEXTS]
+    return [(f"doc-{row.index}", row.score) for row in direct_rows(client, QUERY, texts, top_n, **options)]
 
 
 def test_the_ranker_in_a_pipeline_equals_rerankclient_and_deeper_costs_nothing(start_worker, make_client) -> None:
@@ -62,14 +46,6 @@ def test_the_ranker_in_a_pipeline_equals_rerankclient_and_deeper_costs_nothing(s
 
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
-    ran = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "haystack_ranker.py")],
-        env=base_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = ran.stdout.splitlines()
+    printed = run_example("haystack_ranker.py", base_env)
+    lines = printed.splitlines()
     assert len(lines) == 2 and all("kb/" in line for line in lines)

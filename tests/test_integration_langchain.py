@@ -4,14 +4,12 @@ ContextualCompressionRetriever), a real worker scoring with the tiny cross-encod
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("langchain_core", reason="langchain-core is in the dev extra")
 
+from integration_job import KB_TEXTS, QUERY, direct_rows, provider_calls, run_example  # noqa: E402
 from langchain_classic.retrievers import ContextualCompressionRetriever  # noqa: E402
 from langchain_core.callbacks import CallbackManagerForRetrieverRun  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
@@ -19,16 +17,7 @@ from langchain_core.retrievers import BaseRetriever  # noqa: E402
 
 from producer.integrations.langchain import RerankqCompressor  # noqa: E402
 
-TEXTS = [
-    "the cat sat on the mat",
-    "checkout returned 502 after the certificate expired",
-    "how to recover checkout after 502s",
-    "office facilities: the printer on floor 3",
-    "a payment gateway runbook for 502 errors",
-    "lunch menu for friday",
-]
-QUERY = "payment gateway 502 recovery"
-ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [*KB_TEXTS, "lunch menu for friday"]
 
 
 def documents() -> list[Document]:
@@ -45,15 +34,9 @@ class FixedRetriever(BaseRetriever):
         return self.docs
 
 
-def provider_calls(client) -> int:
-    return client.store.counters().get("provider_calls:0:local", 0)
-
-
 def direct(client, top_n: int, **options) -> list[tuple[int, float]]:
     """The same job sent through RerankClient itself."""
-    stream_id = client.open(QUERY, [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)], **options)
-    page = client.pull(stream_id, 0, top_n, timeout=60)
-    return [(row.decision.index, row.decision.score) for row in page.rows if row.kind == "ranked"]
+    return [(row.index, row.score) for row in direct_rows(client, QUERY, TEXTS, top_n, **options)]
 
 
 def test_the_compressor_equals_rerankclient_carries_metadata_and_a_deeper_pull_costs_nothing(
@@ -117,15 +100,7 @@ def test_long_documents_passages_scores_a_long_document_by_its_passages(start_wo
 
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
-    ran = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "langchain_compressor.py")],
-        env=base_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = ran.stdout.splitlines()
+    printed = run_example("langchain_compressor.py", base_env)
+    lines = printed.splitlines()
     assert len(lines) == 3 and lines[-1].startswith("4 rows in k_int-")
     assert all("kb/" in line for line in lines[:2])

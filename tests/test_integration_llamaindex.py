@@ -4,28 +4,17 @@ tiny cross-encoder, and Redis."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("llama_index.core", reason="llama-index-core is in the dev extra")
 
+from integration_job import KB_TEXTS, QUERY, direct_rows, provider_calls, run_example  # noqa: E402
 from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode  # noqa: E402
 
 from producer.integrations.llamaindex import RerankqRerank  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-TEXTS = [
-    "the cat sat on the mat",
-    "checkout returned 502 after the certificate expired",
-    "how to recover checkout after 502s",
-    "office facilities: the printer on floor 3",
-    "a payment gateway runbook for 502 errors",
-    "",  # an empty node, as RAG pipelines pass them along: scored last, not refused
-]
-QUERY = "payment gateway 502 recovery"
+TEXTS = [*KB_TEXTS, ""]  # an empty node, as RAG pipelines pass them along: scored last, not refused
 
 
 def nodes() -> list[NodeWithScore]:
@@ -35,16 +24,10 @@ def nodes() -> list[NodeWithScore]:
     ]
 
 
-def provider_calls(client) -> int:
-    return client.store.counters().get("provider_calls:0:local", 0)
-
-
 def direct(client, given: list[NodeWithScore], top_n: int, **options) -> list[tuple[str, float]]:
     """The same job through RerankClient itself: the nodes' content as llama-index's rerankers read it."""
     texts = [n.node.get_content(metadata_mode=MetadataMode.EMBED) for n in given]
-    stream_id = client.open(QUERY, [{"id": f"d{i}", "text": t} for i, t in enumerate(texts)], **options)
-    page = client.pull(stream_id, 0, top_n, timeout=60)
-    return [(given[row.decision.index].node.node_id, row.decision.score) for row in page.rows if row.kind == "ranked"]
+    return [(given[row.index].node.node_id, row.score) for row in direct_rows(client, QUERY, texts, top_n, **options)]
 
 
 def test_the_postprocessor_equals_rerankclient_sync_async_and_deeper_costs_nothing(start_worker, make_client) -> None:
@@ -67,14 +50,6 @@ def test_the_postprocessor_equals_rerankclient_sync_async_and_deeper_costs_nothi
 
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
-    ran = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "llamaindex_postprocessor.py")],
-        env=base_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = ran.stdout.splitlines()
+    printed = run_example("llamaindex_postprocessor.py", base_env)
+    lines = printed.splitlines()
     assert len(lines) == 2 and all("kb/" in line for line in lines)
