@@ -169,16 +169,18 @@ def test_through_the_gateway_b_is_answered_while_a_floods_and_a_past_its_backlog
     auth = {name: {"Authorization": f"Bearer {key}"} for name, key in keys.items()}
     try:
         with httpx.Client(base_url=gateway.url, timeout=60) as http:
-            # Tenant A: four stream opens of 40 one-candidate windows, answered 201 at once.
+            # Tenant A: three stream opens of 33 one-candidate windows, answered 201 at once: 99
+            # windows, at most 97 of them waiting, stay under A's bound of 100 however fresh the
+            # gateway's sample of A's backlog is.
             flood = []
-            for i in range(4):
+            for i in range(3):
                 opened = http.post(
                     "/v1/streams",
                     json={
                         "query": f"a flood {i}",
-                        "candidates": make_candidates(40, prefix=f"a{i}-"),
+                        "candidates": make_candidates(33, prefix=f"a{i}-"),
                         "window_size": 1,
-                        "first_windows": 40,
+                        "first_windows": 33,
                     },
                     headers=auth["a"],
                 )
@@ -192,8 +194,9 @@ def test_through_the_gateway_b_is_answered_while_a_floods_and_a_past_its_backlog
             assert answer.status_code == 200, answer.text
             a_meanwhile = [t for s in flood for t in committed_at(client, s) if started < t < answered]
             assert len(a_meanwhile) <= 2, f"tenant A committed {len(a_meanwhile)} windows while tenant B waited"
-            # A's own backlog (158 windows waiting) is past its bound: A is refused, B is not.
-            more = {"query": "a again", "candidates": make_candidates(1), "window_size": 1}
+            # A opens 40 more windows at a time until its backlog is past its bound: A is then
+            # refused, B is not.
+            more = {"query": "a again", "candidates": make_candidates(40), "window_size": 1, "first_windows": 40}
             deadline = time.monotonic() + patient(10)
             while (refused := http.post("/v1/streams", json=more, headers=auth["a"])).status_code != 429:
                 assert time.monotonic() < deadline, refused.text
