@@ -12,11 +12,10 @@ costs nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from kernel.errors import ValidationError
-from kernel.passage_budget import passage_tokens, text_tokens
+from kernel.passage_budget import passage_count, passage_tokens
 from kernel.settings import Settings
 from kernel.wire import Candidate, StreamSpec
 
@@ -33,10 +32,7 @@ def candidate_cost(spec: StreamSpec, candidate: Candidate) -> int:
         return 0
     query = len(spec.query)
     if spec.long_documents == "passages":
-        tokens = text_tokens(spec)
-        stride = spec.passage_stride or max(1, tokens // 2)
-        passages = min(spec.max_passages, 1 + math.ceil(max(0, len(text) - tokens) / stride))
-        return passages * (query + passage_tokens(spec))
+        return passage_count(spec, len(text)) * (query + passage_tokens(spec))
     head = len(candidate.context or "") + sum(len(h) + 3 for h in candidate.heading_path) + _HEADER_EXTRA
     return query + min(spec.document_budget, head + len(text))
 

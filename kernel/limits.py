@@ -12,5 +12,9 @@ MIN_PASSAGE_TOKENS = 16
 #: The passage length a chain without an in-process member cuts at (a remote member does not
 #: say what it reads); also what the per-window token ceiling counts when none is given.
 REMOTE_PASSAGE_TOKENS = 512
+#: A passage cut at a document's structure takes its neighbours in while it holds fewer tokens
+#: than this part of a passage (measured on the long collection: ops/bench/passage_quality.py);
+#: so, on average, each passage holds at least that many, which bounds their number.
+PASSAGE_FILL_SHARE = 0.5
 #: The widest embedding a candidate may carry (and a worker keeps).
 MAX_EMBEDDING_DIMS = 8192

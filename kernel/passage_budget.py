@@ -13,7 +13,9 @@ on the text as it is sent.
 
 from __future__ import annotations
 
-from kernel.limits import REMOTE_PASSAGE_TOKENS
+import math
+
+from kernel.limits import PASSAGE_FILL_SHARE, REMOTE_PASSAGE_TOKENS
 from kernel.wire import StreamSpec
 
 
@@ -25,6 +27,27 @@ def text_tokens(spec: StreamSpec) -> int:
 def passage_tokens(spec: StreamSpec) -> int:
     """The most tokens one passage sends: its text and its header, each at most ``text_tokens``."""
     return 2 * text_tokens(spec)
+
+
+def passage_fill(tokens: int) -> int:
+    """The tokens under which a passage cut at a document's structure takes its next neighbour in."""
+    return max(1, int(tokens * PASSAGE_FILL_SHARE))
+
+
+def passage_count(spec: StreamSpec, chars: int) -> int:
+    """The most passages a text of ``chars`` code points is cut into (a token covers at least one
+    code point). Token windows: one per stride after the first. At the text's structure: a
+    passage short of its fill was left so because its next neighbour did not fit beside it, so
+    any two neighbours hold more than a passage, and each passage on average at least its fill."""
+    tokens = text_tokens(spec)
+    if chars <= tokens:
+        return 1
+    if spec.passage_cut == "structure":
+        count = 1 + math.ceil(chars / passage_fill(tokens))
+    else:
+        stride = spec.passage_stride or max(1, tokens // 2)
+        count = 1 + math.ceil(max(0, chars - tokens) / stride)
+    return min(spec.max_passages, count)
 
 
 def header_chars(spec: StreamSpec) -> int:

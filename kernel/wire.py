@@ -30,6 +30,8 @@ LongDocuments = Literal["excerpt", "passages"]
 #: How a document's passage scores become its score: the best (MaxP), the first (FirstP), or
 #: the sum of the best ``passage_top_k`` divided by k (so it stays a score in [0, 1]).
 PassageAggregate = Literal["max", "first", "sum_top_k"]
+#: Where passages are cut: at the document's blocks and sentences, or at fixed token windows.
+PassageCut = Literal["structure", "tokens"]
 
 
 # msgspec passes frozen down to subclasses; type checkers read it per class (dataclass_transform),
@@ -127,6 +129,7 @@ class StreamSpec(Base, frozen=True):
     #: by the worker from the member's max_length and the query's length.
     passage_tokens: int | None = None
     passage_stride: int | None = None
+    passage_cut: PassageCut = "structure"
     passage_aggregate: PassageAggregate = "max"
     passage_top_k: int = stream_defaults.PASSAGE_TOP_K
     max_passages: int = stream_defaults.MAX_PASSAGES
@@ -142,6 +145,9 @@ class PassageSpan(Base, frozen=True):
     start: int
     end: int
     score: float
+    #: Where reading stopped, when ``max_passages`` passages, each as long as the member reads,
+    #: did not reach the end of the text: ``text[unread_from:]`` was not scored. None: all of it was.
+    unread_from: int | None = None
 
 
 class Ranked(Base, tag="ranked", tag_field="kind", frozen=True):

@@ -28,7 +28,7 @@ from kernel import stream_defaults
 from kernel.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
 from kernel.limits import MAX_PASSAGES, MIN_PASSAGE_TOKENS
 from kernel.settings.types import Probability, StreamTtl
-from kernel.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, TimeRange
+from kernel.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, PassageCut, TimeRange
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -201,6 +201,14 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
         Meta(
             description="tokens from one passage's start to the next's; at most passage_tokens  "
             "[default: half of passage_tokens]"
+        ),
+    ] = None
+    passage_cut: Annotated[
+        PassageCut | None,
+        Meta(
+            description="where passages are cut: structure (at the document's blank lines and headings, a long "
+            "paragraph at its sentences, short neighbours merged; token windows only for text without a break) "
+            "or tokens (fixed windows of passage_tokens, passage_stride apart)  [default: structure]"
         ),
     ] = None
     passage_aggregate: Annotated[

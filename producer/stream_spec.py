@@ -30,6 +30,7 @@ _AS_GIVEN = (
     "long_documents",
     "passage_tokens",
     "passage_stride",
+    "passage_cut",
     "passage_aggregate",
     "passage_top_k",
     "max_passages",

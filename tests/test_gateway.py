@@ -543,6 +543,7 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         "long_documents": "passages",
         "passage_tokens": 64,
         "passage_stride": 32,
+        "passage_cut": "tokens",
         "passage_aggregate": "sum_top_k",
         "passage_top_k": 2,
         "max_passages": 4,
@@ -566,10 +567,11 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         spec.long_documents,
         spec.passage_tokens,
         spec.passage_stride,
+        spec.passage_cut,
         spec.passage_aggregate,
         spec.passage_top_k,
         spec.max_passages,
-    ) == ("passages", 64, 32, "sum_top_k", 2, 4)
+    ) == ("passages", 64, 32, "tokens", "sum_top_k", 2, 4)
     assert deployment.client.status(stream_id).windows[1].state != "not_admitted"  # first_windows: 2
     other = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "tenant": "other"})
     assert other.status_code == 403 and other.json()["error"]["field"] == "tenant"

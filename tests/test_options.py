@@ -62,6 +62,7 @@ BAD: dict[str, tuple[Any, list[str] | None, str]] = {
     "long_documents": ("chunks", ["--long-documents", "chunks"], "long_documents"),
     "passage_tokens": (4, ["--passage-tokens", "4"], "passage_tokens"),
     "passage_stride": (0, ["--passage-stride", "0"], "passage_stride"),
+    "passage_cut": ("paragraphs", ["--passage-cut", "paragraphs"], "passage_cut"),
     "passage_aggregate": ("mean", ["--passage-aggregate", "mean"], "passage_aggregate"),
     "passage_top_k": (0, ["--passage-top-k", "0"], "passage_top_k"),
     "max_passages": (0, ["--max-passages", "0"], "max_passages"),

@@ -20,7 +20,8 @@ from producer.validation import check_spec
 from rerankq.render import row_json
 from worker.embedded.redis_server import free_port
 from worker.scoring.documents import header, is_boundary
-from worker.scoring.passages import Cutter, aggregate, cut, fallback_cutter, split, word_offsets
+from worker.scoring.passage_cut import cut_token_windows as cut
+from worker.scoring.passages import Cutter, aggregate, fallback_cutter, split, word_offsets
 
 QUERY = "how do I recover from a payment gateway 502 outage"
 ANSWER = (
@@ -64,7 +65,7 @@ def spec(**options: Any) -> StreamSpec:
 def test_passages_cut_on_token_boundaries_keep_whole_characters_and_index_the_text_exactly(offsets):
     cutter = minilm() if offsets == "minilm" else Cutter(offsets=word_offsets, max_length=512)
     candidate = Candidate(id="u", text=UNICODE, heading_path=["Runbooks", "Payments"], context="Ops")
-    passages = split(candidate, QUERY, cutter, spec(passage_tokens=16, passage_stride=10))
+    passages = split(candidate, QUERY, cutter, spec(passage_tokens=16, passage_stride=10, passage_cut="tokens"))
     tokens = cutter.offsets(UNICODE)
     assert len(passages) > 5
     head = header(candidate)
@@ -350,7 +351,9 @@ def test_a_passage_sends_its_header_clipped_and_the_member_receives_what_the_bou
     context = " ".join(FILLER) * 650
     assert len(context) > 60_000
     items = [{"id": f"d{i}", "text": long_text(10, offset=i), "context": context[:60_000]} for i in range(10)]
-    options = dict(long_documents="passages", passage_tokens=16, passage_stride=1, max_passages=128)
+    options = dict(
+        long_documents="passages", passage_cut="tokens", passage_tokens=16, passage_stride=1, max_passages=128
+    )
     page = client.pull(client.open(QUERY, items, **options), 0, 10, timeout=60)
     assert page.complete and all(r.kind == "ranked" for r in page.rows), page
 

@@ -124,6 +124,7 @@ def probe_passage_header_amplification(d: Deployment) -> None:
         "query": "why did checkout fail",
         "candidates": [{"id": f"d{i}", "text": text(200, i), "context": context[:60_000]} for i in range(10)],
         "long_documents": "passages",
+        "passage_cut": "tokens",
         "passage_tokens": 16,
         "passage_stride": 1,
         "max_passages": 128,

@@ -1,5 +1,6 @@
-"""Long documents as passages: cut each document on the model's token boundaries, score every
-passage as a document of its own, and aggregate the scores back per document.
+"""Long documents as passages: cut each document at its own breaks, on the model's token
+boundaries (``worker.scoring.passage_cut``), score every passage as a document of its own, and
+aggregate the scores back per document.
 
 A passage is a span of the candidate's ``text`` (code points, so ``text[start:end]`` is the
 passage exactly) read with the document's header (date, heading path, context) in front, so
@@ -16,7 +17,6 @@ character a word of its own.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import importlib
 import re
@@ -32,6 +32,7 @@ from kernel.settings import PACKAGED_EMBEDDING_MODULE
 from kernel.wire import Candidate, PassageAggregate, PassageSpan, StreamSpec
 from worker.providers.base import Scale
 from worker.scoring.documents import ELLIPSIS, _back_to_boundary, has_text, header
+from worker.scoring.passage_cut import cut_on_structure, cut_token_windows
 
 #: A text's tokens as (start, end) code-point offsets into it, in order.
 Offsets = Callable[[str], list[tuple[int, int]]]
@@ -175,42 +176,6 @@ def chain_cutter(members: Sequence[Any] | None) -> Cutter:
 # -- cutting ------------------------------------------------------------------
 
 
-def cut(
-    text: str, offsets: list[tuple[int, int]], *, tokens: int, stride: int, max_passages: int
-) -> list[tuple[int, int]]:
-    """Spans of ``text``, each of at most ``tokens`` tokens, ``stride`` tokens apart, the first
-    ``max_passages``. A text that fits in one passage is one span: the whole text.
-
-    A span keeps whole characters: where a cut would split one (a ZWJ emoji, a flag pair, an
-    accent several tokens long), its start moves back to the character's start and its end
-    back to the character's start before it, so the span never holds more than ``tokens``
-    tokens; the next span starts no later than the first token this one left out, so every
-    token is read. Only a character longer than a whole passage is cut inside.
-    """
-    if len(offsets) <= tokens:
-        return [(0, len(text))]
-    ends = [b for _, b in offsets]
-    spans: list[tuple[int, int]] = []
-    first = 0
-    while len(spans) < max_passages:
-        start = _back_to_boundary(text, offsets[first][0])
-        # Tokens before `first` that the move back takes in come off the end.
-        taken = first - bisect.bisect_right(ends, start)
-        last = min(first + tokens - taken, len(offsets)) - 1
-        if last < first:  # one character longer than the passage: cut inside it
-            start, last = offsets[first][0], min(first + tokens, len(offsets)) - 1
-        end = offsets[last][1] if last == len(offsets) - 1 else _back_to_boundary(text, offsets[last][1])
-        if end <= start:
-            end = offsets[last][1]
-        spans.append((start, end))
-        if last == len(offsets) - 1 and end >= offsets[-1][1]:
-            break
-        # The next span starts `stride` on, or at the first token this one did not read whole.
-        # (At least one on: a token that runs past the end of a character is read in part.)
-        first = max(first + 1, min(first + stride, bisect.bisect_right(ends, end)))
-    return spans
-
-
 def passage_header(head: str, offsets: Offsets, *, chars: int, tokens: int) -> str:
     """The document's header as each passage carries it: at most ``chars`` code points and
     ``tokens`` tokens (``kernel.passage_budget``). A header cut short ends in an ellipsis and
@@ -239,7 +204,8 @@ def split(candidate: Candidate, query: str, cutter: Cutter, spec: StreamSpec) ->
     tokens = spec.passage_tokens or min(limit, cutter.passage_tokens(query, head))
     stride = spec.passage_stride or max(1, tokens // 2)
     text = candidate.text
-    spans = cut(text, cutter.offsets(text), tokens=tokens, stride=stride, max_passages=spec.max_passages)
+    cutting = cut_on_structure if spec.passage_cut == "structure" else cut_token_windows
+    spans = cutting(text, cutter.offsets(text), tokens=tokens, stride=stride, max_passages=spec.max_passages)
     return [_counted(head, text, a, b, cutter.offsets, bound=passage_tokens(spec)) for a, b in spans]
 
 
@@ -301,6 +267,8 @@ class WindowPassages:
     """A window's passages, in candidate order, and the way back from their scores."""
 
     per_candidate: list[list[Passage]]
+    #: Per candidate, where its passages stopped reading short of its text's end (None: they did not).
+    unread_from: list[int | None]
 
     @property
     def texts(self) -> list[str]:
@@ -320,7 +288,7 @@ class WindowPassages:
         spans: list[PassageSpan | None] = []
         best_texts: list[str | None] = []
         pos = 0
-        for passages in self.per_candidate:
+        for passages, unread_from in zip(self.per_candidate, self.unread_from):
             mine = scores[pos : pos + len(passages)]
             pos += len(passages)
             result = (
@@ -337,13 +305,26 @@ class WindowPassages:
                 continue
             best = passages[result.best]
             out_scores.append(result.score)
-            spans.append(PassageSpan(start=best.start, end=best.end, score=normalise(result.best_score, scale)))
+            best_score = normalise(result.best_score, scale)
+            spans.append(PassageSpan(start=best.start, end=best.end, score=best_score, unread_from=unread_from))
             best_texts.append(best.text)
         return out_scores, spans, best_texts
 
 
 def window_passages(candidates: Sequence[Candidate], spec: StreamSpec, cutter: Cutter) -> WindowPassages:
-    return WindowPassages(per_candidate=[split(c, spec.query, cutter, spec) for c in candidates])
+    per_candidate = [split(c, spec.query, cutter, spec) for c in candidates]
+    return WindowPassages(
+        per_candidate=per_candidate,
+        unread_from=[unread_from(c.text or "", passages) for c, passages in zip(candidates, per_candidate)],
+    )
+
+
+def unread_from(text: str, passages: Sequence[Passage]) -> int | None:
+    """Where the passages stopped reading, when they stopped before the text's last word."""
+    if not passages:
+        return None
+    read = max(p.end for p in passages)
+    return read if text[read:].strip() else None
 
 
 def scored_passages(
