@@ -131,6 +131,83 @@ def test_v2_refuses_a_v1_field_that_would_change_the_answer(served: Served) -> N
     assert refused.json()["message"].startswith("invalid request: max_chunks_per_doc: a v1 field")
 
 
+# -- passages: the winning span, and what was not read ---------------------------------------
+
+PARAGRAPHS = [
+    f"Paragraph {i}: the {w} team keeps its notes in the shared wiki, reviewed each quarter."
+    for i, w in enumerate("design finance payments mobile support security data legal research sales".split())
+]
+
+
+def best_passage(q: str, text: str, **options: object) -> tuple[int, int, float, list[object]]:
+    """What the worker's own cut and the served provider's score make of one document."""
+    from delivery_providers import _score
+
+    from kernel.wire import Candidate, StreamSpec
+    from worker.scoring.passages import fallback_cutter, split
+
+    spec = StreamSpec(query=q, window_size=1, long_documents="passages", **options)  # type: ignore[arg-type]
+    passages = split(Candidate(id="x", text=text), q, fallback_cutter(), spec)
+    score, best = max((_score(q, p.text), -i) for i, p in enumerate(passages))
+    return passages[-best].start, passages[-best].end, score, list(passages)
+
+
+def test_v2_relevant_spans_answer_each_documents_winning_passage_through_the_sdk(served: Served) -> None:
+    q = query("spans")
+    long_document = "\n\n".join(PARAGRAPHS * 12)  # past one 512-token passage: several are scored
+    documents = [DOCS[0], long_document]
+    co = cohere.ClientV2(api_key=served.key, base_url=served.gateway.url, timeout=60, max_retries=0)
+    spans = cohere.RerankRelevantSpans(mode="enabled", threshold=0.0)
+    answer = co.rerank(model="m", query=q, documents=documents, relevant_spans=spans)
+    by_index = {r.index: r for r in answer.results}
+    for index, text in enumerate(documents):
+        start, end, score, passages = best_passage(q, text)
+        (span,) = by_index[index].relevant_spans
+        assert (span.start, span.end) == (start, end) and span.score == pytest.approx(score)
+        # The document's score is its best passage's (MaxP).
+        assert by_index[index].relevance_score == pytest.approx(score)
+    assert len(best_passage(q, long_document)[3]) > 1
+    # Cut where the document breaks: the winning span is whole paragraphs.
+    (span,) = by_index[1].relevant_spans
+    assert set(long_document[span.start : span.end].split("\n\n")) <= set(PARAGRAPHS)
+    # Over the threshold only, and not at all unless asked for.
+    above = co.rerank(
+        model="m",
+        query=q,
+        documents=documents,
+        relevant_spans=cohere.RerankRelevantSpans(mode="enabled", threshold=1.0),
+    )
+    assert all(r.relevant_spans is None for r in above.results)
+    plain = served.post("/v2/rerank", {"model": "m", "query": q, "documents": documents})
+    assert all("relevant_spans" not in r for r in plain.json()["results"])
+    off = served.post(
+        "/v2/rerank", {"model": "m", "query": q, "documents": documents, "relevant_spans": {"mode": "disabled"}}
+    )
+    assert off.json()["results"] == plain.json()["results"]
+    refused = served.post(
+        "/v2/rerank",
+        {"model": "m", "query": q, "documents": documents, "relevant_spans": {"mode": "enabled", "threshold": 2}},
+    )
+    assert refused.status_code == 400 and "relevant_spans.threshold" in refused.json()["message"]
+
+
+def test_v1_max_chunks_per_doc_covers_the_document_or_the_answer_says_what_was_not_read(served: Served) -> None:
+    q = query("chunks")
+    short_paragraphs = "\n\n".join(PARAGRAPHS * 6)  # sixty paragraphs, about 1,300 tokens
+    co = cohere.Client(api_key=served.key, base_url=served.gateway.url, timeout=60, max_retries=0)
+    # Ten chunks cover it: its passages take in their neighbours until ten reach its end.
+    covered = co.rerank(model="m", query=q, documents=[short_paragraphs], max_chunks_per_doc=10)
+    assert covered.meta.warnings is None
+    *_, passages = best_passage(q, short_paragraphs, max_passages=10)
+    assert len(passages) <= 10 and passages[-1].end == len(short_paragraphs)  # type: ignore[attr-defined]
+    # One chunk cannot: the answer says how much of which document was read.
+    partial = co.rerank(model="m", query=q, documents=[DOCS[0], short_paragraphs], max_chunks_per_doc=1)
+    (warning,) = partial.meta.warnings
+    read = best_passage(q, short_paragraphs, max_passages=1)[1]
+    assert "1 of 2 documents were read only in part" in warning
+    assert f"1: {read} of {len(short_paragraphs)}" in warning and "max_chunks_per_doc=1" in warning
+
+
 # -- TEI's /info, and the authorization scheme ------------------------------------------------
 
 

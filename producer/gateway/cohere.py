@@ -5,7 +5,7 @@ and the Fern-generated ``cohere`` Python SDK: ``V2RerankResponse``, ``RerankResp
 ``ApiMeta``):
 
 - ``POST /v2/rerank`` ``{"model", "query", "documents": [str], "top_n"?, "max_tokens_per_doc"?,
-  "priority"?}``; ``POST /v1/rerank`` ``{"query", "documents": [str | {"text", ...}], "model"?,
+  "priority"?, "relevant_spans"?}``; ``POST /v1/rerank`` ``{"query", "documents": [str | {"text", ...}], "model"?,
   "top_n"?, "rank_fields"?, "return_documents"?, "max_chunks_per_doc"?}``.
 - ``{"id", "results": [{"index", "relevance_score", "document"? (v1, with return_documents)}],
   "meta": {"api_version": {"version"}, "billed_units": {"search_units"}}}``, best first.
@@ -20,7 +20,8 @@ chain profile decides who scores); ``max_tokens_per_doc`` becomes a document bud
 points (``service.CHARS_PER_TOKEN``); long documents are cut to the budget, unless v1's
 ``max_chunks_per_doc`` is given: then each document is split into at most that many passages,
 each scored, and a document's score is its best passage's (the stream options
-``long_documents="passages"``, ``max_passages``), still one result per document; one search unit
+``long_documents="passages"``, ``max_passages``), still one result per document; v2's
+``relevant_spans`` scores passages too and answers the winning one (``cohere_passages``); one search unit
 is billed per 100 documents (Cohere's
 rule for documents under 500 tokens). Unknown fields are refused, naming the field, so a
 misspelt ``top_n`` is not silently ignored. One field is rerankq's own: ``instruction``, the
@@ -38,7 +39,15 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kernel import stream_defaults
 from kernel.limits import MAX_PASSAGES
+from producer.gateway.cohere_passages import (
+    RelevantSpan,
+    RelevantSpansRequest,
+    check_relevant_spans,
+    relevant_spans,
+    unread_warnings,
+)
 from producer.gateway.jobs import Scored
 from producer.gateway.problems import STREAM_HEADER, Problem
 from producer.gateway.service import endpoint, rerank_call
@@ -54,6 +63,7 @@ class CohereV2Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     top_n: int | None = None
     max_tokens_per_doc: int | None = None
     priority: int | None = None
+    relevant_spans: RelevantSpansRequest | None = None
     instruction: InstructionOption = None
     # v1-era fields, which clients written for v1 send here too (rerankers always sends
     # return_documents); see V1_ERA_FIELDS.
@@ -86,6 +96,7 @@ class CohereResult(msgspec.Struct, omit_defaults=True):
     index: int
     relevance_score: float
     document: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    relevant_spans: list[RelevantSpan] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ApiVersion(msgspec.Struct):
@@ -99,6 +110,7 @@ class BilledUnits(msgspec.Struct):
 class CohereMeta(msgspec.Struct):
     api_version: ApiVersion
     billed_units: BilledUnits
+    warnings: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class CohereResponse(msgspec.Struct):
@@ -152,9 +164,12 @@ def answer(
     stream_id: str,
     version: str,
     scores: list[Scored],
-    n_documents: int,
+    texts: list[str],
     top_n: int | None,
     documents: list[dict[str, Any]] | None = None,
+    *,
+    spans: RelevantSpansRequest | None = None,
+    passage_limit: str = "",
 ) -> Response:
     chosen = scores[:top_n] if top_n is not None else scores
     results = [
@@ -162,15 +177,18 @@ def answer(
             index=s.index,
             relevance_score=s.score,
             document=documents[s.index] if documents is not None else msgspec.UNSET,
+            relevant_spans=relevant_spans(s, spans) or msgspec.UNSET,
         )
         for s in chosen
     ]
+    warnings = unread_warnings(scores, texts, passage_limit)
     body = CohereResponse(
         id=gateway_id,
         results=results,
         meta=CohereMeta(
             api_version=ApiVersion(version=version),
-            billed_units=BilledUnits(search_units=math.ceil(n_documents / DOCUMENTS_PER_SEARCH_UNIT)),
+            billed_units=BilledUnits(search_units=math.ceil(len(texts) / DOCUMENTS_PER_SEARCH_UNIT)),
+            warnings=warnings or msgspec.UNSET,
         ),
     )
     return Response(msgspec.json.encode(body), media_type="application/json", headers={STREAM_HEADER: stream_id})
@@ -194,6 +212,8 @@ async def rerank_v2(request: Request) -> Response:
     positive("top_n", payload.top_n)
     positive("max_tokens_per_doc", payload.max_tokens_per_doc)
     positive("priority", payload.priority, minimum=0)
+    check_relevant_spans(payload.relevant_spans)
+    spans = payload.relevant_spans if payload.relevant_spans and payload.relevant_spans.enabled else None
     job = gateway.job(
         payload.query,
         payload.documents,
@@ -201,9 +221,19 @@ async def rerank_v2(request: Request) -> Response:
         call.principal,
         max_tokens_per_doc=payload.max_tokens_per_doc,
         instruction=payload.instruction,
+        passages=spans is not None,
     )
     stream_id, scores = await gateway.bridge.rerank(job, call.timeout_s)
-    response = answer(str(uuid.uuid4()), stream_id, "2", scores, len(payload.documents), payload.top_n)
+    response = answer(
+        str(uuid.uuid4()),
+        stream_id,
+        "2",
+        scores,
+        payload.documents,
+        payload.top_n,
+        spans=spans,
+        passage_limit=f"at most {stream_defaults.MAX_PASSAGES} a document, the stream default",
+    )
     if ignored:
         response.headers["Warning"] = ", ".join(
             f'299 rerankq "{name} is a v1 field, ignored on /v2/rerank: {V1_ERA_FIELDS[name]}"' for name in ignored
@@ -269,4 +299,5 @@ async def rerank_v1(request: Request) -> Response:
     documents = None
     if payload.return_documents:
         documents = [{"text": d} if isinstance(d, str) else d for d in payload.documents]
-    return answer(str(uuid.uuid4()), stream_id, "1", scores, len(payload.documents), payload.top_n, documents)
+    limit = f"at most max_chunks_per_doc={payload.max_chunks_per_doc} a document; a larger value reads more"
+    return answer(str(uuid.uuid4()), stream_id, "1", scores, texts, payload.top_n, documents, passage_limit=limit)

@@ -21,7 +21,7 @@ import msgspec
 
 from kernel.store import Snapshot
 from kernel.windows import window_count
-from kernel.wire import Cancelled, Device, Failed, Filtered, Ranked
+from kernel.wire import Cancelled, Device, Failed, Filtered, PassageSpan, Ranked
 from producer.gateway.problems import Problem
 from producer.options import StreamOptions, given
 
@@ -80,6 +80,8 @@ class RerankJob:
 class Scored:
     index: int
     score: float
+    #: A passages stream's best passage (and where reading stopped short); None otherwise.
+    passage: PassageSpan | None = None
 
 
 def failure(snapshot: Snapshot) -> str | None:
@@ -111,4 +113,4 @@ def scored(snapshot: Snapshot, stream_id: str) -> list[Scored]:
     decisions.sort(key=lambda d: (-d.score, -(d.score if d.raw_score is None else d.raw_score), d.index))
     # A blank document scores minus infinity, which JSON cannot carry: it is answered with the
     # lowest score the APIs have (0; TEI's raw score is that one's logit), still last.
-    return [Scored(d.index, d.score if math.isfinite(d.score) else 0.0) for d in decisions]
+    return [Scored(d.index, d.score if math.isfinite(d.score) else 0.0, d.passage) for d in decisions]

@@ -14,6 +14,7 @@ import redis
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kernel import stream_defaults
 from kernel.blank_text import is_blank
 from kernel.cost import window_size_within
 from kernel.errors import StoreError, StreamNotFound, ValidationError
@@ -125,6 +126,7 @@ class Gateway:
         max_tokens_per_doc: int | None = None,
         instruction: str | None = None,
         max_passages: int | None = None,
+        passages: bool = False,
     ) -> RerankJob:
         """A rerank route's request as a stream: its ``StreamOptions`` are what the route's
         fields, the API key and the gateway's settings say. With ``max_passages`` the documents
@@ -134,8 +136,10 @@ class Gateway:
         if max_tokens_per_doc is not None:
             budget = max(1, min(budget, max_tokens_per_doc * CHARS_PER_TOKEN))
         window_size = min(len(texts), self.settings.streams.max_window_size)
-        if max_passages is not None:
-            fits = fitting_window_size(self.settings.streams.max_window_passage_tokens, max_passages)
+        passages = passages or max_passages is not None
+        if passages:
+            per_document = max_passages or stream_defaults.MAX_PASSAGES
+            fits = fitting_window_size(self.settings.streams.max_window_passage_tokens, per_document)
             window_size = max(1, min(window_size, fits))
         asked = StreamOptions(
             device=device,
@@ -145,7 +149,7 @@ class Gateway:
             document_budget=budget,
             ttl_s=self.config.stream_ttl_s,
             instruction=instruction,
-            long_documents="passages" if max_passages is not None else None,
+            long_documents="passages" if passages else None,
             max_passages=max_passages,
         )
         sized = resolve_spec(query, asked, self.settings, n_candidates=len(texts))
