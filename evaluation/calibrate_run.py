@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from worker.scoring.calibration import (
     FORMAT,
@@ -20,6 +21,7 @@ from worker.scoring.calibration import (
     calibration_identity,
     decode,
     encode,
+    interpolate,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ class CalibrateRequest:
     method: Method
     timeout_s: float
     device: str
+    long_documents: str | None = None
 
 
 def _progress(message: str) -> None:
@@ -97,19 +100,17 @@ def _chosen(members: str | None, chain: list[Any]) -> list[int]:
 
 def run(request: CalibrateRequest, *, as_json: bool) -> int:
     from evaluation.calibration import FitError, fit_map, judged_pairs
-    from evaluation.command import shipped
+    from evaluation.command import collection_files
     from evaluation.runner import run_member, stack
     from evaluation.trec import InputError, load_collection
     from producer import load_settings
     from worker.logs import configure_logging
 
     configure_logging(level="WARNING")
-    files = {
-        "qrels": request.qrels or shipped("qrels.txt"),
-        "run": request.run or shipped("run.bm25.txt"),
-        "queries": request.queries or shipped("queries.tsv"),
-        "documents": request.documents or shipped("documents.jsonl"),
-    }
+    named = collection_files(
+        request.qrels, request.run, request.queries, request.documents, long_documents=request.long_documents
+    )
+    files = dict(zip(("qrels", "run", "queries", "documents"), named))
     _refuse_foreign(request.out)
     try:
         collection = load_collection(**files)
@@ -123,6 +124,7 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     depth = min(request.depth, max(len(collection.run[q]) for q in qids))
     maps: dict[str, MemberMap] = {}
     skipped: dict[str, str] = {}
+    verdicts: list[str] = []
     _progress(
         f"calibrating on {len(qids)} queries, the top {depth} of each, members "
         + ", ".join(f"{i}:{chain[i].provider}" for i in indexes)
@@ -139,6 +141,7 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
                 depth=depth,
                 timeout_s=request.timeout_s,
                 progress=_progress,
+                long_documents=request.long_documents,
             )
             if member_run.failed:
                 skipped[label] = f"could not serve: {member_run.failed[0].failed}"
@@ -161,16 +164,25 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
             except FitError as exc:
                 skipped[label] = str(exc)
                 continue
+            fitted, said = with_first_stage_weight(fitted, member_run.queries, collection, depth, request)
+            verdicts.append(said)
             maps[calibration_identity(identities.pop())] = fitted
     for label, reason in skipped.items():
         _progress(f"{label}: not calibrated ({reason})")
+    for said in verdicts:
+        _progress(said)
     if not maps:
         raise click.ClickException("no member could be calibrated; nothing written")
     calibration = CalibrationFile(
         format=FORMAT,
         relevant_grade=request.relevant_grade,
         unjudged=request.unjudged,
-        fitted_on={"files": {k: str(v) for k, v in files.items()}, "queries": len(qids), "depth": depth},
+        fitted_on={
+            "files": {k: str(v) for k, v in files.items()},
+            "queries": len(qids),
+            "depth": depth,
+            "long_documents": request.long_documents or "excerpt",
+        },
         members=maps,
     )
     _write(request.out, calibration)
@@ -181,6 +193,25 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
         click.echo(render(calibration))
         click.echo(next_steps(request.out))
     return 0
+
+
+def with_first_stage_weight(
+    fitted: MemberMap, queries: list[Any], collection: Any, depth: int, request: CalibrateRequest
+) -> tuple[MemberMap, str]:
+    """The map with the member's first-stage weight, fitted on the same rows (``blend_fit``), and
+    the line that says what it means."""
+    from evaluation.blend_fit import fit_weight, per_query_ndcg, verdict
+
+    xs, ys = fitted.scores, fitted.probabilities
+    table = per_query_ndcg(
+        queries,
+        collection.qrels,
+        n_candidates={q.qid: len(collection.run[q.qid][:depth]) for q in queries},
+        calibrate=lambda score: interpolate(xs, ys, score),
+        relevant_grade=request.relevant_grade,
+    )
+    weight, fit = fit_weight(table)
+    return msgspec.structs.replace(fitted, first_stage_weight=weight, blend_fit=fit), verdict(fitted.label, weight, fit)
 
 
 def next_steps(out: Path) -> str:
@@ -195,7 +226,17 @@ def next_steps(out: Path) -> str:
 
 
 def render(calibration: CalibrationFile) -> str:
-    header = ["member", "method", "pairs", "relevant", "breakpoints", "ECE raw", "ECE calibrated", "Brier"]
+    header = [
+        "member",
+        "method",
+        "pairs",
+        "relevant",
+        "breakpoints",
+        "ECE raw",
+        "ECE calibrated",
+        "Brier",
+        "first-stage weight",
+    ]
     rows = [
         [
             m.label,
@@ -206,6 +247,7 @@ def render(calibration: CalibrationFile) -> str:
             f"{m.fit.ece_raw:.3f}",
             f"{m.fit.ece:.3f}",
             f"{m.fit.brier:.3f}",
+            "-" if m.first_stage_weight is None else f"{m.first_stage_weight:g}",
         ]
         for m in calibration.members.values()
     ]

@@ -54,6 +54,7 @@ class Arguments:
     timeout: float
     device: str
     long_documents: str | None = None
+    calibration: Path | None = None
 
 
 def _depths(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -98,6 +99,12 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     help="the streams' long_documents option; with no files named, the shipped long-document collection "
     "(collection/long: 1,300-2,400 words a document, the judged part early, in the middle or late)  "
     "[default: the deployment's, excerpt]",
+)
+@click.option(
+    "--calibration",
+    type=FILE,
+    help="a file rerankq calibrate wrote: the private worker calibrates and blends the first stage with it "
+    "(RERANKQ_CALIBRATION)  [default: the deployment's RERANKQ_CALIBRATION]",
 )
 def evaluate_command(
     qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None, **options: Any
@@ -172,6 +179,8 @@ def _evaluate(args: Arguments, collection: Any) -> int:
         print(message, file=sys.stderr, flush=True)
 
     env = dict(os.environ)
+    if args.calibration is not None:
+        env["RERANKQ_CALIBRATION"] = str(args.calibration.resolve())
     chain = load_settings(env).chain.effective_members()
     members = list(range(len(chain)))
     if args.members:

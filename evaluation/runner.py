@@ -50,6 +50,8 @@ class ScoredPair:
     raw: float
     calibrated: bool
     grade: int | None
+    #: The document's place in the first stage (0 first): what a blend reads.
+    first_stage_rank: int = 0
 
 
 @dataclass
@@ -153,6 +155,7 @@ def rerank_query(
             raw=d.raw_score if d.raw_score is not None else d.score,
             calibrated=d.calibrated,
             grade=judged.get(d.id),
+            first_stage_rank=d.index,
         )
         for d in result.decisions
         if isinstance(d, (Ranked, Filtered)) and not result.passthrough and math.isfinite(d.score)

@@ -133,6 +133,9 @@ class StreamSpec(Base, frozen=True):
     passage_aggregate: PassageAggregate = "max"
     passage_top_k: int = stream_defaults.PASSAGE_TOP_K
     max_passages: int = stream_defaults.MAX_PASSAGES
+    #: The first stage's part in the order (``worker.scoring.blend``); None: the calibration
+    #: file's weight for the serving member, else none.
+    first_stage_weight: float | None = None
 
 
 # -- decisions ---------------------------------------------------------------
@@ -165,6 +168,10 @@ class Ranked(Base, tag="ranked", tag_field="kind", frozen=True):
     calibrated: bool = False
     #: A passages stream's best passage; None for an excerpt stream.
     passage: PassageSpan | None = None
+    #: Where the first stage was blended in: its score of the candidate's place, and its weight;
+    #: ``final_score`` is then ``((1 - w) * score + w * first_stage)`` times the boosts.
+    first_stage: float | None = None
+    first_stage_weight: float | None = None
 
 
 class Filtered(Base, tag="filtered", tag_field="kind", frozen=True):
@@ -180,6 +187,8 @@ class Filtered(Base, tag="filtered", tag_field="kind", frozen=True):
     raw_score: float | None = None
     calibrated: bool = False
     passage: PassageSpan | None = None
+    first_stage: float | None = None
+    first_stage_weight: float | None = None
 
 
 class Omitted(Base, tag="omitted", tag_field="kind", frozen=True):

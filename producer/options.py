@@ -230,6 +230,15 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
             f"[default: {stream_defaults.MAX_PASSAGES}]"
         ),
     ] = None
+    first_stage_weight: Annotated[
+        Annotated[float, Meta(ge=0.0, le=1.0)] | None,
+        Meta(
+            description="the first stage's part in the order: final_score is ((1 - w) x score + w x the score of "
+            "the candidate's place in the fused list, 1.0 first to 0.1 last) times the boosts; min_score still "
+            "reads the member's score  [default: the weight rerankq calibrate fitted for the serving member in "
+            "RERANKQ_CALIBRATION, else 0]"
+        ),
+    ] = None
 
 
 #: Option names, in declaration order.

@@ -34,6 +34,7 @@ _AS_GIVEN = (
     "passage_aggregate",
     "passage_top_k",
     "max_passages",
+    "first_stage_weight",
 )
 
 

@@ -78,6 +78,12 @@ Examples:
 @click.option(
     "--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True, help="the private worker's device"
 )
+@click.option(
+    "--long-documents",
+    type=click.Choice(["excerpt", "passages"]),
+    help="the streams' long_documents option, as rerankq eval takes it: the maps and weights are fitted on the "
+    "rows it produces; with no files named, the shipped long-document collection  [default: the deployment's]",
+)
 @json_option("print the calibration file's contents as JSON instead of a table")
 def calibrate(
     qrels: Path | None,
@@ -92,23 +98,20 @@ def calibrate(
     method: Method,
     timeout: float,
     device: str,
+    long_documents: str | None,
     as_json: bool,
 ) -> int:
     """Rerank judged queries with each chain member in turn, through the real queue, and fit a
     monotone map per member from its normalised score to the probability that the document is
-    relevant. The file is keyed by each member's identity (provider, model, URL, scale,
-    backend), so a worker given it (RERANKQ_CALIBRATION) calibrates only the members it was
-    fitted for."""
+    relevant, and the weight of the first stage in the order (cross-validated over queries: 1.0,
+    all first stage, where the member does not beat it held out). The file is keyed by each
+    member's identity (provider, model, URL, scale, backend), so a worker given it
+    (RERANKQ_CALIBRATION) calibrates and blends only the members it was fitted for."""
     from evaluation.calibrate_run import CalibrateRequest, run
 
     # The fit, at the end, needs scikit-learn: on an install without rerankq[eval], say so
     # before every member has scored every query (rerankq's one line for a missing extra).
     importlib.import_module("sklearn")
-    given = [qrels, run_path, queries, documents]
-    if any(given) and not all(given):
-        raise click.UsageError(
-            "--qrels, --run, --queries and --documents go together (or none, for the shipped collection)"
-        )
     return run(
         CalibrateRequest(
             qrels=qrels,
@@ -123,6 +126,7 @@ def calibrate(
             method=method,
             timeout_s=timeout,
             device=device,
+            long_documents=long_documents,
         ),
         as_json=as_json,
     )

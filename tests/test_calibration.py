@@ -36,6 +36,7 @@ from worker.scoring.calibration import (
 
 SKEWED = "tests.calibration_providers:SkewedProvider"
 SKEWED_LABEL = f"0:{SKEWED}"
+BLEND_WEIGHT = 0.6
 EMBEDDING_LABEL = "1:embedding"
 
 # Eight topics: a query and three documents that answer it; every other topic's documents
@@ -239,6 +240,7 @@ def _env(base_env: dict[str, str], **extra: str) -> dict[str, str]:
         "RERANKQ_CHAIN_EVAL1": "1",
         "RERANKQ_CHAIN_FLAKY": "0,1",
         "RERANKQ_CHAIN_RENAMED": "0",
+        "RERANKQ_CHAIN_BLENDED": "1",
         **extra,
     }
     env.pop("RERANKQ_RERANKER_MODEL", None)
@@ -295,7 +297,18 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
     # The same file, as if fitted for another model behind member 0's label.
     renamed = directory / "renamed.json"
     renamed.write_text(out.read_text().replace("skewed-1", "skewed-0"))
-    serving_env = _env(base, RERANKQ_CALIBRATION=str(out), RERANKQ_CALIBRATION_RENAMED=str(renamed))
+    # The same maps with a first-stage weight of 0.6 for every member (the ``blended`` profile).
+    blended = directory / "blended.json"
+    content = json.loads(out.read_text())
+    for member in content["members"].values():
+        member["first_stage_weight"] = BLEND_WEIGHT
+    blended.write_text(json.dumps(content))
+    serving_env = _env(
+        base,
+        RERANKQ_CALIBRATION=str(out),
+        RERANKQ_CALIBRATION_RENAMED=str(renamed),
+        RERANKQ_CALIBRATION_BLENDED=str(blended),
+    )
     serving = WorkerProcess.rerankq(serving_env, directory / "serving.log", "--device", "cpu", cwd=ROOT).start()
     client = RerankClient(load_settings(serving_env))
     try:
@@ -305,6 +318,7 @@ def calibrated(redis_server, tmp_path_factory) -> Iterator[dict[str, Any]]:
         yield {
             "file": out,
             "stdout": done.stdout,
+            "stderr": done.stderr,
             "client": client,
             "worker": serving,
             "namespace": namespace,
@@ -333,6 +347,13 @@ def test_calibrate_writes_one_map_per_member_keyed_by_its_identity(calibrated):
     assert SKEWED_LABEL in calibrated["stdout"] and "ECE raw" in calibrated["stdout"]
     # It says how to use the file it wrote.
     assert f"RERANKQ_CALIBRATION={calibrated['file']} rerankq worker" in calibrated["stdout"]
+    # This run puts every query's answers last: the bi-encoder beats it held out, and the
+    # weight fitted beside its map gives the first stage no part in the order.
+    _, embedding = by_label[EMBEDDING_LABEL]
+    assert embedding.blend_fit is not None and embedding.blend_fit.queries == 8
+    assert embedding.blend_fit.member > embedding.blend_fit.first_stage
+    assert embedding.first_stage_weight == 0.0
+    assert f"{EMBEDDING_LABEL}: first_stage_weight 0 (held out over 8 queries" in calibrated["stderr"]
 
 
 def _open(
@@ -354,6 +375,31 @@ def _decisions(calibrated: dict[str, Any], stream: str) -> list[Ranked | Filtere
     assert client.pull(stream, 0, 200, timeout=60).complete
     results = client.store.snapshot(stream).results
     return [d for r in results.values() for d in r.decisions if isinstance(d, (Ranked, Filtered))]
+
+
+def test_a_fitted_first_stage_weight_blends_the_fused_order_in_and_a_stream_option_overrides_it(calibrated):
+    from worker.scoring.blend import first_stage_score
+
+    client = calibrated["client"]
+    n = len(calibrated["candidates"])
+
+    def rows(**options: Any) -> list[Ranked | Filtered]:
+        stream = client.open(TOPICS["t3"][0], calibrated["candidates"], window_size=n, chain="blended", **options)
+        return _decisions(calibrated, stream)
+
+    blended = rows()
+    assert len(blended) == n
+    for row in blended:
+        assert row.calibrated and row.first_stage_weight == BLEND_WEIGHT
+        assert row.first_stage == pytest.approx(first_stage_score(row.index, n))
+        # The blend orders; score keeps the member's calibrated relevance.
+        assert row.final_score == pytest.approx((1 - BLEND_WEIGHT) * row.score + BLEND_WEIGHT * row.first_stage)
+    assert [r.final_score for r in blended] == sorted((r.final_score for r in blended), reverse=True)
+    alone = rows(first_stage_weight=0.0)
+    assert all(r.first_stage is None and r.final_score == r.score for r in alone)
+    assert [r.id for r in alone] != [r.id for r in blended]
+    # All first stage: the fused order, whatever the member scored.
+    assert [r.index for r in rows(first_stage_weight=1.0)] == list(range(n))
 
 
 def test_min_score_on_calibrated_scores_filters_the_same_share_on_members_with_different_curves(calibrated):

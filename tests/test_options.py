@@ -66,6 +66,7 @@ BAD: dict[str, tuple[Any, list[str] | None, str]] = {
     "passage_aggregate": ("mean", ["--passage-aggregate", "mean"], "passage_aggregate"),
     "passage_top_k": (0, ["--passage-top-k", "0"], "passage_top_k"),
     "max_passages": (0, ["--max-passages", "0"], "max_passages"),
+    "first_stage_weight": (1.5, ["--first-stage-weight", "1.5"], "first_stage_weight"),
 }
 
 

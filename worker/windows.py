@@ -277,13 +277,21 @@ class WindowScorer:
             for pos, i in enumerate(scorable):
                 full[i] = outcome.scores[pos]
             outcome.scores = full
-        calibration = None
+        calibration, weight = None, None
         if self.calibrations is not None and outcome.served_by is not None and not outcome.passthrough:
             calibration = self.calibrations.map_for(
                 profile=spec.chain, label=outcome.served_by, cache_identity=outcome.identity
             )
+            weight = self.calibrations.first_stage_weight_for(profile=spec.chain, cache_identity=outcome.identity)
         decisions = decide(
-            spec, candidates, documents, outcome, first_index=start, calibration=calibration, passages=spans
+            spec,
+            candidates,
+            documents,
+            outcome,
+            first_index=start,
+            calibration=calibration,
+            passages=spans,
+            first_stage_weight=weight,
         )
         embeddings = kept_embeddings(
             outcome,

@@ -51,6 +51,17 @@ class Fit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True)
     ece: float
 
 
+class BlendFit(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """How the first-stage weight was chosen: nDCG@10 on held-out queries (cross-validated over
+    queries, ``folds`` of them) of the member alone, the first stage alone and the blend."""
+
+    folds: int
+    queries: int
+    member: float
+    first_stage: float
+    blend: float
+
+
 class MemberMap(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """One member's map: ``scores`` (normalised member scores, increasing) to ``probabilities``."""
 
@@ -60,6 +71,10 @@ class MemberMap(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     scores: list[float]
     probabilities: list[float]
     fit: Fit
+    #: The first stage's part in the order for this member (``worker.scoring.blend``): 1.0 where
+    #: the member did not beat the first stage on held-out queries. None: not fitted (no blend).
+    first_stage_weight: float | None = None
+    blend_fit: BlendFit | None = None
 
 
 class CalibrationFile(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -128,6 +143,9 @@ def _check_map(identity: str, member: MemberMap, where: str) -> None:
         raise ConfigError(field, "scores must increase")
     if any(b < a for a, b in pairwise(ys)) or ys[0] < 0 or ys[-1] > 1:
         raise ConfigError(field, "probabilities must be non-decreasing, within [0, 1]")
+    weight = member.first_stage_weight
+    if weight is not None and not (math.isfinite(weight) and 0.0 <= weight <= 1.0):
+        raise ConfigError(f"{field}.first_stage_weight", f"must be between 0 and 1, got {weight}")
 
 
 def decode(blob: bytes, *, where: str) -> CalibrationFile:
@@ -197,6 +215,14 @@ class Calibrations:
         if profile is not None and profile.lower() in self.profiles:
             return profile.lower(), self.profiles[profile.lower()]
         return None, self.default
+
+    def first_stage_weight_for(self, *, profile: str | None, cache_identity: str | None) -> float | None:
+        """The weight fitted for the member that served, where its map applies (else None)."""
+        _, calibration = self._file_for(profile)
+        if calibration is None or cache_identity is None:
+            return None
+        member = calibration.members.get(calibration_identity(cache_identity))
+        return member.first_stage_weight if member is not None else None
 
     def map_for(self, *, profile: str | None, label: str, cache_identity: str | None) -> ScoreMap | None:
         """The map for the member that served, or None (served uncalibrated, said once per process)."""

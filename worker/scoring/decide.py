@@ -3,7 +3,8 @@
 ``score`` on a decision is the normalised relevance (absolute: a weak best hit stays
 weak), or, with a calibration map for the serving member, the probability of relevance the
 map gives that normalised score (kept as ``raw_score``); ``final_score`` is ``score`` times
-the bounded boost multiplier. Boosts and filters see the calibrated score.
+the bounded boost multiplier, where the first stage is blended in the blend's
+(``worker.scoring.blend``). Boosts and filters see the calibrated score.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from kernel.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
+from worker.scoring.blend import blended, first_stage_score
 from worker.scoring.calibration import ScoreMap
 from worker.scoring.documents import has_text
 
@@ -83,13 +85,16 @@ def decide(
     first_index: int,
     calibration: ScoreMap | None = None,
     passages: list[PassageSpan | None] | None = None,
+    first_stage_weight: float | None = None,
 ) -> list[Decision]:
     """Decisions for one window, in final order (final score desc; on ties a calibrated
     window's raw score, so a flat stretch of its map keeps the member's order; then fusion order).
 
     ``calibration`` maps the serving member's normalised score to P(relevant); never applied
     to a passthrough window's seeded scores. ``passages``: a passages stream's best passage of
-    each candidate, kept on its decision.
+    each candidate, kept on its decision. ``first_stage_weight``: the fitted weight for the
+    serving member, where the stream sets none (``worker.scoring.blend``); never applied to a
+    passthrough window, which is in fusion order already.
     """
     if outcome.failed:
         failure = outcome.reason or "failed"
@@ -102,12 +107,16 @@ def decide(
     reference = boosts.reference_time(spec)
 
     calibrate = calibration if calibration is not None and not outcome.passthrough else None
+    weight = spec.first_stage_weight if spec.first_stage_weight is not None else first_stage_weight
+    if outcome.passthrough or not weight:
+        weight = None
 
     scored: list[tuple[float, float, int, Decision]] = []
     omitted: list[Decision] = []
     for i, c in enumerate(candidates):
         index = first_index + i
         raw: float | None = None
+        first_stage: float | None = None
         member_score = base[i]
         if not has_text(c):
             # No text: sinks to the bottom of its window, never dropped.
@@ -119,7 +128,11 @@ def decide(
             score = member_score
             if calibrate is not None:
                 raw, score = score, calibrate(score)
-            final = score * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
+            ordered = score
+            if weight is not None:
+                first_stage = first_stage_score(index, spec.n_candidates or first_index + len(candidates))
+                ordered = blended(score, first_stage, weight)
+            final = ordered * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
         passage = passages[i] if passages is not None else None
         decision: Decision
@@ -135,6 +148,8 @@ def decide(
                 raw_score=raw,
                 calibrated=raw is not None,
                 passage=passage,
+                first_stage=first_stage,
+                first_stage_weight=weight if first_stage is not None else None,
             )
         else:
             decision = Ranked(
@@ -147,6 +162,8 @@ def decide(
                 raw_score=raw,
                 calibrated=raw is not None,
                 passage=passage,
+                first_stage=first_stage,
+                first_stage_weight=weight if first_stage is not None else None,
             )
         # Uncalibrated, equal final scores keep fusion order, as they always have.
         scored.append((final, raw if raw is not None else 0.0, i, decision))
