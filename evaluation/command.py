@@ -172,6 +172,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
     from evaluation.plots import write_plots
     from evaluation.report import build_report, render
     from evaluation.runner import environment_notes, run_member, stack
+    from evaluation.verdict import judge
     from kernel.errors import ConfigError
     from producer import load_settings
 
@@ -237,6 +238,24 @@ def _evaluate(args: Arguments, collection: Any) -> int:
             **environment_notes(env),
         }
 
+    verdict = judge(
+        runs=runs,
+        scores=scores,
+        input_scores=input_scores,
+        qrels=collection.qrels,
+        texts={docid: document.text for docid, document in collection.documents.items()},
+        labels=[m["label"] for m in reported if not m.get("reason")],
+        depths=depths,
+        relevant_grade=args.relevant_grade,
+        policy={
+            "long_documents": args.long_documents or "excerpt",
+            "blend": f"blended as {args.calibration.name} says"
+            if args.calibration is not None
+            else "the deployment's first-stage blend"
+            if env.get("RERANKQ_CALIBRATION")
+            else "no first-stage blend",
+        },
+    )
     report = build_report(
         collection={
             "files": {k: str(getattr(args, k)) for k in ("qrels", "run", "queries", "documents")},
@@ -253,6 +272,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
         runs=runs,
         scores=scores,
         stack=stack_notes,
+        verdict=verdict,
     )
     if args.plots:
         for path in write_plots(report, args.plots):

@@ -67,3 +67,22 @@ def evaluate(
         per_query[by_measure[metric.measure]][metric.query_id] = float(metric.value)
     aggregate = ir_measures.calc_aggregate(list(measures.values()), judged, run)
     return Scores(mean={name: float(aggregate[m]) for name, m in measures.items()}, per_query=per_query)
+
+
+def at_cutoffs(
+    qrels: Mapping[str, Mapping[str, int]],
+    rankings: Mapping[str, Sequence[str]],
+    cutoffs: Sequence[int],
+    *,
+    relevant_grade: int = 1,
+) -> dict[str, float]:
+    """``P@k`` and ``R@k`` for each of ``cutoffs``, means over the rankings' queries."""
+    import ir_measures
+    from ir_measures import P, R
+
+    measures = {f"{name}@{k}": m(rel=relevant_grade) @ k for k in cutoffs for name, m in (("P", P), ("R", R))}
+    by_measure = {m: name for name, m in measures.items()}
+    run = {qid: {docid: float(len(docs) - i) for i, docid in enumerate(docs)} for qid, docs in rankings.items()}
+    judged = {qid: dict(qrels[qid]) for qid in rankings}
+    aggregate = ir_measures.calc_aggregate(list(measures.values()), judged, run)
+    return {by_measure[m]: float(v) for m, v in aggregate.items()}

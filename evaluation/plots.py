@@ -122,7 +122,37 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
     calibrated = [(colour, m) for colour, m in zip(COLOURS, served) if "calibration" in m]
     if calibrated:
         paths.append(_reliability(plt, calibrated, directory / "reliability.png", full))
+    if report.get("verdict", {}).get("rows"):
+        paths.append(_depth_by_kept(plt, report["verdict"], served, directory / "depth_by_kept.png"))
     return paths
+
+
+def _depth_by_kept(plt: Any, verdict: Mapping[str, Any], served: list[Mapping[str, Any]], path: Path) -> Path:
+    """Recall of the documents kept against the reranking depth: one line per member and number
+    kept, so the depth past which keeping more or reranking deeper stops paying shows."""
+    fig, ax = plt.subplots(figsize=(7.5, 5.2), dpi=120)
+    styles = ("-", "--", ":")
+    for colour, member in zip(COLOURS, served):
+        rows = sorted((r for r in verdict["rows"] if r["member"] == member["label"]), key=lambda r: r["depth"])
+        for style, kept in zip(styles, verdict["kept"]):
+            ax.plot(
+                [r["depth"] for r in rows],
+                [r["kept"][str(kept)]["recall"] for r in rows],
+                marker="o",
+                linestyle=style,
+                color=colour,
+                label=f"{member['label']}, {kept} kept",
+            )
+        if member["label"] in verdict["knees"]:
+            ax.axvline(verdict["knees"][member["label"]], color=colour, alpha=0.3, linewidth=4)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xlabel("documents reranked (top d of the input run; shaded: the knee)")
+    ax.set_ylabel("recall of the documents kept")
+    ax.set_title("Depth x documents kept")
+    ax.grid(True, alpha=0.3)
+    _legend_below(fig, ax)
+    return _save(fig, plt, path)
 
 
 def _reliability(plt: Any, members: list[tuple[str, Mapping[str, Any]]], path: Path, full: str) -> Path:

@@ -70,6 +70,7 @@ def build_report(
     runs: Mapping[tuple[str, int], MemberRun],
     scores: Mapping[tuple[str, int], Scores],
     stack: Mapping[str, Any],
+    verdict: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``members``: each member's label and provider, and its reason when it could not serve."""
     report_members = []
@@ -105,6 +106,7 @@ def build_report(
         "input_run": scored(input_scores, None),
         "members": report_members,
         "stack": dict(stack),
+        "verdict": dict(verdict or {}),
     }
 
 
@@ -222,6 +224,8 @@ def render(report: Mapping[str, Any]) -> str:
                 ],
             )
         )
+    if report.get("verdict", {}).get("rows"):
+        blocks.append(_verdict(report["verdict"]))
     stack = report["stack"]
     blocks.append(
         f"{'private redis-server and worker' if stack.get('private') else 'configured Redis and workers'}"
@@ -231,6 +235,42 @@ def render(report: Mapping[str, Any]) -> str:
         f"and {stack.get('load_average_1m')} at the end (latency is this machine's, as busy as that)"
     )
     return "\n\n".join(blocks)
+
+
+def _verdict(verdict: Mapping[str, Any]) -> str:
+    kept = [str(k) for k in verdict["kept"]]
+    header = [
+        "",
+        "depth",
+        "nDCG@10",
+        *(f"{name}@{k}" for k in kept for name in ("R", "P", "tokens")),
+        "p50 ms",
+        "vs input +/=/-",
+    ]
+    rows = []
+    for row in verdict["rows"]:
+        knee = verdict["knees"].get(row["member"]) == row["depth"]
+        at = row["kept"]
+        versus = row["vs_input"]
+        rows.append(
+            [
+                row["member"],
+                f"{row['depth']}{' (knee)' if knee else ''}",
+                f"{row['ndcg10']:.3f}",
+                *(
+                    v
+                    for k in kept
+                    for v in (f"{at[k]['recall']:.3f}", f"{at[k]['precision']:.3f}", f"{at[k]['tokens']:.0f}")
+                ),
+                "-" if row["latency_p50_ms"] is None else f"{row['latency_p50_ms']:.0f}",
+                f"{versus['better']}/{versus['same']}/{versus['worse']}",
+            ]
+        )
+    title = (
+        "Does reranking earn its latency? Reranking depth x documents kept (recall, precision, tokens of the kept "
+        f"documents); the knee is the smallest depth within {verdict['knee_tolerance']} of the member's best nDCG@10"
+    )
+    return _table(title, header, rows) + "\n\n" + str(verdict["sentence"])
 
 
 def _spread(entry: Mapping[str, Any]) -> str:

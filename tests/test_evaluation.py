@@ -176,7 +176,22 @@ def test_the_harness_reranks_through_a_private_queue_and_reports_each_member_and
     assert latency["queue_ms"]["p50"] >= 0 and latency["total_ms"]["p95"] >= latency["total_ms"]["p50"]
 
     assert "Depth sweep" in done.stdout and "0.904" in done.stdout  # (0.8953 + 0.9134) / 2
-    for name in ("quality_vs_depth.png", "quality_vs_latency.png", "per_query_ndcg10.png"):
+    # The verdict: depth x kept, the knee, one sentence. Depth 5 is the keyword member's best,
+    # and depth 2 moves nothing: the knee is 5, and reranking there earns its latency.
+    verdict = report["verdict"]
+    assert verdict["knees"]["0:tests.evaluation_providers:KeywordProvider"] == 5
+    at = {(r["member"], r["depth"]): r for r in verdict["rows"]}
+    full_row = at[("0:tests.evaluation_providers:KeywordProvider", 5)]
+    # Kept 3 of q1 d3 d5 d1 (two of its four relevant) and of q2 e1 e4 e2 (both of its two).
+    assert full_row["kept"]["3"]["recall"] == pytest.approx((2 / 4 + 2 / 2) / 2)
+    assert full_row["kept"]["3"]["precision"] == pytest.approx(2 / 3)
+    assert full_row["kept"]["3"]["tokens"] > 0
+    assert full_row["kept"]["12"]["tokens"] >= full_row["kept"]["3"]["tokens"]
+    assert full_row["vs_input"] == {"better": 2, "same": 0, "worse": 0}
+    assert verdict["sentence"].startswith("Reranking earns its latency on this collection: 0:tests")
+    assert "at depth 5 (long documents excerpt, no first-stage blend)" in verdict["sentence"]
+    assert "Does reranking earn its latency?" in done.stdout and verdict["sentence"] in done.stdout
+    for name in ("quality_vs_depth.png", "quality_vs_latency.png", "per_query_ndcg10.png", "depth_by_kept.png"):
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
