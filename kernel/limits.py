@@ -13,8 +13,8 @@ MIN_PASSAGE_TOKENS = 16
 #: say what it reads); also what the per-window token ceiling counts when none is given.
 REMOTE_PASSAGE_TOKENS = 512
 #: A passage cut at a document's structure takes its neighbours in while it holds fewer tokens
-#: than this part of a passage (measured on the long collection: ops/bench/passage_quality.py);
-#: so, on average, each passage holds at least that many, which bounds their number.
-PASSAGE_FILL_SHARE = 0.5
+#: than this part of a passage: 1.0, as many as fit (the best of 0, 0.25, 0.5 and 1 on the long
+#: collection: ops/bench/passage_quality.py).
+PASSAGE_FILL_SHARE = 1.0
 #: The widest embedding a candidate may carry (and a worker keeps).
 MAX_EMBEDDING_DIMS = 8192

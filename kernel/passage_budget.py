@@ -38,12 +38,13 @@ def passage_count(spec: StreamSpec, chars: int) -> int:
     """The most passages a text of ``chars`` code points is cut into (a token covers at least one
     code point). Token windows: one per stride after the first. At the text's structure: a
     passage short of its fill was left so because its next neighbour did not fit beside it, so
-    any two neighbours hold more than a passage, and each passage on average at least its fill."""
+    it and that neighbour hold more than a passage; each passage holds, on average, at least
+    its fill or half a passage, whichever is less."""
     tokens = text_tokens(spec)
     if chars <= tokens:
         return 1
     if spec.passage_cut == "structure":
-        count = 1 + math.ceil(chars / passage_fill(tokens))
+        count = 1 + math.ceil(chars / max(1, min(passage_fill(tokens), tokens // 2)))
     else:
         stride = spec.passage_stride or max(1, tokens // 2)
         count = 1 + math.ceil(max(0, chars - tokens) / stride)

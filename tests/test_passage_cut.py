@@ -55,13 +55,17 @@ def test_paragraphs_that_fit_are_kept_whole_and_no_passage_reads_more_than_the_m
         assert "\n\n".join(text[a:b] for a, b in spans) == text
 
 
-def test_short_neighbours_are_merged_up_to_the_fill_never_past_the_passage() -> None:
-    text = "\n\n".join(NOTES)  # five paragraphs of 15-17 words
-    # A passage of 64 words fills at half, 32: two notes merge (about 32), never three.
-    merged = spans_of(text, tokens=64)
-    assert [len(p.split("\n\n")) for p in merged] == [2, 2, 1]
-    # A passage of 20: a note alone is already past its fill of 10; each stands alone.
+def test_short_neighbours_are_merged_up_to_the_fill_never_past_the_passage(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernel.passage_budget
+
+    text = "\n\n".join(NOTES)  # five paragraphs of 15-18 words
+    # As shipped a passage takes neighbours in while they fit: three notes in 64 words, not four.
+    assert [len(p.split("\n\n")) for p in spans_of(text, tokens=64)] == [3, 2]
+    # A passage of 20: no two notes fit in one; each stands alone.
     assert spans_of(text, tokens=20) == NOTES
+    # Filled at half, 32: two notes merge (about 32), never three.
+    monkeypatch.setattr(kernel.passage_budget, "PASSAGE_FILL_SHARE", 0.5)
+    assert [len(p.split("\n\n")) for p in spans_of(text, tokens=64)] == [2, 2, 1]
 
 
 def test_a_long_paragraph_is_cut_at_its_sentences_and_a_heading_travels_with_its_text() -> None:
@@ -103,9 +107,16 @@ def test_text_without_a_break_is_cut_into_overlapping_token_windows_as_before() 
     )
 
 
-def test_max_passages_covers_the_whole_document_when_full_passages_can_and_else_keeps_the_first() -> None:
+@pytest.mark.parametrize("fill_share", [1.0, 0.25])
+def test_max_passages_covers_the_whole_document_when_full_passages_can_and_else_keeps_the_first(
+    fill_share: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kernel.passage_budget
+
+    monkeypatch.setattr(kernel.passage_budget, "PASSAGE_FILL_SHARE", fill_share)
     text = "\n\n".join(NOTES * 12)  # sixty notes
-    # One note a passage would be 60; passages filled further cover all sixty notes in 20.
+    # One note a passage would be 60; passages filled further (a fill of a quarter passage
+    # doubled until they fit) cover all sixty notes in 20.
     covering = spans_of(text, tokens=64, max_passages=20)
     assert len(covering) <= 20 and covering[-1].endswith(NOTES[-1])
     assert "\n\n".join(covering) == text

@@ -4,10 +4,10 @@
 block; a block longer than a passage is cut at its sentences (``.``, ``!``, ``?`` before a
 space; ``。``, ``！``, ``？`` in scripts written without spaces); a sentence longer than a passage
 is cut into token windows. Neighbouring pieces are then merged while a passage is shorter
-than its fill and the merged one still fits, so a heading travels with its paragraph (a
-heading always starts a passage) and a one-line paragraph does not stand alone, yet
-paragraphs that each say something different are not blended into one passage. Where the
-passages would number more than a document may have, the fill doubles until they cover it
+than its fill (``PASSAGE_FILL_SHARE`` of a passage: all of it as shipped) and the merged one
+still fits, so a heading travels with its paragraph (a heading always starts a passage) and
+a one-line paragraph does not stand alone. Where the passages would number more than a
+document may have, a fill under a whole passage doubles until they cover it
 (or every passage is full, and the rest of the document is not read: the spans say where
 reading stopped). A text without any break is cut into overlapping token windows, as
 ``cut_token_windows`` does.
