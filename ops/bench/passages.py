@@ -10,8 +10,11 @@ cross-encoder, ``ops/bench/common.py`` ``bench_model``), both on the CPU. For ea
 in this order:
 
 - ``excerpt``: the query-centred excerpt, one pair per document (caches emptied first);
-- ``passages cold``: every passage of every document, the caches emptied first: each passage
-  is embedded (scored) for the first time;
+- ``passages cold, token windows``: the same with ``passage_cut="tokens"`` (fixed windows half
+  a passage apart, the cut before structure-aware cutting), the caches emptied first;
+- ``passages cold``: every passage of every document as the stream default cuts them (at the
+  document's breaks), the caches emptied first: each passage is embedded (scored) for the
+  first time;
 - ``passages warm``: the same documents under another query of the collection, right after:
   the batch-run case, where documents recur across queries. The pair cache cannot answer
   (a pair is a query and a document); the embedding cache holds every passage's vector, so
@@ -43,7 +46,7 @@ from typing import Any
 from ops.bench.common import ROOT, bench_model, print_table, worker_env, write_json
 
 COLLECTION = ROOT / "worker" / "collection" / "long"
-MODES = ("excerpt", "passages cold", "passages warm", "passages repeat")
+MODES = ("excerpt", "passages cold", "passages cold, token windows", "passages warm", "passages repeat")
 MEMBERS = {
     "embedding": {"RERANKQ_RERANKER_PROVIDER": "embedding"},
     "local": {"RERANKQ_RERANKER_PROVIDER": "local"},  # the model is the bench model, set in main
@@ -95,11 +98,18 @@ class Subject:
             if batch:
                 client.delete(*batch)
 
-    def score(self, query: str, candidates: list[dict[str, object]], long_documents: str) -> Tally:
+    def score(
+        self, query: str, candidates: list[dict[str, object]], long_documents: str, passage_cut: str | None = None
+    ) -> Tally:
         """One window through the worker's scorer, timed; what it scored, from the store's counters."""
         before = self.client.store.counters()
         stream = self.client.open(
-            query, candidates, window_size=len(candidates), long_documents=long_documents, ttl_s=600
+            query,
+            candidates,
+            window_size=len(candidates),
+            long_documents=long_documents,
+            passage_cut=passage_cut,
+            ttl_s=600,
         )
         self.streams += 1
         started = time.perf_counter()
@@ -128,10 +138,12 @@ class Subject:
         self.flush_caches()
         excerpt = self.score(window.query, window.candidates, "excerpt")
         self.flush_caches()
+        token_windows = self.score(window.query, window.candidates, "passages", passage_cut="tokens")
+        self.flush_caches()
         cold = self.score(window.query, window.candidates, "passages")
         warm = self.score(window.other_query, window.candidates, "passages")
         repeat = self.score(window.query, window.candidates, "passages")
-        return dict(zip(MODES, (excerpt, cold, warm, repeat)))
+        return dict(zip(MODES, (excerpt, cold, token_windows, warm, repeat)))
 
 
 def load_windows(n_windows: int, depth: int) -> list[Window]:
@@ -291,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     for subject in subjects:
         for label, over, under in (
             ("passages cold vs excerpt", "passages cold", "excerpt"),
+            ("structure cut vs token windows, cold", "passages cold", "passages cold, token windows"),
             ("passages warm vs cold", "passages warm", "passages cold"),
             ("passages repeat vs cold", "passages repeat", "passages cold"),
         ):

@@ -1,0 +1,211 @@
+"""Where passages are cut, measured: nDCG@10 of BM25's top 100 on the long collection, reranked
+by the packaged bi-encoder's best passage, for each way of cutting, side by side in one run.
+
+The cuts are the worker's own (``worker.scoring.passages.split`` with the member's tokenizer and
+``max_length``, the stream defaults otherwise); only the scoring is done here, directly with
+sentence-transformers (``encode_query`` / ``encode_document``, normalised: the cosine the
+``embedding`` member computes), each distinct passage embedded once for every cut. Rows:
+``tokens`` (fixed windows, half a passage apart: the cut before this change), ``structure``
+at several fills (``PASSAGE_FILL_SHARE``, the shipped one marked), and BM25 itself. The same
+again on the collection with every paragraph break removed (``--flat``), where structure
+falls back to sentences.
+
+    python -m ops.bench.passage_quality --json /tmp/passage_quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ops.bench.common import ROOT, print_table, write_json
+
+COLLECTION = ROOT / "worker" / "collection" / "long"
+FILLS = (0.0, 0.25, 0.5, 1.0)
+DEPTH = 100
+
+
+@dataclass
+class Encoder:
+    """The packaged bi-encoder, every text embedded once."""
+
+    model: Any
+    cache: dict[str, Any]
+
+    def documents(self, texts: Sequence[str]) -> list[Any]:
+        todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
+        if todo:
+            vectors = self.model.encode_document(todo, batch_size=32, normalize_embeddings=True, convert_to_tensor=True)
+            self.cache.update(zip(todo, vectors))
+        return [self.cache[t] for t in texts]
+
+    def query(self, text: str) -> Any:
+        return self.model.encode_query([text], normalize_embeddings=True, convert_to_tensor=True)[0]
+
+
+def load_encoder() -> Encoder:
+    from sentence_transformers import SentenceTransformer
+
+    from kernel.settings import PACKAGED_EMBEDDING_MODULE
+
+    package = importlib.import_module(PACKAGED_EMBEDDING_MODULE)
+    return Encoder(model=SentenceTransformer(str(Path(package.get_model_path())), device="cpu"), cache={})
+
+
+def load(folder: Path = COLLECTION) -> Any:
+    from evaluation.trec import load_collection
+
+    return load_collection(
+        qrels=folder / "qrels.txt",
+        run=folder / "run.bm25.txt",
+        queries=folder / "queries.tsv",
+        documents=folder / "documents.jsonl",
+    )
+
+
+Rankings = dict[str, list[str]]
+#: Per query, each of BM25's top documents' best passage score (the cosine, as the member
+#: normalises it: clipped at 0).
+BestScores = dict[str, dict[str, float]]
+
+
+def best_passage_scores(
+    collection: Any, encoder: Encoder, cut: Callable[[str, str], list[str]]
+) -> tuple[BestScores, int]:
+    """Each query's BM25 top documents scored by their best passage; and how many passages.
+    ``cut(query, docid)``: a bi-encoder's passages do not depend on the query, so a document
+    is cut (and each passage embedded) once."""
+    scores: BestScores = {}
+    passages = 0
+    for qid in collection.evaluated:
+        query = collection.queries[qid]
+        q = encoder.query(query)
+        scores[qid] = {}
+        for ranked in collection.run[qid][:DEPTH]:
+            texts = cut(query, ranked.docid)
+            passages += len(texts)
+            scores[qid][ranked.docid] = max(0.0, max(float(q @ v) for v in encoder.documents(texts)))
+    return scores, passages
+
+
+def reranked(collection: Any, encoder: Encoder, cut: Callable[[str, str], list[str]]) -> tuple[Rankings, int]:
+    """Each query's BM25 top 100 ordered by its documents' best passage; and how many passages."""
+    scores, passages = best_passage_scores(collection, encoder, cut)
+    # Ties in BM25's order, as a window's decisions keep fusion order on equal scores.
+    return {qid: sorted(docs, key=lambda d: -docs[d]) for qid, docs in scores.items()}, passages
+
+
+def splitter(
+    collection: Any, encoder: Encoder, passage_cut: str, fill: float, flat: bool
+) -> Callable[[str, str], list[str]]:
+    import kernel.passage_budget as budget
+    from kernel.wire import Candidate, StreamSpec
+    from worker.scoring.passages import Cutter, split, tokenizer_offsets
+
+    cutter = Cutter(
+        offsets=tokenizer_offsets(encoder.model.tokenizer),
+        max_length=int(encoder.model.max_seq_length),
+        reads_query=False,
+    )
+
+    done: dict[str, list[str]] = {}
+
+    def cut(query: str, docid: str) -> list[str]:
+        if docid not in done:
+            budget.PASSAGE_FILL_SHARE = fill  # the one constant a row varies
+            spec = StreamSpec(query=query, window_size=DEPTH, long_documents="passages", passage_cut=passage_cut)
+            document = collection.documents[docid]
+            text = flatten(document.text) if flat else document.text
+            # The header the evaluation's candidates carry: the title as the heading path.
+            candidate = Candidate(id=docid, text=text, heading_path=[document.title] if document.title else [])
+            done[docid] = [p.text for p in split(candidate, query, cutter, spec)]
+        return done[docid]
+
+    return cut
+
+
+def flatten(text: str) -> str:
+    return " ".join(text.split())
+
+
+def measure(collection: Any, encoder: Encoder, flat: bool, fills: Sequence[float]) -> list[dict[str, Any]]:
+    from evaluation.measures import evaluate
+    from kernel.limits import PASSAGE_FILL_SHARE
+
+    bm25 = {qid: [r.docid for r in collection.run[qid][:DEPTH]] for qid in collection.evaluated}
+    base = evaluate(collection.qrels, bm25)
+    rows = [{"cut": "BM25 (the input)", "ndcg@10": base.mean["nDCG@10"], "passages": 0, "better/same/worse": ""}]
+    variants = [("tokens", PASSAGE_FILL_SHARE)] + [("structure", fill) for fill in fills]
+    for passage_cut, fill in variants:
+        started = time.perf_counter()
+        rankings, passages = reranked(collection, encoder, splitter(collection, encoder, passage_cut, fill, flat))
+        scores = evaluate(collection.qrels, rankings)
+        name = passage_cut if passage_cut == "tokens" else f"structure, fill {fill:g}"
+        shipped = passage_cut == "structure" and fill == PASSAGE_FILL_SHARE
+        rows.append(
+            {
+                "cut": name + (" (shipped)" if shipped else ""),
+                "ndcg@10": scores.mean["nDCG@10"],
+                "passages": passages,
+                "better/same/worse": versus(scores.per_query["nDCG@10"], base.per_query["nDCG@10"]),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+    return rows
+
+
+def versus(mine: dict[str, float], theirs: dict[str, float]) -> str:
+    better = sum(mine[q] > theirs[q] + 1e-9 for q in theirs)
+    worse = sum(mine[q] < theirs[q] - 1e-9 for q in theirs)
+    return f"{better} / {len(theirs) - better - worse} / {worse}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ops.bench.passage_quality", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--fills", type=float, nargs="+", default=list(FILLS), help=f"the structure rows' fills  [default: {FILLS}]"
+    )
+    parser.add_argument(
+        "--flat-fills",
+        type=float,
+        nargs="*",
+        default=None,
+        help="the fills of the flat rows  [default: the shipped one]",
+    )
+    parser.add_argument(
+        "--collections",
+        nargs="+",
+        choices=["paragraphs", "flat"],
+        default=["paragraphs", "flat"],
+        help="the long collection as shipped, and with its paragraph breaks removed",
+    )
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_grad_enabled(False)
+    collection, encoder = load(), load_encoder()
+    figures: dict[str, Any] = {}
+    from kernel.limits import PASSAGE_FILL_SHARE
+
+    flat_fills = [PASSAGE_FILL_SHARE] if args.flat_fills is None else args.flat_fills
+    for flat in [name == "flat" for name in args.collections]:
+        rows = measure(collection, encoder, flat, flat_fills if flat else args.fills)
+        title = "the long collection" + (", paragraph breaks removed" if flat else "")
+        header = ["cut", "ndcg@10", "passages", "better/same/worse", "seconds"]
+        print_table(
+            f"{title}: BM25 top {DEPTH} reranked by the best passage",
+            header,
+            [[row.get(h, "") for h in header] for row in rows],
+        )
+        figures["flat" if flat else "paragraphs"] = rows
+    write_json(args.json, figures)
+
+
+if __name__ == "__main__":
+    main()
