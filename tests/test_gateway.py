@@ -547,6 +547,7 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         "passage_aggregate": "sum_top_k",
         "passage_top_k": 2,
         "max_passages": 4,
+        "first_stage_weight": 0.25,
     }
     assert set(options) == set(BAD)  # every option, as the table of bad values has every option
     candidates = [{"id": f"c{i}", "text": f"payment note {i}"} for i in range(12)]
@@ -572,6 +573,7 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         spec.passage_top_k,
         spec.max_passages,
     ) == ("passages", 64, 32, "tokens", "sum_top_k", 2, 4)
+    assert spec.first_stage_weight == 0.25
     assert deployment.client.status(stream_id).windows[1].state != "not_admitted"  # first_windows: 2
     other = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "tenant": "other"})
     assert other.status_code == 403 and other.json()["error"]["field"] == "tenant"
