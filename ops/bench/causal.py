@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import CACHE_DIR, p50, print_table, realistic_pairs, windows_of
+from ops.bench.common import CACHE_DIR, device_sync, p50, print_table, realistic_pairs, windows_of
 from worker.engine import ScoringEngine
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 
@@ -276,8 +276,6 @@ def run_causal(
 ) -> dict[str, Any]:
     """pairs/s of predict, the engine without prefix reuse and with it, alternated round by round
     (wall time, and this process's CPU time, which a busy shared machine disturbs less)."""
-    import torch
-
     from worker.engine import load_cross_encoder
 
     path = causal_bench_model(layers)
@@ -285,10 +283,6 @@ def run_causal(
     windows = causal_windows(model[0].tokenizer, windows_n=windows_n, window_size=window_size)
     plain = ScoringEngine(model, settings=settings, prefix_reuse=False, model_name=str(path))
     reused = ScoringEngine(model, settings=settings, model_name=str(path))
-
-    def sync() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
 
     def lengths(window: Pairs) -> list[int]:
         return [len(ids) for ids in plain.tokenize(window)["input_ids"]]
@@ -303,7 +297,7 @@ def run_causal(
         {PLAIN: plain, REUSED: reused},
         windows,
         rounds=rounds,
-        sync=sync,
+        sync=device_sync(device),
         predict_executed=functools.partial(predict_executed, lengths=lengths),
     )
     useful = sum(n for w in windows for n in lengths(w))

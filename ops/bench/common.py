@@ -11,7 +11,7 @@ import math
 import os
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,16 @@ def percentile(values: Sequence[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """What a timing calls before it stops the clock: on a GPU, wait for the queued kernels
+    (they run after the call that launched them returns); on a CPU, nothing."""
+    if not device.startswith("cuda"):
+        return lambda: None
+    import torch
+
+    return lambda: torch.cuda.synchronize()
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

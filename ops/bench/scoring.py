@@ -59,6 +59,7 @@ from ops.bench.common import (
     SIZES,
     bench_model,
     cpu_quota,
+    device_sync,
     p50,
     print_table,
     realistic_pairs,
@@ -775,14 +776,9 @@ def measure_lineup(
     lineup: Lineup, workload: Workload, args: argparse.Namespace, calibration_path: str, *, rounds: int, on_cuda: bool
 ) -> dict[str, dict[str, Any]]:
     """Time every subject and return each one's figures, with auto's refusal where it would refuse."""
-    import torch
-
-    def sync() -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
-
     # bf16 without native CPU support is emulated and slow: one window says enough.
     slow = {v.name for v in lineup.variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
+    sync = device_sync(args.device)
     peaks = time_rounds(lineup.everyone, workload.windows, rounds=rounds, device=args.device, slow=slow, sync=sync)
     results = {
         s.name: subject_figures(
