@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import CACHE_DIR, device_sync, p50, print_table, realistic_pairs, windows_of
+from ops.bench.common import CACHE_DIR, device_sync, median_of_ratios, p50, print_table, realistic_pairs, windows_of
 from worker.engine import ScoringEngine
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 
@@ -124,10 +123,6 @@ class CausalTimings:
     executed: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def median_ratio(numerators: list[float], denominators: list[float]) -> float:
-    return statistics.median(n / d for n, d in zip(numerators, denominators))
-
-
 def time_causal(
     subjects: dict[str, Callable[[Pairs], list[float]]],
     engines: dict[str, ScoringEngine],
@@ -175,9 +170,9 @@ def causal_figures(timings: CausalTimings, windows: list[Pairs], useful: int) ->
         scores = timings.scores[name]
         results[name] = {
             "pairs_per_s": p50(rates),
-            "ratio": median_ratio(rates, timings.rates[PREDICT]),
+            "ratio": median_of_ratios(rates, timings.rates[PREDICT]),
             "pairs_per_cpu_s": p50(timings.cpu_rates[name]),
-            "cpu_ratio": median_ratio(timings.cpu_rates[name], timings.cpu_rates[PREDICT]),
+            "cpu_ratio": median_of_ratios(timings.cpu_rates[name], timings.cpu_rates[PREDICT]),
             "executed_tokens_per_pair": timings.executed[name] / sum(len(w) for w in windows),
             # Executed token rows beyond the pairs' own tokens (padding), or fewer (a shared prefix run once).
             "executed_share_of_pair_tokens": timings.executed[name] / useful,
@@ -239,8 +234,8 @@ def causal_report(
     precision: str,
 ) -> dict[str, Any]:
     """Print the table and prefix reuse's gain; return the row's figures."""
-    prefix_gain = median_ratio(timings.rates[REUSED], timings.rates[PLAIN])
-    prefix_cpu_gain = median_ratio(timings.cpu_rates[REUSED], timings.cpu_rates[PLAIN])
+    prefix_gain = median_of_ratios(timings.rates[REUSED], timings.rates[PLAIN])
+    prefix_cpu_gain = median_of_ratios(timings.cpu_rates[REUSED], timings.cpu_rates[PLAIN])
     print_causal_table(
         f"causal reranker: Qwen3-0.6B shape, {layers} layers, random weights; {sum(map(len, windows))} pairs in "
         f"{len(windows)} windows of {window_size}, {rounds} alternated rounds, device {device}, precision "

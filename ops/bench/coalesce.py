@@ -10,7 +10,6 @@ same windows scored one after another by the engine. Alternated round by round.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +18,7 @@ from ops.bench.common import (
     bench_model,
     cpu_quota,
     device_sync,
+    median_of_ratios,
     p50,
     print_table,
     realistic_pairs,
@@ -98,7 +98,7 @@ def main() -> None:
     )
     coalescer.close()
     windows_per_flush = n_windows * rounds / max(1, flushes)
-    gain = statistics.median(c / s for c, s in zip(rates[COALESCED], rates[SINGLE]))
+    gain = median_of_ratios(rates[COALESCED], rates[SINGLE])
     diff = max(max_abs_diff(a, b) for a, b in zip(outputs[SINGLE], outputs[COALESCED]))
     print_table(
         f"coalescing: {n_windows} windows of 25, {args.threads} concurrent, device {args.device}, "

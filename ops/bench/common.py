@@ -146,6 +146,12 @@ def p50(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def median_of_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median of the per-round ratios: each round's arms ran back to back, under the same
+    load from elsewhere on the host, so they are compared within rounds, not across them."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")

@@ -43,7 +43,6 @@ import functools
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from ops.bench.common import (
     bench_model,
     cpu_quota,
     device_sync,
+    median_of_ratios,
     p50,
     print_table,
     realistic_pairs,
@@ -498,11 +498,12 @@ def subject_figures(
     else:
         reference = baseline.scores[: len(subject.scores)]
     rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
-    per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
     return {
         "precision": subject.precision,
         "pairs_per_s": rate,
-        "ratio": statistics.median(per_round) if subject.name not in slow else rate / p50(baseline.rates),
+        "ratio": median_of_ratios(subject.rates, baseline.rates)
+        if subject.name not in slow
+        else rate / p50(baseline.rates),
         "useful_gflops": useful,
         "executed_gflops": executed_gflops,
         "peak_gflops": peaks[subject.precision],
@@ -588,7 +589,7 @@ def report_engine_against_others(
             f"default engine against the fastest backend/precision at parity in this run "
             f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
         )
-    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
+    embedding_vs_engine = median_of_ratios(embedding.rates, engine.rates)
     print(
         f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
         f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "

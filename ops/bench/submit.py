@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import p50, percentile, print_table, rerankq_worker, worker_env, write_json
+from ops.bench.common import median_of_ratios, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient, load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 
@@ -306,11 +306,6 @@ def measure(args: argparse.Namespace, *, n_jobs: int, rounds: int, rss_sizes: li
     return Measured(rates, rss, cpu_bound, off_cpu)
 
 
-def median_ratio(numerators: list[float], denominators: list[float]) -> float:
-    # Each round's two arms run back to back, under the same load from elsewhere: compare within rounds.
-    return statistics.median(a / b for a, b in zip(numerators, denominators))
-
-
 def print_throughput(rates: Throughput, rss: dict[int, float], n_jobs: int) -> None:
     print_table(
         f"submit: {n_jobs} jobs of {CANDIDATES} candidates (one window) through rrf, one CPU worker process",
@@ -319,8 +314,8 @@ def print_throughput(rates: Throughput, rss: dict[int, float], n_jobs: int) -> N
             ["rerankq submit (first open to last write)", statistics.median(rates.submit), len(rates.submit)],
             ["rerankq submit (process start to exit)", statistics.median(rates.submit_wall), len(rates.submit_wall)],
             ["Python loop with RerankClient", statistics.median(rates.loop), len(rates.loop)],
-            ["ratio submit / loop (median of rounds)", median_ratio(rates.submit, rates.loop), ""],
-            ["ratio, from process start", median_ratio(rates.submit_wall, rates.loop), ""],
+            ["ratio submit / loop (median of rounds)", median_of_ratios(rates.submit, rates.loop), ""],
+            ["ratio, from process start", median_of_ratios(rates.submit_wall, rates.loop), ""],
         ],
     )
     print_table("submit: peak RSS", ["input lines", "peak RSS MB"], [[n, mb] for n, mb in rss.items()])
@@ -366,8 +361,8 @@ def main() -> None:
             "submit_jobs_per_s": statistics.median(rates.submit),
             "submit_wall_jobs_per_s": statistics.median(rates.submit_wall),
             "loop_jobs_per_s": statistics.median(rates.loop),
-            "ratio": median_ratio(rates.submit, rates.loop),
-            "ratio_wall": median_ratio(rates.submit_wall, rates.loop),
+            "ratio": median_of_ratios(rates.submit, rates.loop),
+            "ratio_wall": median_of_ratios(rates.submit_wall, rates.loop),
             "submit_rounds": rates.submit,
             "loop_rounds": rates.loop,
             "peak_rss_mb": {str(n): mb for n, mb in measured.rss.items()},
