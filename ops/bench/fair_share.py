@@ -316,14 +316,14 @@ def phase_ratio(flood: dict[str, Any], before: dict[str, Any]) -> float:
     return p50(flood["latencies_ms"]) / p50(before["latencies_ms"])
 
 
-def latencies(phases: list[dict[str, Any]]) -> list[float]:
+def all_latencies(phases: list[dict[str, Any]]) -> list[float]:
     return [ms for phase in phases for ms in phase["latencies_ms"]]
 
 
 def fair_share_figures(
     args: argparse.Namespace, phases: Phases, *, rounds: int, calls: int, share: int
 ) -> dict[str, Any]:
-    idle_all, count_all, cost = latencies(phases.idle), latencies(phases.count), phases.cost
+    idle_all, count_all, cost = all_latencies(phases.idle), all_latencies(phases.count), phases.cost
     count_ratios = [phase_ratio(flood, before) for flood, before in zip(phases.count, phases.idle)]
     return {
         "date": time.strftime("%Y-%m-%d"),
@@ -362,10 +362,10 @@ def print_phases(args: argparse.Namespace, phases: Phases, figures: dict[str, An
         f"worker, {'no fair share' if args.unshared else f'a share of {share} windows'}",
         ["phase", "answered", "p50 ms", "p95 ms", "failed", "p50 / idle p50"],
         [
-            phase_row("idle (every idle phase)", latencies(phases.idle), 0, ""),
+            phase_row("idle (every idle phase)", all_latencies(phases.idle), 0, ""),
             phase_row(
                 "count flood",
-                latencies(phases.count),
+                all_latencies(phases.count),
                 figures["count_flood_failed"],
                 f"{figures['count_flood_ratio_median']:.2f} (median of rounds: "
                 + ", ".join(f"{r:.2f}" for r in count_ratios)
