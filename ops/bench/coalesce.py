@@ -51,7 +51,7 @@ def parse_arguments() -> argparse.Namespace:
 
 
 def time_arms(
-    engine: ScoringEngine, coalescer: Coalescer, windows: list[Pairs], *, threads: int, rounds: int, device: str
+    engine: ScoringEngine, coalescer: Coalescer[float], windows: list[Pairs], *, threads: int, rounds: int, device: str
 ) -> tuple[dict[str, list[float]], dict[str, list[list[float]]], int]:
     """pairs/s of each arm per round, alternated; each arm's scores of the last round; and the
     coalescer's flushes in the timed rounds (the warm-up's not counted)."""
