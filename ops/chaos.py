@@ -40,6 +40,7 @@ make the run fail.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import random
@@ -64,7 +65,7 @@ from ops.chaos_faults.commit_check import MARKER, without_commit_checks
 from ops.chaos_faults.processes import Worker, kill_pool_process, restart_redis
 from ops.chaos_faults.queue_faults import QueueFaults
 from ops.chaos_faults.readers import Ledger, read_streams
-from ops.chaos_faults.stores import SHAPES, StoreShape, attribute, canary_clients, start_shape
+from ops.chaos_faults.stores import SHAPES, FailoverLosses, StoreShape, attribute, canary_clients, start_shape
 from producer import RerankClient, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -309,6 +310,33 @@ def report(
     args: argparse.Namespace,
 ) -> bool:
     """Print what happened; True when anything was violated."""
+    print_counts(findings, faults, counters, ledger, incomplete)
+    restarts = [c for c in canaries if c.name == "restarts"]
+    for canary in restarts:
+        print(
+            f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
+            flush=True,
+        )
+    violated = bool(
+        findings.lost
+        or findings.twice
+        or findings.failed
+        or findings.changed
+        or findings.gave_up
+        or any(c.lost for c in restarts)
+    )
+    if findings.windows and not findings.logged_windows:
+        print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
+        violated = True
+    if args.breakage == "commit-check":
+        unapplied = commit_check_unapplied(fleet)
+        violated = violated or unapplied
+    return violated
+
+
+def print_counts(
+    findings: Findings, faults: FaultLoop, counters: dict[str, int], ledger: Ledger, incomplete: int
+) -> None:
     acknowledged = sum(1 for a in ledger.opens.values() if a.acknowledged)
     print(
         f"chaos: faults {' '.join(f'{k}={v}' for k, v in sorted(faults.done.items()))}"
@@ -333,31 +361,16 @@ def report(
         ),
         flush=True,
     )
-    restarts = [c for c in canaries if c.name == "restarts"]
-    for canary in restarts:
-        print(
-            f"chaos: redis canary: writes acknowledged={canary.acknowledged}, lost by restarts={canary.lost}",
-            flush=True,
-        )
-    violated = bool(
-        findings.lost
-        or findings.twice
-        or findings.failed
-        or findings.changed
-        or findings.gave_up
-        or any(c.lost for c in restarts)
-    )
-    if findings.windows and not findings.logged_windows:
-        print("chaos: no window_committed line in any worker log: the log check saw nothing", flush=True)
-        violated = True
-    if args.breakage == "commit-check":
-        applied = sum(1 for p in fleet.log_paths() if MARKER.encode() in p.read_bytes())
-        print(f"chaos: --break commit-check applied in {applied} of {len(fleet.started)} workers", flush=True)
-        violated = violated or applied == 0
-    return violated
 
 
-def main(argv: list[str] | None = None) -> int:
+def commit_check_unapplied(fleet: Fleet) -> bool:
+    """Whether --break commit-check reached no worker (a run that then passes proves nothing)."""
+    applied = sum(1 for p in fleet.log_paths() if MARKER.encode() in p.read_bytes())
+    print(f"chaos: --break commit-check applied in {applied} of {len(fleet.started)} workers", flush=True)
+    return applied == 0
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a run of about two minutes")
     parser.add_argument("--duration-s", type=float, default=None, help="how long streams are opened under chaos")
@@ -391,7 +404,129 @@ def main(argv: list[str] | None = None) -> int:
         default="redis",
         help="redis: the store's Redis is the broker too; amqp: a private RabbitMQ node",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the drain and the audit found."""
+
+    findings: Findings
+    counters: dict[str, int]
+    incomplete: int
+    losses: FailoverLosses
+
+
+class ChaosRun:
+    """The store shape, the broker, the fleet, the canaries and the fault loop of one run."""
+
+    def __init__(self, args: argparse.Namespace, log_dir: Path, seed: int) -> None:
+        self.shape = start_shape(args.store, log_dir, redis_broker=args.broker == "redis")
+        env = {**worker_env(self.shape.store_url, args), "RERANKQ_BROKER_URL": self.shape.broker_url}
+        self.broker = None
+        if args.broker == "amqp":
+            from ops.chaos_faults.amqp_broker import AmqpBroker
+
+            self.broker = AmqpBroker(log_dir).start()
+            self.broker.configure(env)
+        self.settings: Settings = load_settings(env)
+        self.fleet = Fleet(env, log_dir)
+        self.canaries = [
+            AcknowledgedWrites(client=c, key=key, name=what) for what, c, key in canary_clients(self.shape)
+        ]
+        self.client = RerankClient(self.settings)
+        self.dispatcher = Dispatcher(self.settings)
+        queue_faults = (
+            self.broker.queue_faults(self.settings.queues.all_queues(), self.dispatcher)
+            if self.broker is not None
+            else QueueFaults(broker_client(self.shape.broker_url), self.settings.queues.all_queues(), self.dispatcher)
+        )
+        self.faults = FaultLoop(
+            self.fleet,
+            self.shape,
+            queue_faults,
+            Ledger(),
+            random.Random(seed),
+            (1.0, 3.0),  # type: ignore[arg-type]
+            extra=self.broker.faults() if self.broker is not None else None,
+        )
+        self.ledger = self.faults.ledger
+
+    def under_chaos(self, args: argparse.Namespace, seed: int, duration: float) -> None:
+        """Start the canaries and workers, then read streams for ``duration`` while the fault loop runs."""
+        for canary in self.canaries:
+            canary.start()
+        for _ in range(args.workers):
+            self.fleet.start()
+        self.fleet.wait_ready(120 if args.model == "fast" else 300)
+        until = time.monotonic() + duration
+        reader_clients = [RerankClient(self.settings) for _ in range(args.readers)]
+        readers = [
+            threading.Thread(
+                target=read_streams,
+                name=f"chaos-reader-{i}",
+                daemon=True,
+                args=(reader_clients[i], self.ledger, random.Random(seed + 1 + i), i, until),
+                kwargs={"give_up_s": 60.0},
+            )
+            for i in range(args.readers)
+        ]
+        self.faults.start()
+        for thread in readers:
+            thread.start()
+        for thread in readers:
+            thread.join()
+        self.faults.stop.set()
+        self.faults.join()
+        for reader_client in reader_clients:
+            reader_client.close()
+
+    def drain_and_audit(self, drain_s: float) -> Outcome:
+        incomplete = drain(self.client, self.ledger, time.monotonic() + drain_s)
+        self.fleet.stop()
+        findings = audit(self.client, self.ledger, self.fleet.log_paths())
+        counters = self.client.store.counters()
+        for canary in self.canaries:
+            canary.stop.set()
+            canary.join()
+        windows_of = {a.stream_id: a.n_windows for a in self.ledger.opens.values()}
+        losses = attribute(findings, self.shape, self.client.store.keys, windows_of)
+        losses.canary = sum(c.lost for c in self.canaries if c.name == "failovers")
+        return Outcome(findings, counters, incomplete, losses)
+
+    def print_failover_losses(self, losses: FailoverLosses) -> None:
+        failover_writes = sum(c.acknowledged for c in self.canaries if c.name == "failovers")
+        print(
+            f"chaos: acknowledged writes lost by store failovers ({len(self.shape.failovers)} failovers; documented,"
+            f" not repaired): canary={losses.canary} of {failover_writes}"
+            f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
+            f" windows committed again={losses.committed_again} results changed={losses.changed}",
+            flush=True,
+        )
+
+    def close(self) -> None:
+        self.faults.stop.set()
+        for canary in self.canaries:
+            canary.stop.set()
+        self.fleet.stop()
+        self.dispatcher.close()
+        self.client.close()
+        self.shape.stop()
+        if self.broker is not None:
+            self.broker.stop()
+
+    def summary_line(self, outcome: Outcome) -> str:
+        findings = outcome.findings
+        return (
+            f"streams={findings.streams} windows={findings.windows} kills={self.faults.kills} "
+            f"restarts={self.faults.restarts} lost={findings.lost} twice={findings.twice} failed={findings.failed} "
+            f"changed={findings.changed} resent={outcome.counters.get('windows_redelivered', 0)}"
+            + (f" failover_lost={outcome.losses.total}" if self.shape.name != "single" else "")
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     duration = args.duration_s if args.duration_s is not None else (100.0 if args.quick else 270.0)
     # Well under the 60 s visibility timeout: a stranded message is the sweep's to recover.
     drain_s = 30.0 if args.quick else 45.0
@@ -406,98 +541,25 @@ def main(argv: list[str] | None = None) -> int:
         f" logs={log_dir}",
         flush=True,
     )
-    shape = start_shape(args.store, log_dir, redis_broker=args.broker == "redis")
-    env = {**worker_env(shape.store_url, args), "RERANKQ_BROKER_URL": shape.broker_url}
-    broker = None
-    if args.broker == "amqp":
-        from ops.chaos_faults.amqp_broker import AmqpBroker
-
-        broker = AmqpBroker(log_dir).start()
-        broker.configure(env)
-    settings: Settings = load_settings(env)
-    fleet = Fleet(env, log_dir)
-    canaries = [AcknowledgedWrites(client=c, key=key, name=what) for what, c, key in canary_clients(shape)]
-    client = RerankClient(settings)
-    dispatcher = Dispatcher(settings)
-    queue_faults = (
-        broker.queue_faults(settings.queues.all_queues(), dispatcher)
-        if broker is not None
-        else QueueFaults(broker_client(shape.broker_url), settings.queues.all_queues(), dispatcher)
-    )
-    faults = FaultLoop(
-        fleet,
-        shape,
-        queue_faults,
-        Ledger(),
-        random.Random(seed),
-        (1.0, 3.0),  # type: ignore[arg-type]
-        extra=broker.faults() if broker is not None else None,
-    )
-    ledger = faults.ledger
+    run = ChaosRun(args, log_dir, seed)
     try:
-        for canary in canaries:
-            canary.start()
-        for _ in range(args.workers):
-            fleet.start()
-        fleet.wait_ready(120 if args.model == "fast" else 300)
-        until = time.monotonic() + duration
-        reader_clients = [RerankClient(settings) for _ in range(args.readers)]
-        readers = [
-            threading.Thread(
-                target=read_streams,
-                name=f"chaos-reader-{i}",
-                daemon=True,
-                args=(reader_clients[i], ledger, random.Random(seed + 1 + i), i, until),
-                kwargs={"give_up_s": 60.0},
-            )
-            for i in range(args.readers)
-        ]
-        faults.start()
-        for thread in readers:
-            thread.start()
-        for thread in readers:
-            thread.join()
-        faults.stop.set()
-        faults.join()
-        for reader_client in reader_clients:
-            reader_client.close()
-        incomplete = drain(client, ledger, time.monotonic() + drain_s)
-        fleet.stop()
-        findings = audit(client, ledger, fleet.log_paths())
-        counters = client.store.counters()
-        for canary in canaries:
-            canary.stop.set()
-            canary.join()
-        windows_of = {a.stream_id: a.n_windows for a in ledger.opens.values()}
-        losses = attribute(findings, shape, client.store.keys, windows_of)
-        losses.canary = sum(c.lost for c in canaries if c.name == "failovers")
-        violated = report(findings, faults, counters, canaries, ledger, incomplete, fleet, args)
-        if shape.name != "single":
-            failover_writes = sum(c.acknowledged for c in canaries if c.name == "failovers")
-            print(
-                f"chaos: acknowledged writes lost by store failovers ({len(shape.failovers)} failovers; documented,"
-                f" not repaired): canary={losses.canary} of {failover_writes}"
-                f" streams vanished={losses.streams_vanished} ({losses.windows_of_vanished} windows)"
-                f" windows committed again={losses.committed_again} results changed={losses.changed}",
-                flush=True,
-            )
+        run.under_chaos(args, seed, duration)
+        outcome = run.drain_and_audit(drain_s)
+        violated = report(
+            outcome.findings,
+            run.faults,
+            outcome.counters,
+            run.canaries,
+            run.ledger,
+            outcome.incomplete,
+            run.fleet,
+            args,
+        )
+        if run.shape.name != "single":
+            run.print_failover_losses(outcome.losses)
     finally:
-        faults.stop.set()
-        for canary in canaries:
-            canary.stop.set()
-        fleet.stop()
-        dispatcher.close()
-        client.close()
-        shape.stop()
-        if broker is not None:
-            broker.stop()
-    print(
-        f"streams={findings.streams} windows={findings.windows} kills={faults.kills} restarts={faults.restarts} "
-        f"lost={findings.lost} twice={findings.twice} failed={findings.failed} changed={findings.changed} "
-        f"resent={counters.get('windows_redelivered', 0)}"
-        + (f" failover_lost={losses.total}" if shape.name != "single" else ""),
-        flush=True,
-    )
+        run.close()
+    print(run.summary_line(outcome), flush=True)
     return 1 if violated else 0
 
 

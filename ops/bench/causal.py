@@ -14,13 +14,14 @@ do not depend on it; pairs/s do. ``shape="tiny"`` builds it 64 wide, for ``ops/p
 
 from __future__ import annotations
 
-import statistics
+import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import CACHE_DIR, p50, print_table, realistic_pairs, windows_of
+from ops.bench.common import CACHE_DIR, device_sync, median_of_ratios, p50, print_table, realistic_pairs, windows_of
 from worker.engine import ScoringEngine
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 
@@ -107,50 +108,33 @@ def causal_bench_model(layers: int, *, shape: str = "qwen3-0.6b") -> Path:
     return directory
 
 
-def run_causal(
-    *, settings: Any, device: str, layers: int, windows_n: int, window_size: int, rounds: int
-) -> dict[str, Any]:
-    """pairs/s of predict, the engine without prefix reuse and with it, alternated round by round
-    (wall time, and this process's CPU time, which a busy shared machine disturbs less)."""
-    import torch
+PREDICT = "CrossEncoder.predict"
+PLAIN = "engine, plain batches"
+REUSED = "engine, prefix reuse"
 
-    from worker.engine import load_cross_encoder
 
-    path = causal_bench_model(layers)
-    model = load_cross_encoder(str(path), device=device)
-    tokenizer = model[0].tokenizer
-    windows = windows_of(
-        realistic_pairs(n_windows=windows_n, window_size=window_size, tokenizer=tokenizer, max_tokens=1024, seed=3),
-        window_size,
-    )
-    plain = ScoringEngine(model, settings=settings, prefix_reuse=False, model_name=str(path))
-    reused = ScoringEngine(model, settings=settings, model_name=str(path))
+@dataclasses.dataclass
+class CausalTimings:
+    """Each subject's pairs/s per round (wall and CPU), and its first round's scores and executed token rows."""
 
-    def sync() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+    rates: dict[str, list[float]]
+    cpu_rates: dict[str, list[float]]
+    scores: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
+    executed: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def lengths(window: Pairs) -> list[int]:
-        return [len(ids) for ids in plain.tokenize(window)["input_ids"]]
 
-    def predict_executed(window: Pairs) -> int:
-        # predict orders by characters and pads each batch of 32 to its longest pair.
-        order = sorted(range(len(window)), key=lambda i: -len(window[i][0]) - len(window[i][1]))
-        n = lengths(window)
-        return sum(max(n[i] for i in chunk) * len(chunk) for chunk in windows_of(order, 32))
-
-    subjects: dict[str, Callable[[Pairs], list[float]]] = {
-        "CrossEncoder.predict": lambda w: [float(x) for x in model.predict(w, batch_size=32, show_progress_bar=False)],
-        "engine, plain batches": plain.score_pairs,
-        "engine, prefix reuse": reused.score_pairs,
-    }
-    engines = {"engine, plain batches": plain, "engine, prefix reuse": reused}
+def time_causal(
+    subjects: dict[str, Callable[[Pairs], list[float]]],
+    engines: dict[str, ScoringEngine],
+    windows: list[Pairs],
+    *,
+    rounds: int,
+    sync: Callable[[], None],
+    predict_executed: Callable[[Pairs], int],
+) -> CausalTimings:
     for score in subjects.values():  # warm-up
         score(windows[0][:4])
-    rates: dict[str, list[float]] = {name: [] for name in subjects}
-    cpu_rates: dict[str, list[float]] = {name: [] for name in subjects}
-    scores: dict[str, list[list[float]]] = {}
-    executed: dict[str, int] = {}
+    timings = CausalTimings({name: [] for name in subjects}, {name: [] for name in subjects})
     n_pairs = sum(len(w) for w in windows)
     names = list(subjects)
     for round_ in range(rounds):
@@ -163,44 +147,44 @@ def run_causal(
             start, cpu_start = time.perf_counter(), time.process_time()
             out = [score(w) for w in windows]
             sync()
-            rates[name].append(n_pairs / (time.perf_counter() - start))
+            timings.rates[name].append(n_pairs / (time.perf_counter() - start))
             # This process's CPU seconds: what the work cost, whatever else the machine ran meanwhile.
-            cpu_rates[name].append(n_pairs / (time.process_time() - cpu_start))
+            timings.cpu_rates[name].append(n_pairs / (time.process_time() - cpu_start))
             if round_ == 0:
-                scores[name] = out
-                executed[name] = engine.padded_tokens if engine is not None else sum(map(predict_executed, windows))
+                timings.scores[name] = out
+                timings.executed[name] = (
+                    engine.padded_tokens if engine is not None else sum(map(predict_executed, windows))
+                )
         print(
-            f"causal round {round_ + 1}/{rounds}: " + ", ".join(f"{n} {r[-1]:.2f}/s" for n, r in rates.items()),
+            f"causal round {round_ + 1}/{rounds}: " + ", ".join(f"{n} {r[-1]:.2f}/s" for n, r in timings.rates.items()),
             flush=True,
         )
+    return timings
 
-    useful = sum(n for w in windows for n in lengths(w))
-    reference = scores["CrossEncoder.predict"]
+
+def causal_figures(timings: CausalTimings, windows: list[Pairs], useful: int) -> dict[str, Any]:
+    """Each subject's speed against predict (wall and CPU), token rows run per pair and parity with predict."""
+    reference = timings.scores[PREDICT]
     results: dict[str, Any] = {}
-    for name in subjects:
-        per_round = [r / b for r, b in zip(rates[name], rates["CrossEncoder.predict"])]
-        per_round_cpu = [r / b for r, b in zip(cpu_rates[name], cpu_rates["CrossEncoder.predict"])]
+    for name, rates in timings.rates.items():
+        scores = timings.scores[name]
         results[name] = {
-            "pairs_per_s": p50(rates[name]),
-            "ratio": statistics.median(per_round),
-            "pairs_per_cpu_s": p50(cpu_rates[name]),
-            "cpu_ratio": statistics.median(per_round_cpu),
-            "executed_tokens_per_pair": executed[name] / sum(len(w) for w in windows),
+            "pairs_per_s": p50(rates),
+            "ratio": median_of_ratios(rates, timings.rates[PREDICT]),
+            "pairs_per_cpu_s": p50(timings.cpu_rates[name]),
+            "cpu_ratio": median_of_ratios(timings.cpu_rates[name], timings.cpu_rates[PREDICT]),
+            "executed_tokens_per_pair": timings.executed[name] / sum(len(w) for w in windows),
             # Executed token rows beyond the pairs' own tokens (padding), or fewer (a shared prefix run once).
-            "executed_share_of_pair_tokens": executed[name] / useful,
-            "spearman_min": min(spearman(r, s) for r, s in zip(reference, scores[name])),
-            "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, scores[name])),
+            "executed_share_of_pair_tokens": timings.executed[name] / useful,
+            "spearman_min": min(spearman(r, s) for r, s in zip(reference, scores)),
+            "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, scores)),
         }
-    prefix_gain = statistics.median(
-        r / p for r, p in zip(rates["engine, prefix reuse"], rates["engine, plain batches"])
-    )
-    prefix_cpu_gain = statistics.median(
-        r / p for r, p in zip(cpu_rates["engine, prefix reuse"], cpu_rates["engine, plain batches"])
-    )
+    return results
+
+
+def print_causal_table(title: str, results: dict[str, Any]) -> None:
     print_table(
-        f"causal reranker: Qwen3-0.6B shape, {layers} layers, random weights; {sum(map(len, windows))} pairs in "
-        f"{len(windows)} windows of {window_size}, {rounds} alternated rounds, device {device}, precision "
-        f"{plain.precision}",
+        title,
         [
             "subject",
             "pairs/s",
@@ -227,7 +211,38 @@ def run_causal(
             for name, f in results.items()
         ],
     )
-    at_parity = results["engine, prefix reuse"]["spearman_min"] >= MIN_SPEARMAN
+
+
+def predict_executed(window: Pairs, *, lengths: Callable[[Pairs], list[int]]) -> int:
+    """Token rows predict runs for a window: it orders by characters and pads each batch of 32 to its longest pair."""
+    order = sorted(range(len(window)), key=lambda i: -len(window[i][0]) - len(window[i][1]))
+    n = lengths(window)
+    return sum(max(n[i] for i in chunk) * len(chunk) for chunk in windows_of(order, 32))
+
+
+def causal_report(
+    timings: CausalTimings,
+    results: dict[str, Any],
+    windows: list[Pairs],
+    *,
+    useful: int,
+    layers: int,
+    path: Path,
+    window_size: int,
+    rounds: int,
+    device: str,
+    precision: str,
+) -> dict[str, Any]:
+    """Print the table and prefix reuse's gain; return the row's figures."""
+    prefix_gain = median_of_ratios(timings.rates[REUSED], timings.rates[PLAIN])
+    prefix_cpu_gain = median_of_ratios(timings.cpu_rates[REUSED], timings.cpu_rates[PLAIN])
+    print_causal_table(
+        f"causal reranker: Qwen3-0.6B shape, {layers} layers, random weights; {sum(map(len, windows))} pairs in "
+        f"{len(windows)} windows of {window_size}, {rounds} alternated rounds, device {device}, precision "
+        f"{precision}",
+        results,
+    )
+    at_parity = results[REUSED]["spearman_min"] >= MIN_SPEARMAN
     print(
         f"prefix reuse: {prefix_gain:.2f}x the plain engine in wall time, {prefix_cpu_gain:.2f}x in CPU time; "
         f"at parity: {at_parity}"
@@ -238,9 +253,58 @@ def run_causal(
         "pairs": sum(map(len, windows)),
         "window_size": window_size,
         "rounds": rounds,
-        "precision": plain.precision,
+        "precision": precision,
         "prefix_reuse_vs_plain": prefix_gain,
         "prefix_reuse_vs_plain_cpu": prefix_cpu_gain,
         "mean_pair_tokens": useful / sum(map(len, windows)),
         "subjects": results,
     }
+
+
+def causal_windows(tokenizer: Any, *, windows_n: int, window_size: int) -> list[Pairs]:
+    pairs = realistic_pairs(n_windows=windows_n, window_size=window_size, tokenizer=tokenizer, max_tokens=1024, seed=3)
+    return windows_of(pairs, window_size)
+
+
+def run_causal(
+    *, settings: Any, device: str, layers: int, windows_n: int, window_size: int, rounds: int
+) -> dict[str, Any]:
+    """pairs/s of predict, the engine without prefix reuse and with it, alternated round by round
+    (wall time, and this process's CPU time, which a busy shared machine disturbs less)."""
+    from worker.engine import load_cross_encoder
+
+    path = causal_bench_model(layers)
+    model = load_cross_encoder(str(path), device=device)
+    windows = causal_windows(model[0].tokenizer, windows_n=windows_n, window_size=window_size)
+    plain = ScoringEngine(model, settings=settings, prefix_reuse=False, model_name=str(path))
+    reused = ScoringEngine(model, settings=settings, model_name=str(path))
+
+    def lengths(window: Pairs) -> list[int]:
+        return [len(ids) for ids in plain.tokenize(window)["input_ids"]]
+
+    subjects: dict[str, Callable[[Pairs], list[float]]] = {
+        PREDICT: lambda w: [float(x) for x in model.predict(w, batch_size=32, show_progress_bar=False)],
+        PLAIN: plain.score_pairs,
+        REUSED: reused.score_pairs,
+    }
+    timings = time_causal(
+        subjects,
+        {PLAIN: plain, REUSED: reused},
+        windows,
+        rounds=rounds,
+        sync=device_sync(device),
+        predict_executed=functools.partial(predict_executed, lengths=lengths),
+    )
+    useful = sum(n for w in windows for n in lengths(w))
+    return causal_report(
+        timings,
+        causal_figures(timings, windows, useful),
+        windows,
+        useful=useful,
+        layers=layers,
+        path=path,
+        window_size=window_size,
+        rounds=rounds,
+        device=device,
+        precision=plain.precision,
+    )

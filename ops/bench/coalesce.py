@@ -10,17 +10,31 @@ same windows scored one after another by the engine. Alternated round by round.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ops.bench.common import SIZES, bench_model, cpu_quota, p50, print_table, realistic_pairs, windows_of, write_json
+from ops.bench.common import (
+    SIZES,
+    bench_model,
+    cpu_quota,
+    device_sync,
+    median_of_ratios,
+    p50,
+    print_table,
+    realistic_pairs,
+    windows_of,
+    write_json,
+)
 from worker.engine import ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.coalesce import Coalescer
 from worker.engine.parity import max_abs_diff
 
+SINGLE = "one window at a time"
+COALESCED = "coalesced"
+Pairs = list[tuple[str, str]]
 
-def main() -> None:
+
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model")
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm")
@@ -33,9 +47,40 @@ def main() -> None:
     parser.add_argument("--max-pairs", type=int, default=256)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    import torch
+
+def time_arms(
+    engine: ScoringEngine, coalescer: Coalescer[float], windows: list[Pairs], *, threads: int, rounds: int, device: str
+) -> tuple[dict[str, list[float]], dict[str, list[list[float]]], int]:
+    """pairs/s of each arm per round, alternated; each arm's scores of the last round; and the
+    coalescer's flushes in the timed rounds (the warm-up's not counted)."""
+    sync = device_sync(device)
+
+    def one_at_a_time() -> list[list[float]]:
+        return [engine.score_pairs(w) for w in windows]
+
+    def coalesced() -> list[list[float]]:
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(lambda w: coalescer.score(w[0][0], [d for _, d in w]), windows))
+
+    n_pairs = sum(len(w) for w in windows)
+    rates: dict[str, list[float]] = {SINGLE: [], COALESCED: []}
+    outputs = {}
+    one_at_a_time()  # warm-up
+    coalesced()
+    flushes_before = coalescer.flushes
+    for _ in range(rounds):
+        for name, fn in ((SINGLE, one_at_a_time), (COALESCED, coalesced)):
+            start = time.perf_counter()
+            outputs[name] = fn()
+            sync()
+            rates[name].append(n_pairs / (time.perf_counter() - start))
+    return rates, outputs, coalescer.flushes - flushes_before
+
+
+def main() -> None:
+    args = parse_arguments()
 
     from kernel.settings import load_settings
 
@@ -48,49 +93,28 @@ def main() -> None:
     engine = ScoringEngine(load_cross_encoder(model_path, device=args.device), settings=settings)
     windows = windows_of(realistic_pairs(n_windows=n_windows, window_size=25, tokenizer=engine.tokenizer), 25)
     coalescer = Coalescer(engine.score_pairs, max_pairs=args.max_pairs, max_delay_s=args.delay_ms / 1000)
-
-    def sync() -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
-
-    def one_at_a_time() -> list[list[float]]:
-        return [engine.score_pairs(w) for w in windows]
-
-    def coalesced() -> list[list[float]]:
-        with ThreadPoolExecutor(args.threads) as pool:
-            return list(pool.map(lambda w: coalescer.score(w[0][0], [d for _, d in w]), windows))
-
-    n_pairs = sum(len(w) for w in windows)
-    rates: dict[str, list[float]] = {"one window at a time": [], "coalesced": []}
-    outputs = {}
-    one_at_a_time()  # warm-up
-    coalesced()
-    flushes_before = coalescer.flushes
-    for _ in range(rounds):
-        for name, fn in (("one window at a time", one_at_a_time), ("coalesced", coalesced)):
-            start = time.perf_counter()
-            outputs[name] = fn()
-            sync()
-            rates[name].append(n_pairs / (time.perf_counter() - start))
+    rates, outputs, flushes = time_arms(
+        engine, coalescer, windows, threads=args.threads, rounds=rounds, device=args.device
+    )
     coalescer.close()
-    windows_per_flush = n_windows * rounds / max(1, coalescer.flushes - flushes_before)
-    gain = statistics.median(c / s for c, s in zip(rates["coalesced"], rates["one window at a time"]))
-    diff = max(max_abs_diff(a, b) for a, b in zip(outputs["one window at a time"], outputs["coalesced"]))
+    windows_per_flush = n_windows * rounds / max(1, flushes)
+    gain = median_of_ratios(rates[COALESCED], rates[SINGLE])
+    diff = max(max_abs_diff(a, b) for a, b in zip(outputs[SINGLE], outputs[COALESCED]))
     print_table(
         f"coalescing: {n_windows} windows of 25, {args.threads} concurrent, device {args.device}, "
         f"precision {engine.precision}, model {model_path}",
         ["arm", "pairs/s", "windows per forward call"],
         [
-            ["one window at a time", p50(rates["one window at a time"]), 1.0],
-            ["coalesced", p50(rates["coalesced"]), windows_per_flush],
+            [SINGLE, p50(rates[SINGLE]), 1.0],
+            [COALESCED, p50(rates[COALESCED]), windows_per_flush],
         ],
     )
     print(f"\ncoalescing gain: {gain:.2f}x, max |score difference|: {diff:.2g}")
     write_json(
         args.json_path,
         {
-            "single_pairs_per_s": p50(rates["one window at a time"]),
-            "coalesced_pairs_per_s": p50(rates["coalesced"]),
+            "single_pairs_per_s": p50(rates[SINGLE]),
+            "coalesced_pairs_per_s": p50(rates[COALESCED]),
             "coalescing_gain": gain,
             "windows_per_flush": windows_per_flush,
             "max_abs_diff": diff,

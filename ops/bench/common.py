@@ -11,7 +11,7 @@ import math
 import os
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +146,27 @@ def p50(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def median_of_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median of the per-round ratios: each round's arms ran back to back, under the same
+    load from elsewhere on the host, so they are compared within rounds, not across them."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """What a timing calls before it stops the clock: on a GPU, wait for the queued kernels
+    (they run after the call that launched them returns); on a CPU, nothing."""
+    if not device.startswith("cuda"):
+        return lambda: None
+    import torch
+
+    return lambda: torch.cuda.synchronize()
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

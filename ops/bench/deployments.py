@@ -190,7 +190,7 @@ def masters_of(cluster: EmbeddedRedisCluster) -> list[redis.Redis]:
     return [redis.Redis(port=port) for port in cluster.master_ports()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer, smaller rounds (about two minutes)")
     parser.add_argument("--rounds", type=int, default=None)
@@ -204,7 +204,156 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--opens", type=int, default=None, help="opens timed per shape and window count")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def add_shapes(args: argparse.Namespace, logs: Path, servers: list[Any], shapes: dict[str, Shape]) -> None:
+    """Start each shape's private servers into ``servers`` and its Shape into ``shapes`` (the caller
+    stops both however this ends, so a server started before a failure is not left running)."""
+    single = EmbeddedRedis().start()
+    servers.append(single)
+    shapes["redis"] = Shape("redis", single.url, single.url, [redis.Redis.from_url(single.url)], None, logs, args)
+    cluster_broker = EmbeddedRedis().start()
+    cluster = EmbeddedRedisCluster().start()
+    servers += [cluster_broker, cluster]
+    shapes["cluster"] = Shape(
+        "cluster",
+        cluster.url,
+        cluster_broker.url,
+        masters_of(cluster),
+        redis.Redis.from_url(cluster_broker.url),
+        logs,
+        args,
+    )
+    amqp_url = args.amqp_url
+    if amqp_url is None and rabbitmq_server_binary() is not None:
+        node = EmbeddedRabbitMQ()
+        servers.append(node)
+        amqp_url = node.start().url
+    if amqp_url is None:
+        print("deployments: rabbitmq-server is not installed and no --amqp-url: the amqp shapes are left out")
+        return
+    amqp_store = EmbeddedRedis().start()
+    amqp_cluster = EmbeddedRedisCluster().start()
+    servers += [amqp_store, amqp_cluster]
+    shapes["amqp"] = Shape("amqp", amqp_store.url, amqp_url, [redis.Redis.from_url(amqp_store.url)], None, logs, args)
+    shapes["amqp+cluster"] = Shape(
+        "amqp+cluster", amqp_cluster.url, amqp_url, masters_of(amqp_cluster), None, logs, args
+    )
+
+
+def warm_shapes(shapes: dict[str, Shape], windows: int) -> None:
+    for shape in shapes.values():
+        shape.start()
+        shape.round("warm", 4, windows)
+        shape.reset_stats()
+
+
+def run_rounds(
+    shapes: dict[str, Shape], *, rounds: int, streams: int, windows: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each shape's seconds per round and its ratio to redis's in the same round; the first shape rotates."""
+    seconds: dict[str, list[float]] = {name: [] for name in shapes}
+    ratios: dict[str, list[float]] = {name: [] for name in shapes}
+    names = list(shapes)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        took = {name: shapes[name].round(f"r{r}", streams, windows) for name in order}
+        for name in names:
+            seconds[name].append(took[name])
+            ratios[name].append(took["redis"] / took[name])
+        print(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(f"{name} {streams * windows / took[name]:.0f} windows/s" for name in names),
+            flush=True,
+        )
+    return seconds, ratios
+
+
+def per_window_usec(shape: Shape, measured_windows: int) -> tuple[dict[str, Any], list[float]]:
+    """The shape's server time per measured window, and its store's time on each master."""
+    usec = shape.server_usec()
+    per_window = {
+        "lua_calls": usec["lua_calls"] / measured_windows,
+        "lua_usec_per_call": usec["lua_usec"] / max(1, usec["lua_calls"]),
+        "store_usec": usec["store_usec"] / measured_windows,
+        "broker_usec": None if usec["broker_usec"] is None else usec["broker_usec"] / measured_windows,
+    }
+    return per_window, usec["store_usec_per_master"]
+
+
+def shape_figures(
+    shapes: dict[str, Shape],
+    seconds: dict[str, list[float]],
+    ratios: dict[str, list[float]],
+    *,
+    rounds: int,
+    streams: int,
+    windows: int,
+) -> dict[str, Any]:
+    """Each shape's throughput, ratio to redis and server time per window, after checking that every
+    window it was sent was committed; printed as a table."""
+    measured_windows = rounds * streams * windows
+    figures: dict[str, Any] = {}
+    rows = []
+    for name, shape in shapes.items():
+        expected = (4 + rounds * streams) * windows
+        if shape.committed() != expected:
+            raise RuntimeError(f"{name}: {shape.committed()} windows committed, expected {expected}")
+        per_window, per_master = per_window_usec(shape, measured_windows)
+        figures[name] = {
+            "windows_per_s_p50": streams * windows / p50(seconds[name]),
+            "windows_per_s_min": streams * windows / max(seconds[name]),
+            "windows_per_s_max": streams * windows / min(seconds[name]),
+            "ratio_to_redis_p50": statistics.median(ratios[name]),
+            "ratio_min": min(ratios[name]),
+            "ratio_max": max(ratios[name]),
+            "per_window": per_window,
+            "store_usec_per_master": per_master,
+        }
+        rows.append(
+            [
+                name,
+                figures[name]["windows_per_s_p50"],
+                f"{measured_windows / sum(seconds[name]):.0f}",
+                f"{statistics.median(ratios[name]):.2f} ({min(ratios[name]):.2f}-{max(ratios[name]):.2f})",
+                per_window["lua_calls"],
+                per_window["lua_usec_per_call"],
+                per_window["store_usec"],
+                broker_cell(name, per_window["broker_usec"]),
+            ]
+        )
+    print_shapes_table(rows)
+    return figures
+
+
+def print_shapes_table(rows: list[list[Any]]) -> None:
+    print_table(
+        "Windows committed per second, no-op provider (ratio: redis's round time / this shape's; server "
+        "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
+        [
+            "shape",
+            "windows/s p50",
+            "windows/s all",
+            "ratio to redis",
+            "Lua calls/window",
+            "µs/Lua call",
+            "store µs/window",
+            "broker µs/window",
+        ],
+        rows,
+    )
+
+
+def stop_all(shapes: dict[str, Shape], servers: list[Any]) -> None:
+    for shape in shapes.values():
+        shape.stop()
+    for server in servers:
+        server.remove() if isinstance(server, EmbeddedRabbitMQ) else server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     rounds = args.rounds or (3 if args.quick else 5)
     streams = args.streams or (48 if args.quick else 128)
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-deployments-"))
@@ -217,122 +366,21 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Any] = []
     shapes: dict[str, Shape] = {}
     try:
-        single = EmbeddedRedis().start()
-        servers.append(single)
-        shapes["redis"] = Shape("redis", single.url, single.url, [redis.Redis.from_url(single.url)], None, logs, args)
-        cluster_broker = EmbeddedRedis().start()
-        cluster = EmbeddedRedisCluster().start()
-        servers += [cluster_broker, cluster]
-        shapes["cluster"] = Shape(
-            "cluster",
-            cluster.url,
-            cluster_broker.url,
-            masters_of(cluster),
-            redis.Redis.from_url(cluster_broker.url),
-            logs,
-            args,
-        )
-        amqp_url = args.amqp_url
-        if amqp_url is None and rabbitmq_server_binary() is not None:
-            node = EmbeddedRabbitMQ()
-            servers.append(node)
-            amqp_url = node.start().url
-        if amqp_url is None:
-            print("deployments: rabbitmq-server is not installed and no --amqp-url: the amqp shapes are left out")
-        else:
-            amqp_store = EmbeddedRedis().start()
-            amqp_cluster = EmbeddedRedisCluster().start()
-            servers += [amqp_store, amqp_cluster]
-            shapes["amqp"] = Shape(
-                "amqp", amqp_store.url, amqp_url, [redis.Redis.from_url(amqp_store.url)], None, logs, args
-            )
-            shapes["amqp+cluster"] = Shape(
-                "amqp+cluster", amqp_cluster.url, amqp_url, masters_of(amqp_cluster), None, logs, args
-            )
-        for shape in shapes.values():
-            shape.start()
-            shape.round("warm", 4, args.windows)
-            shape.reset_stats()
-        seconds: dict[str, list[float]] = {name: [] for name in shapes}
-        ratios: dict[str, list[float]] = {name: [] for name in shapes}
-        names = list(shapes)
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            took = {name: shapes[name].round(f"r{r}", streams, args.windows) for name in order}
-            for name in names:
-                seconds[name].append(took[name])
-                ratios[name].append(took["redis"] / took[name])
-            print(
-                f"round {r + 1}/{rounds}: "
-                + ", ".join(f"{name} {streams * args.windows / took[name]:.0f} windows/s" for name in names),
-                flush=True,
-            )
-        measured_windows = rounds * streams * args.windows
+        add_shapes(args, logs, servers, shapes)
+        warm_shapes(shapes, args.windows)
+        seconds, ratios = run_rounds(shapes, rounds=rounds, streams=streams, windows=args.windows)
         figures: dict[str, Any] = {
             "rounds": rounds,
             "streams": streams,
             "windows_per_stream": args.windows,
             "window_size": WINDOW,
-            "shapes": {},
+            "shapes": shape_figures(shapes, seconds, ratios, rounds=rounds, streams=streams, windows=args.windows),
         }
-        rows = []
-        for name, shape in shapes.items():
-            expected = (4 + rounds * streams) * args.windows
-            if shape.committed() != expected:
-                raise RuntimeError(f"{name}: {shape.committed()} windows committed, expected {expected}")
-            usec = shape.server_usec()
-            per_window = {
-                "lua_calls": usec["lua_calls"] / measured_windows,
-                "lua_usec_per_call": usec["lua_usec"] / max(1, usec["lua_calls"]),
-                "store_usec": usec["store_usec"] / measured_windows,
-                "broker_usec": None if usec["broker_usec"] is None else usec["broker_usec"] / measured_windows,
-            }
-            wps = measured_windows / sum(seconds[name])
-            figures["shapes"][name] = {
-                "windows_per_s_p50": streams * args.windows / p50(seconds[name]),
-                "windows_per_s_min": streams * args.windows / max(seconds[name]),
-                "windows_per_s_max": streams * args.windows / min(seconds[name]),
-                "ratio_to_redis_p50": statistics.median(ratios[name]),
-                "ratio_min": min(ratios[name]),
-                "ratio_max": max(ratios[name]),
-                "per_window": per_window,
-                "store_usec_per_master": usec["store_usec_per_master"],
-            }
-            rows.append(
-                [
-                    name,
-                    figures["shapes"][name]["windows_per_s_p50"],
-                    f"{wps:.0f}",
-                    f"{statistics.median(ratios[name]):.2f} ({min(ratios[name]):.2f}-{max(ratios[name]):.2f})",
-                    per_window["lua_calls"],
-                    per_window["lua_usec_per_call"],
-                    per_window["store_usec"],
-                    broker_cell(name, per_window["broker_usec"]),
-                ]
-            )
-        print_table(
-            "Windows committed per second, no-op provider (ratio: redis's round time / this shape's; server "
-            "time from INFO commandstats; redis: store and broker on one server; amqp: RabbitMQ's not counted)",
-            [
-                "shape",
-                "windows/s p50",
-                "windows/s all",
-                "ratio to redis",
-                "Lua calls/window",
-                "µs/Lua call",
-                "store µs/window",
-                "broker µs/window",
-            ],
-            rows,
-        )
         figures["open_ms"] = open_costs(shapes, args.windows, args.opens or (60 if args.quick else 200))
         figures["estimate"] = estimate(figures["shapes"])
         write_json(args.json, figures)
     finally:
-        for shape in shapes.values():
-            shape.stop()
-        for server in servers:
-            server.remove() if isinstance(server, EmbeddedRabbitMQ) else server.stop()
+        stop_all(shapes, servers)
     return 0
 
 
@@ -381,17 +429,14 @@ def open_costs(shapes: dict[str, Shape], windows: int, opens: int) -> dict[str, 
 
 
 def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
-    """Shards and broker instances for TARGET_PAIRS_PER_S, from the measured server time."""
+    """Shards and broker instances for TARGET_PAIRS_PER_S, from the measured server time; printed."""
     windows_per_s = TARGET_PAIRS_PER_S / WINDOW
     single = shapes["redis"]["per_window"]
     cluster = shapes["cluster"]["per_window"]
     store_usec = cluster["store_usec"]
     per_shard = 1e6 / store_usec
-    shards = math.ceil(windows_per_s / (per_shard * HEADROOM))
     broker_usec = cluster["broker_usec"] or 0.0
     per_broker = 1e6 / broker_usec if broker_usec else float("inf")
-    brokers = math.ceil(windows_per_s / (per_broker * HEADROOM)) if broker_usec else 0
-    one_redis = 1e6 / (single["store_usec"] or 1)
     out = {
         "target_pairs_per_s": TARGET_PAIRS_PER_S,
         "windows_per_s": windows_per_s,
@@ -400,43 +445,50 @@ def estimate(shapes: dict[str, Any]) -> dict[str, Any]:
         "lua_calls_per_window": cluster["lua_calls"],
         "lua_usec_per_call": cluster["lua_usec_per_call"],
         "windows_per_s_per_shard": per_shard,
-        "store_shards": shards,
+        "store_shards": math.ceil(windows_per_s / (per_shard * HEADROOM)),
         "broker_usec_per_window": broker_usec,
         "windows_per_s_per_redis_broker": per_broker,
-        "redis_brokers": brokers,
-        "one_redis_store_and_broker_windows_per_s": one_redis,
+        "redis_brokers": math.ceil(windows_per_s / (per_broker * HEADROOM)) if broker_usec else 0,
+        "one_redis_store_and_broker_windows_per_s": 1e6 / (single["store_usec"] or 1),
     }
-    print(
-        f"\nOn paper, for {TARGET_PAIRS_PER_S:,} pairs/s = {windows_per_s:,.0f} windows of {WINDOW}/s "
-        f"(every shard and broker kept at {HEADROOM:.0%} of its ceiling):"
-    )
-    print(
-        f"  store: {cluster['lua_calls']:.2f} Lua calls per window at {cluster['lua_usec_per_call']:.0f} µs "
-        f"of server time each; {store_usec:.0f} µs of store server time per window with the reads, "
-        f"so one shard commits about {per_shard:,.0f} windows/s: {shards} cluster masters (plus a replica each)"
-    )
-    if broker_usec:
-        print(
-            f"  broker (Redis): {broker_usec:.0f} µs of server time per window (send, fetch, unacked bookkeeping, "
-            f"ack): about {per_broker:,.0f} windows/s per instance: {brokers} Redis broker instances, each "
-            f"holding its share of the device queues (rerankq.gpu split {brokers} ways)"
-        )
     if "amqp+cluster" in shapes:
         # With RabbitMQ as the broker the store does the same work; its figure is a second measurement.
         amqp_store = shapes["amqp+cluster"]["per_window"]["store_usec"]
-        amqp_shards = math.ceil(windows_per_s / (1e6 / amqp_store * HEADROOM))
         out["amqp_cluster_store_usec_per_window"] = amqp_store
-        out["amqp_cluster_store_shards"] = amqp_shards
+        out["amqp_cluster_store_shards"] = math.ceil(windows_per_s / (1e6 / amqp_store * HEADROOM))
+    print_estimate(out)
+    return out
+
+
+def print_estimate(out: dict[str, Any]) -> None:
+    print(
+        f"\nOn paper, for {TARGET_PAIRS_PER_S:,} pairs/s = {out['windows_per_s']:,.0f} windows of {WINDOW}/s "
+        f"(every shard and broker kept at {HEADROOM:.0%} of its ceiling):"
+    )
+    print(
+        f"  store: {out['lua_calls_per_window']:.2f} Lua calls per window at {out['lua_usec_per_call']:.0f} µs "
+        f"of server time each; {out['store_usec_per_window']:.0f} µs of store server time per window with the reads, "
+        f"so one shard commits about {out['windows_per_s_per_shard']:,.0f} windows/s: {out['store_shards']} "
+        "cluster masters (plus a replica each)"
+    )
+    if out["broker_usec_per_window"]:
+        brokers = out["redis_brokers"]
         print(
-            f"  store with RabbitMQ as the broker (amqp+cluster): {amqp_store:.0f} µs per window: {amqp_shards} "
-            "cluster masters; RabbitMQ's own server time is not measured here (no access to its accounting), "
-            "so the queues it needs are not estimated"
+            f"  broker (Redis): {out['broker_usec_per_window']:.0f} µs of server time per window (send, fetch, "
+            f"unacked bookkeeping, ack): about {out['windows_per_s_per_redis_broker']:,.0f} windows/s per instance: "
+            f"{brokers} Redis broker instances, each holding its share of the device queues (rerankq.gpu split "
+            f"{brokers} ways)"
+        )
+    if "amqp_cluster_store_usec_per_window" in out:
+        print(
+            f"  store with RabbitMQ as the broker (amqp+cluster): {out['amqp_cluster_store_usec_per_window']:.0f} µs "
+            f"per window: {out['amqp_cluster_store_shards']} cluster masters; RabbitMQ's own server time is not "
+            "measured here (no access to its accounting), so the queues it needs are not estimated"
         )
     print(
-        f"  one Redis as store and broker: about {one_redis:,.0f} windows/s of store time alone; "
-        f"the ceiling this run measured end to end is the workers' CPU, not Redis"
+        f"  one Redis as store and broker: about {out['one_redis_store_and_broker_windows_per_s']:,.0f} windows/s "
+        "of store time alone; the ceiling this run measured end to end is the workers' CPU, not Redis"
     )
-    return out
 
 
 if __name__ == "__main__":

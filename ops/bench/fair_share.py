@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -211,7 +212,7 @@ def open_cost_flood(tenants: Tenants) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 10 calls a phase (else 4 of 20)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of idle, then count flood")
@@ -225,37 +226,70 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--unshared", action="store_true", help="the shares at their maximum: no fair share")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 4)
-    calls = args.calls or (10 if args.quick else 20)
+    return parser.parse_args(argv)
 
-    keys = {"a": new_key(), "b": new_key()}
-    logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-fair-share-"))
-    (logs / "keys.json").write_text(
+
+def write_keys_file(logs: Path, keys: dict[str, str]) -> Path:
+    path = logs / "keys.json"
+    path.write_text(
         "[" + ",".join(f'{{"key_sha256": "{digest(k)}", "tenant": "tenant-{n}"}}' for n, k in keys.items()) + "]"
     )
-    redis_server = EmbeddedRedis(directory=str(logs)).start()
-    share = args.share or max(1, args.processes - 1)
+    return path
+
+
+def fair_share_env(args: argparse.Namespace, redis_url: str, keys_file: Path, share: int) -> dict[str, str]:
     shares = UNSHARED if args.unshared else {"RERANKQ_TENANT_QUEUED_WINDOWS": str(share)}
-    env = worker_env(
-        redis_server.url,
+    return worker_env(
+        redis_url,
         NAMESPACE,
         RERANKQ_RERANKER_PROVIDER="local",
         RERANKQ_RERANKER_MODEL=str(bench_model("minilm", "random")),
         RERANKQ_PAIR_CACHE="false",
         RERANKQ_WORKER_PROCESSES=str(args.processes),
         RERANKQ_TORCH_THREADS="1",
-        RERANKQ_GATEWAY_KEYS_FILE=str(logs / "keys.json"),
+        RERANKQ_GATEWAY_KEYS_FILE=str(keys_file),
         **shares,
     )
+
+
+@dataclasses.dataclass
+class Phases:
+    """Tenant B's phases: idle (one before each flood), count flood per round, and the cost flood."""
+
+    idle: list[dict[str, Any]]
+    count: list[dict[str, Any]]
+    cost: dict[str, Any]
+    cost_stream_unfinished: bool
+
+
+def run_phases(tenants: Tenants, ledger: Ledger, *, rounds: int, calls: int) -> Phases:
+    idle: list[dict[str, Any]] = []
+    count: list[dict[str, Any]] = []
+    for r in range(rounds):
+        idle.append(b_phase(tenants, f"idle {r}", calls))
+        with CountFlood(tenants, ledger) as flood:
+            count.append(b_phase(tenants, f"count flood {r}", calls, during=ledger.a_backlog))
+        print(f"  (tenant A opened {flood.opened} streams of {FLOOD_WINDOWS} windows)", flush=True)
+        wait_drained(ledger, timeout_s=600)
+    idle.append(b_phase(tenants, "idle before the cost flood", calls))
+    cost_stream = open_cost_flood(tenants)
+    cost = b_phase(tenants, "cost flood", calls, during=ledger.a_in_flight)
+    windows = tenants.http["a"].get(f"/v1/streams/{cost_stream}").json()["windows"]
+    return Phases(idle, count, cost, any(w["state"] != "committed" for w in windows))
+
+
+def measure(args: argparse.Namespace, *, rounds: int, calls: int) -> tuple[Phases, int]:
+    """Start Redis, the worker and the gateway, run tenant B's phases, stop them; the phases and the share."""
+    keys = {"a": new_key(), "b": new_key()}
+    logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-fair-share-"))
+    keys_file = write_keys_file(logs, keys)
+    redis_server = EmbeddedRedis(directory=str(logs)).start()
+    share = args.share or max(1, args.processes - 1)
+    env = fair_share_env(args, redis_server.url, keys_file, share)
     worker = rerankq_worker(env, logs / "worker.log")
     port = free_port()
     gateway = None
     tenants = None
-    idle: list[dict[str, Any]] = []
-    count: list[dict[str, Any]] = []
-    cost: dict[str, Any] = {}
-    cost_stream_unfinished = None
     try:
         worker.start(timeout_s=300)
         gateway = start_gateway(env, port, logs / "gateway.log", 1, auth=())
@@ -263,17 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         ledger = Ledger(redis_server.url)
         warm(tenants, args.processes)
         print(f"tenant B: {rounds} rounds, {calls} calls a phase; logs in {logs}", flush=True)
-        for r in range(rounds):
-            idle.append(b_phase(tenants, f"idle {r}", calls))
-            with CountFlood(tenants, ledger) as flood:
-                count.append(b_phase(tenants, f"count flood {r}", calls, during=ledger.a_backlog))
-            print(f"  (tenant A opened {flood.opened} streams of {FLOOD_WINDOWS} windows)", flush=True)
-            wait_drained(ledger, timeout_s=600)
-        idle.append(b_phase(tenants, "idle before the cost flood", calls))
-        cost_stream = open_cost_flood(tenants)
-        cost = b_phase(tenants, "cost flood", calls, during=ledger.a_in_flight)
-        windows = tenants.http["a"].get(f"/v1/streams/{cost_stream}").json()["windows"]
-        cost_stream_unfinished = any(w["state"] != "committed" for w in windows)
+        phases = run_phases(tenants, ledger, rounds=rounds, calls=calls)
     finally:
         if tenants is not None:
             tenants.close()
@@ -283,17 +307,25 @@ def main(argv: list[str] | None = None) -> None:
                 gateway.wait(timeout=30)
         worker.kill()
         redis_server.stop()
+    return phases, share
 
-    def ratio(flood: dict[str, Any], before: dict[str, Any]) -> float:
-        if not flood["latencies_ms"] or not before["latencies_ms"]:
-            return float("inf")
-        return p50(flood["latencies_ms"]) / p50(before["latencies_ms"])
 
-    idle_all = [ms for phase in idle for ms in phase["latencies_ms"]]
-    count_all = [ms for phase in count for ms in phase["latencies_ms"]]
-    count_ratios = [ratio(flood, before) for flood, before in zip(count, idle)]
-    cost_ratio = ratio(cost, idle[-1])
-    figures: dict[str, Any] = {
+def phase_ratio(flood: dict[str, Any], before: dict[str, Any]) -> float:
+    if not flood["latencies_ms"] or not before["latencies_ms"]:
+        return float("inf")
+    return p50(flood["latencies_ms"]) / p50(before["latencies_ms"])
+
+
+def all_latencies(phases: list[dict[str, Any]]) -> list[float]:
+    return [ms for phase in phases for ms in phase["latencies_ms"]]
+
+
+def fair_share_figures(
+    args: argparse.Namespace, phases: Phases, *, rounds: int, calls: int, share: int
+) -> dict[str, Any]:
+    idle_all, count_all, cost = all_latencies(phases.idle), all_latencies(phases.count), phases.cost
+    count_ratios = [phase_ratio(flood, before) for flood, before in zip(phases.count, phases.idle)]
+    return {
         "date": time.strftime("%Y-%m-%d"),
         "rounds": rounds,
         "calls_per_phase": calls,
@@ -304,39 +336,46 @@ def main(argv: list[str] | None = None) -> None:
         "idle_ms_p95": percentile(idle_all, 0.95),
         "count_flood_ms_p50": p50(count_all) if count_all else None,
         "count_flood_ms_p95": percentile(count_all, 0.95) if count_all else None,
-        "count_flood_failed": sum(phase["failed"] for phase in count),
+        "count_flood_failed": sum(phase["failed"] for phase in phases.count),
         "count_flood_ratio_per_round": count_ratios,
         "count_flood_ratio_median": statistics.median(count_ratios),
-        "count_flood_a_backlog_min": min(min(phase["flood_seen"]) for phase in count),
+        "count_flood_a_backlog_min": min(min(phase["flood_seen"]) for phase in phases.count),
         "cost_flood_ms_p50": p50(cost["latencies_ms"]) if cost["latencies_ms"] else None,
         "cost_flood_ms_p95": percentile(cost["latencies_ms"], 0.95) if cost["latencies_ms"] else None,
         "cost_flood_failed": cost["failed"],
-        "cost_flood_ratio": cost_ratio,
+        "cost_flood_ratio": phase_ratio(cost, phases.idle[-1]),
         "cost_flood_a_in_flight_min": min(cost["flood_seen"]),
-        "cost_flood_outlasted_the_phase": cost_stream_unfinished,
+        "cost_flood_outlasted_the_phase": phases.cost_stream_unfinished,
     }
 
-    def row(name: str, latencies: list[float], failed: int, against: str) -> list[Any]:
-        if not latencies:
-            return [name, 0, float("nan"), float("nan"), failed, against]
-        return [name, len(latencies), p50(latencies), percentile(latencies, 0.95), failed, against]
 
+def phase_row(name: str, latencies: list[float], failed: int, against: str) -> list[Any]:
+    if not latencies:
+        return [name, 0, float("nan"), float("nan"), failed, against]
+    return [name, len(latencies), p50(latencies), percentile(latencies, 0.95), failed, against]
+
+
+def print_phases(args: argparse.Namespace, phases: Phases, figures: dict[str, Any], share: int) -> None:
+    count_ratios = figures["count_flood_ratio_per_round"]
     print_table(
         f"fair share: tenant B's POST /v2/rerank (2 documents) under tenant A's flood, {args.processes}-process "
         f"worker, {'no fair share' if args.unshared else f'a share of {share} windows'}",
         ["phase", "answered", "p50 ms", "p95 ms", "failed", "p50 / idle p50"],
         [
-            row("idle (every idle phase)", idle_all, 0, ""),
-            row(
+            phase_row("idle (every idle phase)", all_latencies(phases.idle), 0, ""),
+            phase_row(
                 "count flood",
-                count_all,
+                all_latencies(phases.count),
                 figures["count_flood_failed"],
                 f"{figures['count_flood_ratio_median']:.2f} (median of rounds: "
                 + ", ".join(f"{r:.2f}" for r in count_ratios)
                 + ")",
             ),
-            row(
-                "cost flood", cost["latencies_ms"], cost["failed"], f"{cost_ratio:.2f} (against the idle phase before)"
+            phase_row(
+                "cost flood",
+                phases.cost["latencies_ms"],
+                phases.cost["failed"],
+                f"{figures['cost_flood_ratio']:.2f} (against the idle phase before)",
             ),
         ],
     )
@@ -344,8 +383,17 @@ def main(argv: list[str] | None = None) -> None:
         f"\ntenant A while B called: at least {figures['count_flood_a_backlog_min']} windows not committed "
         "(count flood), "
         f"at least {figures['cost_flood_a_in_flight_min']} window in flight (cost flood); the cost flood's stream "
-        f"still running at the end: {cost_stream_unfinished}"
+        f"still running at the end: {phases.cost_stream_unfinished}"
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    rounds = args.rounds or (2 if args.quick else 4)
+    calls = args.calls or (10 if args.quick else 20)
+    phases, share = measure(args, rounds=rounds, calls=calls)
+    figures = fair_share_figures(args, phases, rounds=rounds, calls=calls, share=share)
+    print_phases(args, phases, figures, share)
     write_json(args.json_path, figures)
 
 

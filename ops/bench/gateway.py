@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import http.client
 import json
 import subprocess
@@ -25,6 +26,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kernel.settings import load_settings
 from ops.bench.common import ROOT, p50, percentile, print_table, rerankq_worker, worker_env, write_json
@@ -157,7 +159,7 @@ async def load(port: int, concurrency: int, requests: int, *, repeat: bool, tag:
     return requests / (time.perf_counter() - start), latencies
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--requests", type=int, default=None, help="round trips per arm")
@@ -165,10 +167,62 @@ def main() -> None:
     parser.add_argument("--gateway-workers", type=int, default=1, help="gateway server processes")
     parser.add_argument("--worker-threads", type=int, default=8, help="threads of the one rrf worker")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
-    n_round_trips = args.requests or (100 if args.quick else 400)
-    n_load = 1000 if args.quick else 4000
+    return parser.parse_args()
 
+
+@dataclasses.dataclass
+class RoundTrips:
+    """Step 1: milliseconds per round trip of each arm, and the gateway's CPU per request."""
+
+    client_ms: list[float]
+    gateway_ms: list[float]
+    cpu_ms: float
+
+
+@dataclasses.dataclass
+class Load:
+    """Steps 2 and 3: requests per second, latencies, the gateway's CPU per request and windows committed."""
+
+    rps: float
+    load_ms: list[float]
+    cpu_ms: float
+    committed: int
+    repeat_rps: float
+    repeat_ms: list[float]
+    committed_by_repeats: int
+
+
+def round_trips(client: RerankClient, caller: Caller, gateway: subprocess.Popen[bytes], n: int) -> RoundTrips:
+    for i in range(10):  # warm both paths: connections, scripts, first-call imports, thread pool
+        timed_client(client, f"warm client {i}")
+        timed_gateway(caller, f"warm gateway {i}")
+    client_ms, gateway_ms = [], []
+    cpu_before = cpu_s(gateway)
+    for i in range(n):
+        client_ms.append(timed_client(client, f"client {i}"))
+        gateway_ms.append(timed_gateway(caller, f"gateway {i}"))
+    cpu_ms = (cpu_s(gateway) - cpu_before) / n * 1000
+    print(f"round trips: {n} each, alternated", flush=True)
+    return RoundTrips(client_ms, gateway_ms, cpu_ms)
+
+
+def under_load(
+    client: RerankClient, gateway: subprocess.Popen[bytes], port: int, *, concurrency: int, n_load: int
+) -> Load:
+    def committed() -> int:
+        return int(client.store.counters().get("windows_committed", 0))
+
+    calls_before = committed()
+    cpu_before = cpu_s(gateway)
+    rps, load_ms = asyncio.run(load(port, concurrency, n_load, repeat=False, tag="load"))
+    cpu_load_ms = (cpu_s(gateway) - cpu_before) / n_load * 1000
+    calls_after = committed()
+    repeat_rps, repeat_ms = asyncio.run(load(port, concurrency, n_load, repeat=True, tag="again"))
+    return Load(rps, load_ms, cpu_load_ms, calls_after - calls_before, repeat_rps, repeat_ms, committed() - calls_after)
+
+
+def measure(args: argparse.Namespace, *, n_round_trips: int, n_load: int) -> tuple[RoundTrips, Load]:
+    """One private Redis, one rrf worker and the gateway: the round trips, then the load."""
     redis_server = EmbeddedRedis().start()
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-gateway-"))
     env = worker_env(redis_server.url, "bg", RERANKQ_RERANKER_PROVIDER="rrf")
@@ -180,24 +234,8 @@ def main() -> None:
         worker.start()
         gateway = start_gateway(env, port, logs / "gateway.log", args.gateway_workers)
         client = RerankClient(load_settings(env))
-        caller = Caller(port)
-        for i in range(10):  # warm both paths: connections, scripts, first-call imports, thread pool
-            timed_client(client, f"warm client {i}")
-            timed_gateway(caller, f"warm gateway {i}")
-        client_ms, gateway_ms = [], []
-        cpu_before = cpu_s(gateway)
-        for i in range(n_round_trips):
-            client_ms.append(timed_client(client, f"client {i}"))
-            gateway_ms.append(timed_gateway(caller, f"gateway {i}"))
-        cpu_round_trip_ms = (cpu_s(gateway) - cpu_before) / n_round_trips * 1000
-        print(f"round trips: {n_round_trips} each, alternated", flush=True)
-        calls_before = client.store.counters().get("windows_committed", 0)
-        cpu_before = cpu_s(gateway)
-        rps, load_ms = asyncio.run(load(port, args.concurrency, n_load, repeat=False, tag="load"))
-        cpu_load_ms = (cpu_s(gateway) - cpu_before) / n_load * 1000
-        calls_after = client.store.counters().get("windows_committed", 0)
-        repeat_rps, repeat_ms = asyncio.run(load(port, args.concurrency, n_load, repeat=True, tag="again"))
-        calls_repeat = client.store.counters().get("windows_committed", 0) - calls_after
+        trips = round_trips(client, Caller(port), gateway, n_round_trips)
+        loaded = under_load(client, gateway, port, concurrency=args.concurrency, n_load=n_load)
         client.close()
     finally:
         if gateway is not None:
@@ -205,8 +243,12 @@ def main() -> None:
             gateway.wait(timeout=30)
         worker.stop()
         redis_server.stop()
+    return trips, loaded
 
-    figures = {
+
+def gateway_figures(args: argparse.Namespace, trips: RoundTrips, loaded: Load, *, n_load: int) -> dict[str, Any]:
+    client_ms, gateway_ms = trips.client_ms, trips.gateway_ms
+    return {
         "client_ms_p50": p50(client_ms),
         "client_ms_p95": percentile(client_ms, 0.95),
         "gateway_ms_p50": p50(gateway_ms),
@@ -214,46 +256,58 @@ def main() -> None:
         "overhead_ms_p50": p50(gateway_ms) - p50(client_ms),
         "overhead_ms_p95": percentile(gateway_ms, 0.95) - percentile(client_ms, 0.95),
         "concurrency": args.concurrency,
-        "requests_per_s": rps,
-        "load_ms_p50": p50(load_ms),
-        "load_ms_p95": percentile(load_ms, 0.95),
-        "windows_committed_under_load": calls_after - calls_before,
-        "repeat_requests_per_s": repeat_rps,
-        "repeat_ms_p50": p50(repeat_ms),
-        "windows_committed_by_repeats": calls_repeat,
-        "round_trips": n_round_trips,
+        "requests_per_s": loaded.rps,
+        "load_ms_p50": p50(loaded.load_ms),
+        "load_ms_p95": percentile(loaded.load_ms, 0.95),
+        "windows_committed_under_load": loaded.committed,
+        "repeat_requests_per_s": loaded.repeat_rps,
+        "repeat_ms_p50": p50(loaded.repeat_ms),
+        "windows_committed_by_repeats": loaded.committed_by_repeats,
+        "round_trips": len(client_ms),
         "load_requests": n_load,
         "gateway_workers": args.gateway_workers,
-        "gateway_cpu_ms_per_request": cpu_round_trip_ms,
-        "gateway_cpu_ms_per_request_under_load": cpu_load_ms,
+        "gateway_cpu_ms_per_request": trips.cpu_ms,
+        "gateway_cpu_ms_per_request_under_load": loaded.cpu_ms,
     }
+
+
+def print_gateway(figures: dict[str, Any], trips: RoundTrips, loaded: Load, concurrency: int) -> None:
     print_table(
         "gateway: one 25-document window per request, rrf chain, private redis, same run",
         ["arm", "n", "p50 ms", "p95 ms"],
         [
-            ["RerankClient.open + pull", len(client_ms), figures["client_ms_p50"], figures["client_ms_p95"]],
-            ["POST /v2/rerank (gateway)", len(gateway_ms), figures["gateway_ms_p50"], figures["gateway_ms_p95"]],
+            ["RerankClient.open + pull", len(trips.client_ms), figures["client_ms_p50"], figures["client_ms_p95"]],
+            ["POST /v2/rerank (gateway)", len(trips.gateway_ms), figures["gateway_ms_p50"], figures["gateway_ms_p95"]],
             ["overhead (difference)", "", figures["overhead_ms_p50"], figures["overhead_ms_p95"]],
             [
-                f"{args.concurrency} concurrent clients, new queries",
-                len(load_ms),
+                f"{concurrency} concurrent clients, new queries",
+                len(loaded.load_ms),
                 figures["load_ms_p50"],
                 figures["load_ms_p95"],
             ],
             [
-                f"{args.concurrency} concurrent clients, repeated queries",
-                len(repeat_ms),
+                f"{concurrency} concurrent clients, repeated queries",
+                len(loaded.repeat_ms),
                 figures["repeat_ms_p50"],
-                percentile(repeat_ms, 0.95),
+                percentile(loaded.repeat_ms, 0.95),
             ],
         ],
     )
     print(
-        f"\nrequests per second, {args.concurrency} concurrent clients: {rps:.0f} new queries "
-        f"({calls_after - calls_before} windows committed), {repeat_rps:.0f} repeated "
-        f"({calls_repeat} windows committed)"
+        f"\nrequests per second, {concurrency} concurrent clients: {loaded.rps:.0f} new queries "
+        f"({loaded.committed} windows committed), {loaded.repeat_rps:.0f} repeated "
+        f"({loaded.committed_by_repeats} windows committed)"
     )
-    print(f"gateway CPU per request: {cpu_round_trip_ms:.2f} ms one at a time, {cpu_load_ms:.2f} ms under load")
+    print(f"gateway CPU per request: {trips.cpu_ms:.2f} ms one at a time, {loaded.cpu_ms:.2f} ms under load")
+
+
+def main() -> None:
+    args = parse_arguments()
+    n_round_trips = args.requests or (100 if args.quick else 400)
+    n_load = 1000 if args.quick else 4000
+    trips, loaded = measure(args, n_round_trips=n_round_trips, n_load=n_load)
+    figures = gateway_figures(args, trips, loaded, n_load=n_load)
+    print_gateway(figures, trips, loaded, args.concurrency)
     write_json(args.json_path, figures)
 
 

@@ -141,40 +141,26 @@ class TimedLogger:
         return self._clock.step(self._label, getattr(self._inner, name))
 
 
-def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[list[list[Any]], dict[str, Any]]:
-    """Step 1: one process plays producer, worker (its task body) and reader, window by window."""
-    import producer.client as client_module
-    import worker.chain.chain as chain_module
-    import worker.windows as windows_module
-    from kernel.settings import load_settings
-    from producer import RerankClient
-    from worker.chain.cache import CachedProvider
-    from worker.chain.metering import MeteredProvider
-    from worker.logs import configure_logging
-    from worker.runtime import Runtime
+def worker_logging(log_path: Path) -> None:
+    """The worker's logging (INFO, console renderer), its lines into a file as a worker's go to its
+    log; the producer's as in a host that configured nothing for it: its INFO lines off."""
+    import logging
 
-    env = worker_env(redis_url, "hp", RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
-    settings = load_settings(env)
-    # The worker's logging (INFO, console renderer), its lines into a file as a worker's go to its log.
+    from worker.logs import configure_logging
+
     log_file = open(log_path, "w")  # noqa: SIM115 - lives as long as the handler
     saved_stderr, sys.stderr = sys.stderr, log_file
     try:
         configure_logging(level="INFO")
     finally:
         sys.stderr = saved_stderr
-    # The producer runs in a host that configured nothing for it: its INFO lines are off.
-    import logging
-
     logging.getLogger("rerankq.producer").setLevel(logging.WARNING)
 
-    clock = StepClock()
-    clock.count_round_trips()
-    client = RerankClient(settings)
-    runtime = Runtime(settings)
-    runtime.warm_up()
-    scorer, store = runtime.scorer, runtime.store
 
-    # Producer.
+def wrap_producer(clock: StepClock, client: Any) -> list[str]:
+    """Time the producer's open and the reader's pull, step by step; return the store's wait methods."""
+    import producer.client as client_module
+
     clock.wrap(client, "open", "producer: open")
     clock.wrap(client.store, "open", "store.open (script)")
     if hasattr(client, "fair_share"):  # the older producer had no fair-share ledger
@@ -191,7 +177,12 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     ):
         if name in waits:  # the older reader waited, then read
             clock.wrap(client.store, name, label)
-    # Worker: the task body. It runs where a real one would: while the reader waits for it.
+    return waits
+
+
+def worker_runs_in_wait(client: Any, scorer: Any, waits: list[str]) -> dict[str, str]:
+    """Make the task body run where a real one would: as the reader begins to wait for it. Returns
+    the streams whose window is to run so (stream id: delivery tag), for the caller to fill."""
     waiting_for_worker: dict[str, str] = {}
 
     def worker_runs_first(wait: Callable[..., Any]) -> Callable[..., Any]:
@@ -205,13 +196,32 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
 
     for name in waits:
         setattr(client.store, name, worker_runs_first(getattr(client.store, name)))
+    return waiting_for_worker
+
+
+def wrap_worker(clock: StepClock, runtime: Any) -> None:
+    """Time the worker's task body, step by step, shown apart from the pull it runs in."""
+    import worker.chain.chain as chain_module
+    import worker.windows as windows_module
+
+    scorer, store = runtime.scorer, runtime.store
     scorer.process = clock.step("worker: task body", scorer.process, apart=True)
     clock.wrap(store, "begin", "store.begin (script)")
     clock.wrap(windows_module, "decode_window", "decode spec + candidates")
     clock.wrap(windows_module, "assemble", "assemble documents")
     clock.wrap(runtime.chain, "run", "chain.run")
     chain_module.check_scores = clock.step("check scores", chain_module.check_scores)
-    for member in runtime.chain.members:
+    wrap_chain_members(clock, runtime.chain.members)
+    clock.wrap(windows_module, "decide", "decide")
+    clock.wrap(store, "commit", "store.commit (script)")
+    windows_module.log = TimedLogger(windows_module.log, clock, "log lines")
+
+
+def wrap_chain_members(clock: StepClock, members: Any) -> None:
+    from worker.chain.cache import CachedProvider
+    from worker.chain.metering import MeteredProvider
+
+    for member in members:
         layer = member.provider()
         while layer is not None:
             if isinstance(layer, CachedProvider):
@@ -221,9 +231,12 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
                 clock.wrap(layer, "_count", "provider_calls counter")
                 clock.wrap(layer.inner, "score", "provider.score (checked no-op)")
             layer = getattr(layer, "inner", None)
-    clock.wrap(windows_module, "decide", "decide")
-    clock.wrap(store, "commit", "store.commit (script)")
-    windows_module.log = TimedLogger(windows_module.log, clock, "log lines")
+
+
+def profile_streams(
+    clock: StepClock, client: Any, scorer: Any, waiting_for_worker: dict[str, str], n_windows: int
+) -> None:
+    """Count the steps of ``n_windows`` one-window streams (after ten unmeasured), then of as many deep pulls."""
 
     def one(i: int) -> None:
         # A real stream's calls in their order: open and send; the reader's pull, which finds
@@ -234,24 +247,45 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
         page = client.pull(stream, 0, WINDOW, timeout=5)
         assert stream not in waiting_for_worker and len(page.rows) == WINDOW, len(page.rows)
 
+    for i in range(10):
+        one(-i - 1)
+    clock.counting(True)
+    for i in range(n_windows):
+        one(i)
+    clock.counting(False)
+    # Deep pull: a page of committed windows, read alone.
+    deep = client.open("deep pull", candidates(300, "deep"), window_size=WINDOW, first_windows=300 // WINDOW)
+    clock.counting(False)
+    for w in range(300 // WINDOW):
+        scorer.process(deep, w, delivery=f"deep-{w}")
+    client.pull(deep, 0, 10, timeout=5)  # the first pull after open, as the bench's
+    deep_pull = clock.step("reader: deep pull page (10 of 300)", client.pull)
+    clock.counting(True)
+    for i in range(n_windows):
+        deep_pull(deep, (i * 37) % 290, 10, timeout=5)
+    clock.counting(False)
+
+
+def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[list[list[Any]], dict[str, Any]]:
+    """Step 1: one process plays producer, worker (its task body) and reader, window by window."""
+    from kernel.settings import load_settings
+    from producer import RerankClient
+    from worker.runtime import Runtime
+
+    env = worker_env(redis_url, "hp", RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
+    settings = load_settings(env)
+    worker_logging(log_path)
+
+    clock = StepClock()
+    clock.count_round_trips()
+    client = RerankClient(settings)
+    runtime = Runtime(settings)
+    runtime.warm_up()
+    waits = wrap_producer(clock, client)
+    waiting_for_worker = worker_runs_in_wait(client, runtime.scorer, waits)
+    wrap_worker(clock, runtime)
     try:
-        for i in range(10):
-            one(-i - 1)
-        clock.counting(True)
-        for i in range(n_windows):
-            one(i)
-        clock.counting(False)
-        # Deep pull: a page of committed windows, read alone.
-        deep = client.open("deep pull", candidates(300, "deep"), window_size=WINDOW, first_windows=300 // WINDOW)
-        clock.counting(False)
-        for w in range(300 // WINDOW):
-            scorer.process(deep, w, delivery=f"deep-{w}")
-        client.pull(deep, 0, 10, timeout=5)  # the first pull after open, as the bench's
-        deep_pull = clock.step("reader: deep pull page (10 of 300)", client.pull)
-        clock.counting(True)
-        for i in range(n_windows):
-            deep_pull(deep, (i * 37) % 290, 10, timeout=5)
-        clock.counting(False)
+        profile_streams(clock, client, runtime.scorer, waiting_for_worker, n_windows)
     finally:
         runtime.close()
         client.close()
@@ -259,48 +293,42 @@ def in_process_profile(redis_url: str, n_windows: int, log_path: Path) -> tuple[
     return rows, {" / ".join(path): {"ms_p50": row[1], "round_trips": row[2]} for path, row in zip(clock.order, rows)}
 
 
-def monitor_profile(redis_url: str, n_streams: int, logs: Path) -> tuple[list[list[Any]], dict[str, Any]]:
-    """Step 2: commands Redis ran per stream through a real worker, by side (MONITOR)."""
+def watch_commands(redis_url: str, client: Any, n_streams: int) -> tuple[list[tuple[str | None, str]], set[str]]:
+    """Every command Redis ran while ``n_streams`` streams were opened and read, each as (client
+    address, or None inside a script; command), and this process's own addresses."""
     import psutil
     import redis
 
-    from kernel.settings import load_settings
-    from producer import RerankClient
+    lines: list[tuple[str | None, str]] = []
+    monitor = redis.Redis.from_url(redis_url)
+    stop = threading.Event()
 
-    env = worker_env(redis_url, "hm", RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
-    worker = rerankq_worker(env, logs / "monitor-worker.log").start()
-    client = RerankClient(load_settings(env))
-    lines: list[tuple[str | None, str]] = []  # (client address, or None inside a script; command)
-    try:
-        for i in range(5):
-            client.pull(client.open(f"warm {i}", candidates(WINDOW, "w"), window_size=WINDOW), 0, WINDOW, timeout=30)
-        time.sleep(0.5)
-        monitor = redis.Redis.from_url(redis_url)
-        stop = threading.Event()
+    def listen() -> None:
+        with monitor.monitor() as m:
+            for entry in m.listen():
+                lua = entry.get("client_type") == "lua"
+                address = None if lua else f"{entry['client_address']}:{entry['client_port']}"
+                lines.append((address, entry["command"]))
+                if stop.is_set():
+                    return
 
-        def listen() -> None:
-            with monitor.monitor() as m:
-                for entry in m.listen():
-                    lua = entry.get("client_type") == "lua"
-                    address = None if lua else f"{entry['client_address']}:{entry['client_port']}"
-                    lines.append((address, entry["command"]))
-                    if stop.is_set():
-                        return
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    lines.clear()
+    for i in range(n_streams):
+        client.pull(client.open(f"query {i}", candidates(WINDOW, "m"), window_size=WINDOW), 0, WINDOW, timeout=30)
+    time.sleep(0.3)
+    own = {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp") if c.laddr}
+    snapshot = list(lines)
+    stop.set()
+    client.store.client.ping()  # one more command, so the listener sees the stop
+    return snapshot, own
 
-        thread = threading.Thread(target=listen, daemon=True)
-        thread.start()
-        time.sleep(0.3)
-        lines.clear()
-        for i in range(n_streams):
-            client.pull(client.open(f"query {i}", candidates(WINDOW, "m"), window_size=WINDOW), 0, WINDOW, timeout=30)
-        time.sleep(0.3)
-        own = {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process().net_connections("tcp") if c.laddr}
-        snapshot = list(lines)
-        stop.set()
-        client.store.client.ping()  # one more command, so the listener sees the stop
-    finally:
-        client.close()
-        worker.stop()
+
+def commands_by_side(
+    snapshot: list[tuple[str | None, str]], own: set[str], n_streams: int
+) -> tuple[list[list[Any]], dict[str, Any]]:
     sides: dict[str, Counter[str]] = {"producer": Counter(), "worker": Counter(), "inside scripts": Counter()}
     for address, command in snapshot:
         side = "inside scripts" if address is None else "producer" if address in own else "worker"
@@ -314,6 +342,25 @@ def monitor_profile(redis_url: str, n_streams: int, logs: Path) -> tuple[list[li
         detail = ", ".join(f"{k} {v / n_streams:g}" for k, v in counts.most_common())
         rows.append([side, round(total / n_streams, 2), detail])
     return rows, {side: {k: v / n_streams for k, v in counts.items()} for side, counts in sides.items()}
+
+
+def monitor_profile(redis_url: str, n_streams: int, logs: Path) -> tuple[list[list[Any]], dict[str, Any]]:
+    """Step 2: commands Redis ran per stream through a real worker, by side (MONITOR)."""
+    from kernel.settings import load_settings
+    from producer import RerankClient
+
+    env = worker_env(redis_url, "hm", RERANKQ_RERANKER_PROVIDER="ops.bench.noop_provider:NoopProvider")
+    worker = rerankq_worker(env, logs / "monitor-worker.log").start()
+    client = RerankClient(load_settings(env))
+    try:
+        for i in range(5):
+            client.pull(client.open(f"warm {i}", candidates(WINDOW, "w"), window_size=WINDOW), 0, WINDOW, timeout=30)
+        time.sleep(0.5)
+        snapshot, own = watch_commands(redis_url, client, n_streams)
+    finally:
+        client.close()
+        worker.stop()
+    return commands_by_side(snapshot, own, n_streams)
 
 
 def main(argv: list[str] | None = None) -> None:

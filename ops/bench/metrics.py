@@ -19,6 +19,7 @@ window costs only the queue, the store and the metrics: the worst case for their
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -26,6 +27,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from kernel.settings import load_settings
 from ops.bench.common import bench_model, p50, print_table, rerankq_worker, worker_env, write_json
@@ -98,69 +100,153 @@ class Scraper:
         self._thread.join()
 
 
-def window_path(
-    redis_url: str, provider_env: dict[str, str], *, rounds: int, windows: int, window_size: int
-) -> dict[str, float]:
-    """CPU time (this process) per window through ``WindowScorer.process``, metrics off vs on."""
-    from worker.logs import configure_logging
-    from worker.metrics.multiprocess import prepare
+class WindowPath:
+    """Both arms' runtimes in this process (metrics off and on), and streams opened straight in
+    the store for their scorers to process."""
 
-    configure_logging(level="WARNING", json=False)
-    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        prepare(Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-files-")))
-    from kernel.wire import Candidate, StreamSpec
-    from worker.metrics.definitions import WorkerMetrics
-    from worker.metrics.recorder import NO_METRICS
-    from worker.runtime import Runtime
-
-    settings = load_settings(
-        worker_env(redis_url, f"bm-path-{os.urandom(3).hex()}", **provider_env), pair_cache=False, torch_threads=1
-    )
-    runtimes = {
-        "off": Runtime(settings, NO_METRICS),
-        "on": Runtime(settings, WorkerMetrics(device="cpu", pool="prefork")),
-    }
-    for runtime in runtimes.values():
-        runtime.warm_up()
     per_stream = 5
-    made = 0
 
-    def streams(n: int) -> list[str]:
-        nonlocal made
+    def __init__(self, redis_url: str, provider_env: dict[str, str], window_size: int) -> None:
+        from worker.logs import configure_logging
+        from worker.metrics.multiprocess import prepare
+
+        configure_logging(level="WARNING", json=False)
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            prepare(Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-files-")))
+        # Imported once the multiprocess directory is set: the metrics read it when loaded.
+        from worker.metrics.definitions import WorkerMetrics
+        from worker.metrics.recorder import NO_METRICS
+        from worker.runtime import Runtime
+
+        settings = load_settings(
+            worker_env(redis_url, f"bm-path-{os.urandom(3).hex()}", **provider_env), pair_cache=False, torch_threads=1
+        )
+        self.runtimes = {
+            "off": Runtime(settings, NO_METRICS),
+            "on": Runtime(settings, WorkerMetrics(device="cpu", pool="prefork")),
+        }
+        for runtime in self.runtimes.values():
+            runtime.warm_up()
+        self.window_size = window_size
+        self.made = 0
+
+    def streams(self, n: int) -> list[str]:
+        from kernel.wire import Candidate, StreamSpec
+
         out = []
+        n_candidates = self.window_size * self.per_stream
         for _ in range(n):
-            made += 1
-            stream = f"s_{made:032x}"
-            spec = StreamSpec(query=f"query {made}", window_size=window_size, n_candidates=window_size * per_stream)
-            cands = [Candidate(id=f"c{i}", text=f"incident note {i}") for i in range(window_size * per_stream)]
-            runtimes["off"].store.open(
-                stream, spec, cands, first_windows=per_stream, enqueue_grace_s=3600, fingerprint="bench"
+            self.made += 1
+            stream = f"s_{self.made:032x}"
+            spec = StreamSpec(query=f"query {self.made}", window_size=self.window_size, n_candidates=n_candidates)
+            cands = [Candidate(id=f"c{i}", text=f"incident note {i}") for i in range(n_candidates)]
+            self.runtimes["off"].store.open(
+                stream, spec, cands, first_windows=self.per_stream, enqueue_grace_s=3600, fingerprint="bench"
             )
             out.append(stream)
         return out
 
-    def run(arm: str) -> float:
-        opened = streams(max(1, windows // per_stream))
-        for member in runtimes[arm].chain.members:
+    def run(self, arm: str, windows: int) -> float:
+        """CPU seconds per window of about ``windows`` windows through ``arm``'s scorer."""
+        opened = self.streams(max(1, windows // self.per_stream))
+        for member in self.runtimes[arm].chain.members:
             engine = getattr(member.checked, "engine", None)
             if engine is not None:  # one engine per model per process: both arms share it
-                engine.on_batch = runtimes[arm].recorder.batch_padding
+                engine.on_batch = self.runtimes[arm].recorder.batch_padding
         start = time.process_time()
         for stream in opened:
-            for window in range(per_stream):
-                runtimes[arm].scorer.process(stream, window, delivery="bench")
-        return (time.process_time() - start) / (len(opened) * per_stream)
+            for window in range(self.per_stream):
+                self.runtimes[arm].scorer.process(stream, window, delivery="bench")
+        return (time.process_time() - start) / (len(opened) * self.per_stream)
 
-    run("off"), run("on")  # warm
+    def close(self) -> None:
+        for runtime in self.runtimes.values():
+            runtime.close()
+
+
+def window_path(
+    redis_url: str, provider_env: dict[str, str], *, rounds: int, windows: int, window_size: int
+) -> dict[str, float]:
+    """CPU time (this process) per window through ``WindowScorer.process``, metrics off vs on."""
+    path = WindowPath(redis_url, provider_env, window_size)
+    path.run("off", windows), path.run("on", windows)  # warm
     per_window: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(rounds):
         for arm in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            per_window[arm].append(run(arm))
-    for runtime in runtimes.values():
-        runtime.close()
+            per_window[arm].append(path.run(arm, windows))
+    path.close()
     off, on = p50(per_window["off"]) * 1e6, p50(per_window["on"]) * 1e6
     added = statistics.median(b - a for a, b in zip(per_window["off"], per_window["on"])) * 1e6
     return {"off_us_per_window": off, "on_us_per_window": on, "added_us_per_window": added}
+
+
+@dataclasses.dataclass
+class ArmTimes:
+    """Per round and arm: seconds to drain, pool and main CPU seconds per window; per round, on/off throughput."""
+
+    seconds: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"off": [], "on": []})
+    cpu: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"off": [], "on": []})
+    main_cpu: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {"off": [], "on": []})
+    ratios: list[float] = dataclasses.field(default_factory=list)
+
+
+def alternate_arms(
+    workers: dict[str, WorkerProcess],
+    clients: dict[str, RerankClient],
+    label: str,
+    *,
+    rounds: int,
+    streams: int,
+    windows: int,
+    window_size: int,
+) -> ArmTimes:
+    times = ArmTimes()
+    total_windows = streams * windows
+    for r in range(rounds):
+        order = ("off", "on") if r % 2 == 0 else ("on", "off")
+        took = {}
+        for arm in order:
+            pool_before, main_before = cpu_seconds(workers[arm])
+            took[arm] = drain(clients[arm], f"r{r}-{arm}", streams=streams, windows=windows, window_size=window_size)
+            pool_after, main_after = cpu_seconds(workers[arm])
+            times.cpu[arm].append((pool_after - pool_before) / total_windows)
+            times.main_cpu[arm].append((main_after - main_before) / total_windows)
+            times.seconds[arm].append(took[arm])
+        times.ratios.append(took["off"] / took["on"])  # throughput on / throughput off
+        print(
+            f"{label} round {r + 1}/{rounds}: off {took['off']:.2f} s, on {took['on']:.2f} s; pool CPU "
+            f"per window off {times.cpu['off'][-1] * 1000:.3f} ms, on {times.cpu['on'][-1] * 1000:.3f} ms",
+            flush=True,
+        )
+    return times
+
+
+def check_committed(clients: dict[str, RerankClient], port: int, expected: int) -> None:
+    """Every window sent was committed, by the store's count and by the metrics arm's own."""
+    for arm, client in clients.items():
+        committed = client.store.counters().get("windows_committed", 0)
+        if committed != expected:
+            raise RuntimeError(f"{arm}: {committed} windows committed, expected {expected}")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        exposition = reply.read().decode()
+    if f'outcome="ranked"}} {float(expected)}' not in exposition:
+        raise RuntimeError("the metrics arm's rerankq_windows_committed_total does not match the store")
+
+
+def compare_figures(times: ArmTimes, total_windows: int, scrapes: int) -> dict[str, object]:
+    return {
+        "windows_per_round": total_windows,
+        "off_windows_per_s": total_windows / p50(times.seconds["off"]),
+        "on_windows_per_s": total_windows / p50(times.seconds["on"]),
+        "ratio_p50": statistics.median(times.ratios),
+        "ratio_min": min(times.ratios),
+        "ratio_max": max(times.ratios),
+        "off_cpu_ms_per_window": p50(times.cpu["off"]) * 1000,
+        "on_cpu_ms_per_window": p50(times.cpu["on"]) * 1000,
+        "off_main_cpu_ms_per_window": p50(times.main_cpu["off"]) * 1000,
+        "on_main_cpu_ms_per_window": p50(times.main_cpu["on"]) * 1000,
+        "scrapes": scrapes,
+    }
 
 
 def compare(
@@ -194,52 +280,12 @@ def compare(
             clients[arm] = RerankClient(load_settings(env))
         for arm in envs:  # warm both: connections, scripts, first-call imports
             drain(clients[arm], f"warm-{arm}", streams=1, windows=4, window_size=window_size)
-        seconds: dict[str, list[float]] = {"off": [], "on": []}
-        cpu: dict[str, list[float]] = {"off": [], "on": []}
-        main_cpu: dict[str, list[float]] = {"off": [], "on": []}
-        ratios = []
-        total_windows = streams * windows
         with Scraper(port, scrape_interval_s) as scraper:
-            for r in range(rounds):
-                order = ("off", "on") if r % 2 == 0 else ("on", "off")
-                took = {}
-                for arm in order:
-                    pool_before, main_before = cpu_seconds(workers[arm])
-                    took[arm] = drain(
-                        clients[arm], f"r{r}-{arm}", streams=streams, windows=windows, window_size=window_size
-                    )
-                    pool_after, main_after = cpu_seconds(workers[arm])
-                    cpu[arm].append((pool_after - pool_before) / total_windows)
-                    main_cpu[arm].append((main_after - main_before) / total_windows)
-                    seconds[arm].append(took[arm])
-                ratios.append(took["off"] / took["on"])  # throughput on / throughput off
-                print(
-                    f"{label} round {r + 1}/{rounds}: off {took['off']:.2f} s, on {took['on']:.2f} s; pool CPU "
-                    f"per window off {cpu['off'][-1] * 1000:.3f} ms, on {cpu['on'][-1] * 1000:.3f} ms",
-                    flush=True,
-                )
-        for arm, client in clients.items():
-            committed = client.store.counters().get("windows_committed", 0)
-            expected = total_windows * rounds + 4
-            if committed != expected:
-                raise RuntimeError(f"{arm}: {committed} windows committed, expected {expected}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            exposition = reply.read().decode()
-        if f'outcome="ranked"}} {float(total_windows * rounds + 4)}' not in exposition:
-            raise RuntimeError("the metrics arm's rerankq_windows_committed_total does not match the store")
-        return {
-            "windows_per_round": total_windows,
-            "off_windows_per_s": total_windows / p50(seconds["off"]),
-            "on_windows_per_s": total_windows / p50(seconds["on"]),
-            "ratio_p50": statistics.median(ratios),
-            "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
-            "off_cpu_ms_per_window": p50(cpu["off"]) * 1000,
-            "on_cpu_ms_per_window": p50(cpu["on"]) * 1000,
-            "off_main_cpu_ms_per_window": p50(main_cpu["off"]) * 1000,
-            "on_main_cpu_ms_per_window": p50(main_cpu["on"]) * 1000,
-            "scrapes": scraper.scrapes,
-        }
+            times = alternate_arms(
+                workers, clients, label, rounds=rounds, streams=streams, windows=windows, window_size=window_size
+            )
+        check_committed(clients, port, streams * windows * rounds + 4)
+        return compare_figures(times, streams * windows, scraper.scrapes)
     finally:
         for client in clients.values():
             client.close()
@@ -247,7 +293,7 @@ def compare(
             worker.stop()
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument(
@@ -259,64 +305,43 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
-    rounds = args.rounds or (6 if args.quick else 16)
+    return parser.parse_args()
 
-    redis_server = EmbeddedRedis().start()
-    logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-"))
-    figures: dict[str, object] = {}
-    try:
-        noop = {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"}
-        paths = {"noop": window_path(redis_server.url, noop, rounds=rounds * 2, windows=200, window_size=5)}
-        if args.model:
-            model_env = {
-                "RERANKQ_RERANKER_PROVIDER": "local",
-                "RERANKQ_RERANKER_MODEL": str(bench_model()) if args.model == "bench" else args.model,
-            }
-            paths["model"] = window_path(
-                redis_server.url, model_env, rounds=max(4, rounds // 2), windows=5, window_size=25
-            )
-        print_table(
-            "the window path in one process (begin, chain, decide, commit; torch on 1 thread): CPU "
-            "microseconds per window, median of alternated rounds",
-            ["provider", "metrics off", "metrics on", "added by metrics", "added"],
+
+NOOP = {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"}
+
+
+def model_env(model: str) -> dict[str, str]:
+    """The cross-encoder arm's provider: ``model`` a directory, or "bench" for the bench model."""
+    return {
+        "RERANKQ_RERANKER_PROVIDER": "local",
+        "RERANKQ_RERANKER_MODEL": str(bench_model()) if model == "bench" else model,
+    }
+
+
+def window_paths(redis_url: str, model: str | None, rounds: int) -> dict[str, dict[str, float]]:
+    paths = {"noop": window_path(redis_url, NOOP, rounds=rounds * 2, windows=200, window_size=5)}
+    if model:
+        paths["model"] = window_path(redis_url, model_env(model), rounds=max(4, rounds // 2), windows=5, window_size=25)
+    print_table(
+        "the window path in one process (begin, chain, decide, commit; torch on 1 thread): CPU "
+        "microseconds per window, median of alternated rounds",
+        ["provider", "metrics off", "metrics on", "added by metrics", "added"],
+        [
             [
-                [
-                    label,
-                    p["off_us_per_window"],
-                    p["on_us_per_window"],
-                    p["added_us_per_window"],
-                    f"{p['added_us_per_window'] / p['off_us_per_window'] * 100:.2f}%",
-                ]
-                for label, p in paths.items()
-            ],
-        )
-        figures["window_path"] = paths
-        figures["noop"] = compare(
-            redis_server.url,
-            logs,
-            "noop",
-            {"RERANKQ_RERANKER_PROVIDER": "ops.bench.noop_provider:NoopProvider"},
-            rounds=rounds,
-            streams=8,
-            windows=50,
-            window_size=5,
-        )
-        if args.model:
-            model = str(bench_model()) if args.model == "bench" else args.model
-            figures["model"] = compare(
-                redis_server.url,
-                logs,
-                "model",
-                {"RERANKQ_RERANKER_PROVIDER": "local", "RERANKQ_RERANKER_MODEL": model},
-                rounds=max(2, rounds // 4),
-                streams=2,
-                windows=8,
-                window_size=25,
-            )
-    finally:
-        redis_server.stop()
+                label,
+                p["off_us_per_window"],
+                p["on_us_per_window"],
+                p["added_us_per_window"],
+                f"{p['added_us_per_window'] / p['off_us_per_window'] * 100:.2f}%",
+            ]
+            for label, p in paths.items()
+        ],
+    )
+    return paths
 
+
+def print_compare_table(figures: dict[str, Any]) -> None:
     rows = []
     for label, f in figures.items():
         if label == "window_path":
@@ -357,6 +382,34 @@ def main() -> None:
         ],
         rows,
     )
+
+
+def main() -> None:
+    args = parse_arguments()
+    rounds = args.rounds or (6 if args.quick else 16)
+
+    redis_server = EmbeddedRedis().start()
+    logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-metrics-"))
+    figures: dict[str, Any] = {}
+    try:
+        figures["window_path"] = window_paths(redis_server.url, args.model, rounds)
+        figures["noop"] = compare(
+            redis_server.url, logs, "noop", NOOP, rounds=rounds, streams=8, windows=50, window_size=5
+        )
+        if args.model:
+            figures["model"] = compare(
+                redis_server.url,
+                logs,
+                "model",
+                model_env(args.model),
+                rounds=max(2, rounds // 4),
+                streams=2,
+                windows=8,
+                window_size=25,
+            )
+    finally:
+        redis_server.stop()
+    print_compare_table(figures)
     write_json(args.json_path, figures)
 
 

@@ -138,7 +138,7 @@ def scorer(candidate: Candidate, *, settings: Any, model_path: str, calibration:
     return engine.score_pairs  # type: ignore[no-any-return]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depth", type=int, default=100, help="rerank each query's BM25 top DEPTH")
     parser.add_argument("--model", help="the cross-encoder directory (default: the trained bench model)")
@@ -147,26 +147,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--threads", type=int, default=1, help="torch/runtime threads (quality does not depend on them)"
     )
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from kernel.settings import load_settings
-    from worker.engine import configure_threads
-    from worker.engine.parity import spearman
+
+def chosen_candidates(only: str | None) -> list[Candidate]:
+    """Every candidate this machine can run, or those ``--only`` names (and the references they are judged against)."""
     from worker.engine.precision import cpu_has_native_bf16
 
-    # Quality does not depend on the thread count, and on a shared machine one thread is the quickest.
-    configure_threads(args.threads)
-    settings = load_settings({})
-    model_path = args.model or str(bench_model())
-    collection = shipped_collection()
-    calibration = bench_calibration(model_path)
     exported = [name for name in ("onnx", "openvino") if importlib.util.find_spec(name + "runtime" * (name == "onnx"))]
     chosen = candidates(embedding_backends=embedding_backends(), exported=exported, native_bf16=cpu_has_native_bf16())
-    if args.only:
-        wanted = args.only.split(",")
+    if only:
+        wanted = only.split(",")
         chosen = [c for c in chosen if c.reference or any(w in c.label for w in wanted)]
+    return chosen
 
-    bm25 = ndcg_at_10(collection, {q: collection.run[q] for q in collection.evaluated})
+
+def evaluate(
+    candidate: Candidate,
+    score: Callable[[Pairs], list[float]],
+    collection: Any,
+    *,
+    depth: int,
+    references: dict[str, tuple[float, dict[str, list[float]]]],
+    start: float,
+) -> dict[str, Any]:
+    """One candidate's nDCG@10 and per-query Spearman against its model's reference (which a
+    reference candidate sets in ``references`` for the ones after it)."""
+    from worker.engine.parity import spearman
+
+    rankings, scores = rerank(collection, score, depth=depth)
+    ndcg = ndcg_at_10(collection, rankings)
+    if candidate.reference:
+        references[candidate.model] = (ndcg, scores)
+    reference_ndcg, reference_scores = references[candidate.model]
+    rhos = [spearman(reference_scores[q], scores[q]) for q in scores]
+    difference, holds = verdict(ndcg, reference_ndcg)
+    result = {
+        "model": candidate.model,
+        "backend": candidate.backend,
+        "precision": candidate.precision,
+        "ndcg10": ndcg,
+        "ndcg10_vs_fp32": difference,
+        "within_bar": holds,
+        "spearman_min": min(rhos),
+        "spearman_mean": statistics.fmean(rhos),
+        "seconds": time.perf_counter() - start,
+        "scores": scores,
+    }
+    print(f"{candidate.label}: nDCG@10 {ndcg:.4f} ({difference:+.4f}), {time.perf_counter() - start:.0f}s")
+    return result
+
+
+def evaluate_all(
+    chosen: list[Candidate], collection: Any, *, settings: Any, model_path: str, calibration: str, depth: int
+) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     references: dict[str, tuple[float, dict[str, list[float]]]] = {}
     for candidate in chosen:
@@ -176,35 +210,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # a backend that cannot run here is reported, not fatal
             print(f"{candidate.label}: unavailable ({type(exc).__name__}: {exc})", flush=True)
             continue
-        rankings, scores = rerank(collection, score, depth=args.depth)
-        ndcg = ndcg_at_10(collection, rankings)
-        if candidate.reference:
-            references[candidate.model] = (ndcg, scores)
-        reference_ndcg, reference_scores = references[candidate.model]
-        rhos = [spearman(reference_scores[q], scores[q]) for q in scores]
-        difference, holds = verdict(ndcg, reference_ndcg)
-        results[candidate.label] = {
-            "model": candidate.model,
-            "backend": candidate.backend,
-            "precision": candidate.precision,
-            "ndcg10": ndcg,
-            "ndcg10_vs_fp32": difference,
-            "within_bar": holds,
-            "spearman_min": min(rhos),
-            "spearman_mean": statistics.fmean(rhos),
-            "seconds": time.perf_counter() - start,
-            "scores": scores,
-        }
-        print(f"{candidate.label}: nDCG@10 {ndcg:.4f} ({difference:+.4f}), {time.perf_counter() - start:.0f}s")
+        results[candidate.label] = evaluate(
+            candidate, score, collection, depth=depth, references=references, start=start
+        )
+    return results
+
+
+def teacher_agreement(results: dict[str, dict[str, Any]]) -> dict[str, float] | None:
+    """Per-query Spearman of the trained cross-encoder against the bi-encoder it was distilled from."""
+    from worker.engine.parity import spearman
 
     teacher = results.get("embedding torch fp32")
     student = results.get("cross-encoder torch fp32")
-    agreement = None
-    if teacher and student:
-        rhos = [spearman(teacher["scores"][q], student["scores"][q]) for q in student["scores"]]
-        agreement = {"spearman_mean": statistics.fmean(rhos), "spearman_min": min(rhos)}
+    if not (teacher and student):
+        return None
+    rhos = [spearman(teacher["scores"][q], student["scores"][q]) for q in student["scores"]]
+    return {"spearman_mean": statistics.fmean(rhos), "spearman_min": min(rhos)}
+
+
+def print_quality(
+    results: dict[str, dict[str, Any]], agreement: dict[str, float] | None, *, depth: int, bm25: float
+) -> None:
     print_table(
-        f"nDCG@10 of the shipped collection, BM25 top {args.depth} reranked (BM25 alone: {bm25:.4f}); "
+        f"nDCG@10 of the shipped collection, BM25 top {depth} reranked (BM25 alone: {bm25:.4f}); "
         f"bar: lose under {MAX_NDCG_LOSS} against the model's torch fp32",
         ["candidate", "nDCG@10", "vs fp32", "under bar", "spearman min", "spearman mean"],
         [
@@ -224,6 +252,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"\nthe trained cross-encoder against its teacher (the bi-encoder), per query: Spearman mean "
             f"{agreement['spearman_mean']:.3f}, least {agreement['spearman_min']:.3f}"
         )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_arguments(argv)
+
+    from kernel.settings import load_settings
+    from worker.engine import configure_threads
+
+    # Quality does not depend on the thread count, and on a shared machine one thread is the quickest.
+    configure_threads(args.threads)
+    settings = load_settings({})
+    model_path = args.model or str(bench_model())
+    collection = shipped_collection()
+    calibration = bench_calibration(model_path)
+    chosen = chosen_candidates(args.only)
+    bm25 = ndcg_at_10(collection, {q: collection.run[q] for q in collection.evaluated})
+    results = evaluate_all(
+        chosen, collection, settings=settings, model_path=model_path, calibration=calibration, depth=args.depth
+    )
+    agreement = teacher_agreement(results)
+    print_quality(results, agreement, depth=args.depth, bm25=bm25)
     for r in results.values():
         del r["scores"]
     write_json(

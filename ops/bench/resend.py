@@ -30,9 +30,11 @@ from worker.embedded.redis_server import EmbeddedRedis
 OVERLAY = ROOT / "ops" / "bench" / "overlays" / "sweep_without_probe"
 
 
-def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
-    namespace = "resend" + uuid.uuid4().hex[:6]
-    settings = {
+PER_STREAM = 10
+
+
+def resend_settings(args: argparse.Namespace) -> dict[str, str]:
+    return {
         "RERANKQ_REDELIVER_AFTER_S": str(args.redeliver_after_s),
         "RERANKQ_SWEEP_INTERVAL_S": "1",
         "RERANKQ_VISIBILITY_TIMEOUT_S": str(max(600, args.redeliver_after_s * 4)),
@@ -40,56 +42,94 @@ def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Pat
         "BENCH_WINDOW_S": str(args.window_s),
         "RERANKQ_PAIR_CACHE": "false",
     }  # every window must reach the paced provider
+
+
+def open_backlog(client: RerankClient, n_windows: int) -> list[str]:
+    return [
+        client.open(
+            "payment gateway error",
+            [{"id": f"c{i}", "text": f"doc {i}"} for i in range(10)],
+            window_size=1,
+            first_windows=PER_STREAM,
+            allow_shallow=True,
+        )
+        for _ in range(n_windows // PER_STREAM)
+    ]
+
+
+def lose_messages(client: RerankClient, queue: str, n: int) -> set[tuple[str, int]]:
+    """Delete ``n`` messages from the far end of the queue (the last to be fetched), as a worker
+    killed between its fetch and its record of the fetch would; their (stream, window)s."""
+    lost = []
+    for raw in client.store.client.lrange(queue, 0, n - 1):
+        client.store.client.lrem(queue, 1, raw)
+        lost.append(raw)
+    lost_ids = set()
+    for raw in lost:
+        text = raw.decode()
+        marker = text.index('"rq:') + 4
+        stream, window, _ = text[marker:].split(":", 2)
+        lost_ids.add((stream, int(window)))
+    return lost_ids
+
+
+def watch_drain(
+    client: RerankClient,
+    streams: list[str],
+    lost_ids: set[tuple[str, int]],
+    queue: str,
+    *,
+    started: float,
+    admitted_at: float,
+    timeout_s: float,
+    mode: str,
+) -> tuple[float, list[float]]:
+    """Poll until every window is committed: the seconds from the first open, and for each lost
+    message the seconds from admission until it was queued again (or committed)."""
+    recovered_after: list[float] = []
+    pending_lost = set(lost_ids)
+    probe = QueueProbe(client.store.client)
+    while True:
+        snapshots = {s: client.store.snapshot(s) for s in streams}
+        if pending_lost:
+            resent_now = pending_lost & probe.queued_windows([queue])
+            resent_now |= {(s, w) for s, w in pending_lost if w in snapshots[s].results}
+            recovered_after += [time.monotonic() - admitted_at] * len(resent_now)
+            pending_lost -= resent_now
+        if all(len(s.results) == PER_STREAM for s in snapshots.values()):
+            break
+        if time.monotonic() - started > timeout_s:
+            raise RuntimeError(f"{mode}: backlog not drained in {timeout_s} s")
+        time.sleep(0.5)
+    return time.monotonic() - started, recovered_after
+
+
+def run(mode: str, server: EmbeddedRedis, args: argparse.Namespace, log_dir: Path) -> dict[str, float]:
+    namespace = "resend" + uuid.uuid4().hex[:6]
+    settings = resend_settings(args)
     env = worker_env(server.url, namespace, **settings)
     if mode == "every overdue window (before)":
         env["PYTHONPATH"] = f"{OVERLAY}:{env['PYTHONPATH']}"
     client = RerankClient(load_settings(worker_env(server.url, namespace, **settings)))
     drained_per_period = args.redeliver_after_s / args.window_s
     n_windows = int(args.backlog * drained_per_period)
-    per_stream = 10
     worker = rerankq_worker(env, log_dir / f"{namespace}.log", "--processes", "1").start()
     try:
         started = time.monotonic()
-        streams = [
-            client.open(
-                "payment gateway error",
-                [{"id": f"c{i}", "text": f"doc {i}"} for i in range(10)],
-                window_size=1,
-                first_windows=per_stream,
-                allow_shallow=True,
-            )
-            for _ in range(n_windows // per_stream)
-        ]
+        streams = open_backlog(client, n_windows)
         admitted_at = time.monotonic()
-        # Lose a few messages from the far end of the queue (the last to be fetched), as a
-        # worker killed between its fetch and its record of the fetch would.
         queue = client.settings.queues.cpu_queue
-        lost = []
-        for raw in client.store.client.lrange(queue, 0, args.lost - 1):
-            client.store.client.lrem(queue, 1, raw)
-            lost.append(raw)
-        recovered_after: list[float] = []
-        lost_ids = set()
-        for raw in lost:
-            text = raw.decode()
-            marker = text.index('"rq:') + 4
-            stream, window, _ = text[marker:].split(":", 2)
-            lost_ids.add((stream, int(window)))
-        pending_lost = set(lost_ids)
-        probe = QueueProbe(client.store.client)
-        while True:
-            snapshots = {s: client.store.snapshot(s) for s in streams}
-            if pending_lost:
-                resent_now = pending_lost & probe.queued_windows([queue])
-                resent_now |= {(s, w) for s, w in pending_lost if w in snapshots[s].results}
-                recovered_after += [time.monotonic() - admitted_at] * len(resent_now)
-                pending_lost -= resent_now
-            if all(len(s.results) == per_stream for s in snapshots.values()):
-                break
-            if time.monotonic() - started > args.timeout_s:
-                raise RuntimeError(f"{mode}: backlog not drained in {args.timeout_s} s")
-            time.sleep(0.5)
-        drain_s = time.monotonic() - started
+        lost_ids = lose_messages(client, queue, args.lost)
+        drain_s, recovered_after = watch_drain(
+            client,
+            streams,
+            lost_ids,
+            queue,
+            started=started,
+            admitted_at=admitted_at,
+            timeout_s=args.timeout_s,
+            mode=mode,
+        )
         resent = client.store.counters().get("windows_redelivered", 0)
     finally:
         worker.stop()

@@ -51,36 +51,34 @@ def run_load(client: RerankClient, pairs: list[tuple[str, str]], tag: str) -> fl
     return len(pairs) / (time.perf_counter() - start)
 
 
-def main() -> None:
+CONFIGS = [
+    ("prefork, 1 process", "1", ["--processes", "1"]),
+    ("prefork, 2 processes", "2", ["--processes", "2"]),
+    ("threads pool + coalescing, 1 process", "1-threads", ["--pool", "threads", "--threads", "4"]),
+]
+
+
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a CrossEncoder directory (default: the MiniLM-L6-sized bench model)")
     parser.add_argument("--streams", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
-    n_streams = args.streams or (4 if args.quick else 16)
-    rounds = 2 if args.quick else 3
-    model_path = args.model or str(bench_model())
+    return parser.parse_args()
 
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pairs = realistic_pairs(n_windows=n_streams, window_size=WINDOW, tokenizer=tokenizer, seed=7)
-    warm = realistic_pairs(n_windows=1, window_size=WINDOW, tokenizer=tokenizer, seed=8)
-    quota = cpu_quota()
-    configs = [
-        ("prefork, 1 process", "1", ["--processes", "1"]),
-        ("prefork, 2 processes", "2", ["--processes", "2"]),
-        ("threads pool + coalescing, 1 process", "1-threads", ["--pool", "threads", "--threads", "4"]),
-    ]
+def measure(
+    model_path: str, pairs: list[tuple[str, str]], warm: list[tuple[str, str]], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Each configuration's pairs/s per round, and its worker's resident MB per process."""
     redis_server = EmbeddedRedis().start()
     logs = Path(tempfile.mkdtemp(prefix="rerankq-bench-scale-"))
     # Every configuration's worker runs at once (an idle worker costs no CPU) and the
     # load alternates between them round by round, so machine noise hits each alike.
     workers, clients = [], []
-    rates: dict[str, list[float]] = {key: [] for _, key, _ in configs}
+    rates: dict[str, list[float]] = {key: [] for _, key, _ in CONFIGS}
     try:
-        for k, (_name, _key, worker_args) in enumerate(configs):
+        for k, (_name, _key, worker_args) in enumerate(CONFIGS):
             ns = f"bs{k}"
             env = worker_env(
                 redis_server.url,
@@ -93,28 +91,49 @@ def main() -> None:
             clients.append(RerankClient(load_settings(env)))
             run_load(clients[-1], warm, f"warm{k}")
         for round_ in range(rounds):
-            for k, (_name, key, _) in enumerate(configs):
+            for k, (_name, key, _) in enumerate(CONFIGS):
                 rates[key].append(run_load(clients[k], pairs, f"r{round_}c{k}"))
             print(
                 f"round {round_ + 1}/{rounds}: " + ", ".join(f"{key} {v[-1]:.1f}/s" for key, v in rates.items()),
                 flush=True,
             )
-        rss = {key: workers[k].rss_mb() for k, (_, key, _) in enumerate(configs)}
+        rss = {key: workers[k].rss_mb() for k, (_, key, _) in enumerate(CONFIGS)}
     finally:
         for client in clients:
             client.close()
         for worker in workers:
             worker.stop()
         redis_server.stop()
+    return rates, rss
 
+
+def scale_rows(
+    rates: dict[str, list[float]], rss: dict[str, dict[str, float]], n_pairs: int
+) -> tuple[list[list[object]], dict[str, float]]:
     rows, by_workers = [], {}
-    for name, key, _ in configs:
+    for name, key, _ in CONFIGS:
         by_workers[key] = p50(rates[key])
         model_processes = {n: v for n, v in rss[key].items() if n != "parent"} or rss[key]
         rows.append(
-            [name, by_workers[key], len(pairs), round(max(model_processes.values())), round(sum(rss[key].values()))]
+            [name, by_workers[key], n_pairs, round(max(model_processes.values())), round(sum(rss[key].values()))]
         )
+    return rows, by_workers
 
+
+def main() -> None:
+    args = parse_arguments()
+    n_streams = args.streams or (4 if args.quick else 16)
+    rounds = 2 if args.quick else 3
+    model_path = args.model or str(bench_model())
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pairs = realistic_pairs(n_windows=n_streams, window_size=WINDOW, tokenizer=tokenizer, seed=7)
+    warm = realistic_pairs(n_windows=1, window_size=WINDOW, tokenizer=tokenizer, seed=8)
+    quota = cpu_quota()
+    rates, rss = measure(model_path, pairs, warm, rounds)
+    rows, by_workers = scale_rows(rates, rss, len(pairs))
     print_table(
         f"scale: {n_streams} one-window streams of {WINDOW} pairs per round, {rounds} alternated rounds, "
         f"{quota} cores, model {model_path}",

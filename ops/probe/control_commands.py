@@ -14,6 +14,7 @@ some: ``rate_limit`` once stalled every worker (1/h), ``shutdown`` made it exit 
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from collections.abc import Callable
@@ -155,67 +156,70 @@ def _hostile_control_messages(hostname: str, queue: str) -> list[tuple[str, Any,
     ]
 
 
-def control_probes(probe: Any) -> list[tuple[str, Callable[[], str | None]]]:
-    """(name, run) for each remote-control probe; ``run()`` is why the worker failed it, or None."""
-    client = ControlClient(probe)
-    harmful = harmful_arguments(probe.queue_name)
+class ControlRuns:
+    """The runs of the remote-control probes, over one ControlClient of the probe's broker; each
+    returns why the worker failed it, or None."""
 
-    def refused(command: str) -> Callable[[], str | None]:
-        def run() -> str | None:
-            replies: list[Any] = []
+    def __init__(self, probe: Any) -> None:
+        self.probe = probe
+        self.client = ControlClient(probe)
+        self.harmful = harmful_arguments(probe.queue_name)
 
-            def send() -> None:
-                replies.extend(client.broadcast(command, harmful.get(command)))
+    def refused(self, command: str) -> str | None:
+        replies: list[Any] = []
 
-            why = probe.attempt(send, let_go=None, reason="control")
-            return why or _refusal_replies(replies, client.hostname())
+        def send() -> None:
+            replies.extend(self.client.broadcast(command, self.harmful.get(command)))
 
-        return run
+        why = self.probe.attempt(send, let_go=None, reason="control")
+        return why or _refusal_replies(replies, self.client.hostname())
 
-    def answered(command: str) -> Callable[[], str | None]:
-        def run() -> str | None:
-            replies = client.broadcast(command)
-            answers = [r.get(client.hostname()) for r in replies if isinstance(r, dict)]
-            if not answers or any(not isinstance(a, dict) or "error" in a for a in answers):
-                return f"not answered: {json.dumps(replies, default=str)[:200]}"
-            return None
+    def answered(self, command: str) -> str | None:
+        replies = self.client.broadcast(command)
+        answers = [r.get(self.client.hostname()) for r in replies if isinstance(r, dict)]
+        if not answers or any(not isinstance(a, dict) or "error" in a for a in answers):
+            return f"not answered: {json.dumps(replies, default=str)[:200]}"
+        return None
 
-        return run
-
-    def hostile(name: str) -> Callable[[], str | None]:
+    def hostile(self, name: str) -> str | None:
         # Built when run: the body names the worker's hostname, which changes if it restarts.
-        def run() -> str | None:
-            [(body, options)] = [
-                (b, o) for n, b, o in _hostile_control_messages(client.hostname(), probe.queue_name) if n == name
-            ]
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            return probe.attempt(lambda: client.publish(data, **options), let_go=None, reason="control")
+        [(body, options)] = [
+            (b, o) for n, b, o in _hostile_control_messages(self.client.hostname(), self.probe.queue_name) if n == name
+        ]
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.probe.attempt(lambda: self.client.publish(data, **options), let_go=None, reason="control")
 
-        return run
-
-    def bomb() -> str | None:
-        return probe.attempt(
-            lambda: client.publish(bz2_bomb(), headers={"compression": "application/x-bz2"}),
+    def bomb(self) -> str | None:
+        return self.probe.attempt(
+            lambda: self.client.publish(bz2_bomb(), headers={"compression": "application/x-bz2"}),
             let_go=None,
             reason="control",
         )
 
-    def routing_key_not_utf8() -> str | None:
+    def routing_key_not_utf8(self) -> str | None:
         # py-amqp decodes a delivery's routing key as UTF-8 in its frame reader; a publisher
         # picks it, and a fanout exchange (remote control's) delivers it to every worker. The
         # message itself is a ping: answered, nothing refused, so the check is that all lives.
-        body = json.dumps({"method": "ping", "arguments": {}, "destination": [client.hostname()]}).encode()
-        return probe.attempt(
-            lambda: client.publish(body, routing_key=b"\xff\xfe"), let_go=None, refusals=0, reason="control"
+        body = json.dumps({"method": "ping", "arguments": {}, "destination": [self.client.hostname()]}).encode()
+        return self.probe.attempt(
+            lambda: self.client.publish(body, routing_key=b"\xff\xfe"), let_go=None, refusals=0, reason="control"
         )
 
-    def redis_not_json() -> str | None:
-        return probe.attempt(lambda: client.publish_to_redis_channel(b"\xff not json"), let_go=None, reason="envelope")
+    def redis_not_json(self) -> str | None:
+        return self.probe.attempt(
+            lambda: self.client.publish_to_redis_channel(b"\xff not json"), let_go=None, reason="envelope"
+        )
 
-    runs: dict[str, Callable[[], str | None]] = {f"control-{c}": answered(c) for c in ANSWERED}
-    runs.update({f"control-{c}": refused(c) for c in celery_commands() if c not in ANSWERED})
-    runs.update({name: hostile(name) for name, _, _ in _hostile_control_messages("", "")})
-    runs["control-compression-bz2-bomb"] = bomb
-    runs["control-redis-channel-not-json"] = redis_not_json
-    runs["control-routing-key-not-utf8"] = routing_key_not_utf8
+
+def control_probes(probe: Any) -> list[tuple[str, Callable[[], str | None]]]:
+    """(name, run) for each remote-control probe; ``run()`` is why the worker failed it, or None."""
+    control = ControlRuns(probe)
+    runs: dict[str, Callable[[], str | None]] = {
+        f"control-{c}": functools.partial(control.answered, c) for c in ANSWERED
+    }
+    runs.update({f"control-{c}": functools.partial(control.refused, c) for c in celery_commands() if c not in ANSWERED})
+    runs.update({name: functools.partial(control.hostile, name) for name, _, _ in _hostile_control_messages("", "")})
+    runs["control-compression-bz2-bomb"] = control.bomb
+    runs["control-redis-channel-not-json"] = control.redis_not_json
+    runs["control-routing-key-not-utf8"] = control.routing_key_not_utf8
     return [(name, runs[name]) for name in control_probe_names(probe.broker)]

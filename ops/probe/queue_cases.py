@@ -62,9 +62,8 @@ def bz2_bomb() -> bytes:
     return b"".join(compressor.compress(zeros) for _ in range(BOMB_BYTES // 2**20)) + compressor.flush()
 
 
-def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
-    """(name, message) for each hostile task message, built from a real one; for either broker."""
-    args = template.args()
+def body_cases(template: TaskMessage, args: list[Any]) -> list[tuple[str, TaskMessage]]:
+    """Bodies that are not a task's (args, kwargs, embed) triple, or one with what rerankq never sends."""
     return [
         ("body-object", template.with_body({"a": 1})),
         ("body-pair", template.with_body([1, 2])),
@@ -88,12 +87,24 @@ def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
             ),
         ),
         ("body-invalid-json", replace(template, body=b"{not json")),
+    ]
+
+
+def content_cases(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
+    """Content types, encodings and compressions rerankq never sends."""
+    return [
         ("content-python-serialize", replace(template, content_type="application/x-python-serialize")),
         ("content-encoding-latin-1", replace(template, content_encoding="latin-1")),
         ("content-encoding-unknown", replace(template, content_encoding="rot13")),
         # kombu decompressed in Message.__init__, before any check: 2 GB of RSS for a 2 KB message.
         ("compression-bz2-bomb", replace(template, body=bz2_bomb()).with_headers(compression="application/x-bz2")),
         ("compression-unknown", template.with_headers(compression="application/x-bogus")),
+    ]
+
+
+def header_cases(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
+    """Celery's headers with values of the wrong type or shape, or that a rerankq task must not honour."""
+    return [
         ("headers-timelimit", template.with_headers(timelimit=[1])),
         ("headers-timelimit-hostile", template.with_headers(timelimit=[0.1, 0.05])),
         ("headers-no-id", template.with_headers(id=None)),
@@ -120,6 +131,12 @@ def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
         # Celery's consumer raised on a date it could not parse (an ERROR traceback).
         ("headers-expires-garbage", template.with_headers(expires="garbage")),
         ("headers-expires-past", template.with_headers(expires="2000-01-01T00:00:00+00:00")),
+    ]
+
+
+def task_cases(template: TaskMessage, args: list[Any]) -> list[tuple[str, TaskMessage]]:
+    """Messages naming another task than rerankq's, or due in the far future."""
+    return [
         ("task-celery.accumulate", template.with_headers([[1, 2], {}, NO_EMBED], task="celery.accumulate")),
         ("task-celery.backend_cleanup", template.with_headers([[], {}, NO_EMBED], task="celery.backend_cleanup")),
         (
@@ -132,12 +149,30 @@ def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
         ("task-celery.chord_unlock", template.with_headers([["g"], {}, NO_EMBED], task="celery.chord_unlock")),
         ("task-unknown", template.with_headers(task="not.a.task")),
         ("eta-far-future", template.with_headers(eta=FAR_FUTURE)),
+    ]
+
+
+def argument_cases(template: TaskMessage, args: list[Any]) -> list[tuple[str, TaskMessage]]:
+    """rerankq's own task with (stream id, window) arguments that are not one."""
+    return [
         # The task refused these with a Reject traceback each, and counted none of them.
         ("arguments-window-true", template.with_body([[args[0], True], {}, NO_EMBED])),
         ("arguments-window-string", template.with_body([[args[0], "0"], {}, NO_EMBED])),
         ("arguments-window-negative", template.with_body([[args[0], -1], {}, NO_EMBED])),
         ("arguments-window-out-of-range", template.with_body([[args[0], 999], {}, NO_EMBED])),
         ("arguments-bad-stream-id", template.with_body([["s_x}:results", 0], {}, NO_EMBED])),
+    ]
+
+
+def hostile_messages(template: TaskMessage) -> list[tuple[str, TaskMessage]]:
+    """(name, message) for each hostile task message, built from a real one; for either broker."""
+    args = template.args()
+    return [
+        *body_cases(template, args),
+        *content_cases(template),
+        *header_cases(template),
+        *task_cases(template, args),
+        *argument_cases(template, args),
     ]
 
 
