@@ -201,7 +201,7 @@ def hit_rate(hits: int, misses: int) -> float | str:
     return round(hits / (hits + misses), 3) if hits + misses else "-"
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer, smaller windows (a few minutes on a CPU)")
     parser.add_argument("--windows", type=int, default=None, help="queries (one window each)")
@@ -215,7 +215,84 @@ def main(argv: list[str] | None = None) -> None:
         "other work, 1 keeps a small forward from waiting on threads the host cannot run",
     )
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def run_rounds(subjects: list[Subject], windows: list[Window], rounds: int) -> None:
+    """Every window through every member, the members' order alternated per round."""
+    warm_up = Window(windows[0].query, windows[0].other_query, windows[0].candidates[:1])
+    for subject in subjects:  # unmeasured: first calls, allocator, the libraries' own caches
+        subject.window(warm_up)
+    for r in range(rounds):
+        order = subjects if r % 2 == 0 else subjects[::-1]
+        totals = {s.name: defaultdict(Tally) for s in subjects}
+        for window in windows:
+            for subject in order:
+                for mode, tally in subject.window(window).items():
+                    totals[subject.name][mode].add(tally)
+        for subject in subjects:
+            subject.rounds.append(dict(totals[subject.name]))
+        print(
+            f"round {r + 1}/{rounds}: "
+            + ", ".join(
+                f"{s.name} {m} {totals[s.name][m].rate('documents'):.2f} docs/s" for s in subjects for m in MODES
+            ),
+            flush=True,
+        )
+
+
+def measured(windows: list[Window], rounds: int, torch_threads: int | None) -> list[Subject]:
+    """The members' rounds, on a private Redis started and stopped here."""
+    from worker.embedded.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis().start()
+    subjects: list[Subject] = []
+    try:
+        subjects = start_subjects(server.url, torch_threads)
+        run_rounds(subjects, windows, rounds)
+    finally:
+        for subject in subjects:
+            subject.client.close()
+            subject.runtime.close()
+        server.stop()
+    return subjects
+
+
+def mode_figures(subject: Subject, mode: str) -> tuple[list[Any], dict[str, Any]]:
+    """One member's one mode: its table row and its JSON figures."""
+    total = Tally()
+    for round_ in subject.rounds:
+        total.add(round_[mode])
+    per_round = [round_[mode] for round_ in subject.rounds]
+    docs = statistics.median(t.rate("documents") for t in per_round)
+    passages = statistics.median(t.rate("passages") for t in per_round)
+    pairs = statistics.median(t.rate("model_pairs") for t in per_round)
+    pair_hit = hit_rate(total.pair_hits, total.pair_misses)
+    embedding_hit = hit_rate(total.embedding_hits, total.embedding_misses)
+    per_document = total.passages / total.documents
+    row = [subject.name, mode, docs, passages, pairs, round(per_document, 1), pair_hit, embedding_hit]
+    figures = {
+        "documents_per_s": docs,
+        "passages_per_s": passages,
+        "model_pairs_per_s": pairs,
+        "passages_per_document": per_document,
+        "model_pairs_per_document": total.model_pairs / total.documents,
+        "pair_cache_hit_rate": pair_hit,
+        "embedding_cache_hit_rate": embedding_hit,
+    }
+    return row, figures
+
+
+RATIOS = (
+    ("passages cold vs excerpt", "passages cold", "excerpt"),
+    ("structure cut vs token windows, cold", "passages cold", "passages cold, token windows"),
+    ("passages warm vs cold", "passages warm", "passages cold"),
+    ("passages repeat vs cold", "passages repeat", "passages cold"),
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     n_windows = args.windows or (2 if args.quick else 6)
     depth = args.depth or (4 if args.quick else 10)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -226,63 +303,15 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(level="WARNING")
     # No worker consumes the queue the streams are published to: their windows are run here.
     logging.getLogger("rerankq.producer").setLevel(logging.ERROR)
-
-    from worker.embedded.redis_server import EmbeddedRedis
-
     windows = load_windows(n_windows, depth)
-    server = EmbeddedRedis().start()
-    subjects: list[Subject] = []
-    try:
-        subjects = start_subjects(server.url, args.torch_threads)
-        warm_up = Window(windows[0].query, windows[0].other_query, windows[0].candidates[:1])
-        for subject in subjects:  # unmeasured: first calls, allocator, the libraries' own caches
-            subject.window(warm_up)
-        for r in range(rounds):
-            order = subjects if r % 2 == 0 else subjects[::-1]
-            totals = {s.name: defaultdict(Tally) for s in subjects}
-            for window in windows:
-                for subject in order:
-                    for mode, tally in subject.window(window).items():
-                        totals[subject.name][mode].add(tally)
-            for subject in subjects:
-                subject.rounds.append(dict(totals[subject.name]))
-            print(
-                f"round {r + 1}/{rounds}: "
-                + ", ".join(
-                    f"{s.name} {m} {totals[s.name][m].rate('documents'):.2f} docs/s" for s in subjects for m in MODES
-                ),
-                flush=True,
-            )
-    finally:
-        for subject in subjects:
-            subject.client.close()
-            subject.runtime.close()
-        server.stop()
+    subjects = measured(windows, rounds, args.torch_threads)
 
     rows, figures = [], {}
     for subject in subjects:
         figures[subject.name] = {}
         for mode in MODES:
-            total = Tally()
-            for round_ in subject.rounds:
-                total.add(round_[mode])
-            per_round = [round_[mode] for round_ in subject.rounds]
-            docs = statistics.median(t.rate("documents") for t in per_round)
-            passages = statistics.median(t.rate("passages") for t in per_round)
-            pairs = statistics.median(t.rate("model_pairs") for t in per_round)
-            pair_hit = hit_rate(total.pair_hits, total.pair_misses)
-            embedding_hit = hit_rate(total.embedding_hits, total.embedding_misses)
-            per_document = total.passages / total.documents
-            rows.append([subject.name, mode, docs, passages, pairs, round(per_document, 1), pair_hit, embedding_hit])
-            figures[subject.name][mode] = {
-                "documents_per_s": docs,
-                "passages_per_s": passages,
-                "model_pairs_per_s": pairs,
-                "passages_per_document": per_document,
-                "model_pairs_per_document": total.model_pairs / total.documents,
-                "pair_cache_hit_rate": pair_hit,
-                "embedding_cache_hit_rate": embedding_hit,
-            }
+            row, figures[subject.name][mode] = mode_figures(subject, mode)
+            rows.append(row)
     print_table(
         f"{len(windows)} windows of {depth} long documents, {rounds} alternated rounds, CPU, torch threads "
         f"{args.torch_threads or 'the worker default'} "
@@ -301,12 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ratio_rows = []
     for subject in subjects:
-        for label, over, under in (
-            ("passages cold vs excerpt", "passages cold", "excerpt"),
-            ("structure cut vs token windows, cold", "passages cold", "passages cold, token windows"),
-            ("passages warm vs cold", "passages warm", "passages cold"),
-            ("passages repeat vs cold", "passages repeat", "passages cold"),
-        ):
+        for label, over, under in RATIOS:
             ratio = median_ratio(subject, over, under, "documents")
             ratio_rows.append([subject.name, label, round(ratio, 2)])
             figures[subject.name][f"docs_per_s_ratio: {label}"] = ratio
