@@ -616,6 +616,9 @@ def test_openapi_describes_every_route(deployment: Deployment) -> None:
         "/v1/streams/{stream_id}",
         "/v1/streams/{stream_id}/page",
         "/v1/streams/{stream_id}/events",
+        "/info",
+        "/health",
+        "/ready",
     ):
         assert path in document["paths"]
     assert "delete" in document["paths"]["/v1/streams/{stream_id}"]
@@ -623,6 +626,10 @@ def test_openapi_describes_every_route(deployment: Deployment) -> None:
     schemas = document["components"]["schemas"]
     assert set(schemas["CohereV2Request"]["required"]) == {"model", "query", "documents"}
     assert set(schemas["TeiRequest"]["required"]) == {"query", "texts"}
+    # What /info answers is what the document says it answers.
+    info = deployment.http.get("/info", headers={"Authorization": f"Bearer {deployment.keys['acme']}"}).json()
+    assert set(info) == set(schemas["TeiInfo"]["properties"])
+    assert "relevant_spans" in schemas["CohereV2Request"]["properties"]
 
 
 # -- dogfood: rerankq's own providers call the gateway ----------------------------------------

@@ -13,7 +13,7 @@ from producer.gateway.cohere import CohereError, CohereResponse, CohereV1Request
 from producer.gateway.problems import STREAM_HEADER
 from producer.gateway.service import DEVICE_HEADER, TIMEOUT_HEADER
 from producer.gateway.streams import Opened, OpenStreamRequest, StreamError
-from producer.gateway.tei import TeiError, TeiRank, TeiRequest
+from producer.gateway.tei import TeiError, TeiInfo, TeiRank, TeiRequest
 
 _REF = "#/components/schemas/{name}"
 
@@ -80,6 +80,7 @@ def openapi_document() -> dict[str, Any]:
         StreamStatus,
         StreamError,
         CancelOutcome,
+        TeiInfo,
     )
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     (
@@ -96,6 +97,7 @@ def openapi_document() -> dict[str, Any]:
         status,
         stream_error,
         cancelled,
+        tei_info,
     ) = schemas
     cohere_codes = {
         400: "invalid request",
@@ -189,6 +191,12 @@ def openapi_document() -> dict[str, Any]:
                         "content": {"text/event-stream": {"schema": {"type": "string"}}},
                     }
                 },
+            }
+        },
+        "/info": {
+            "get": {
+                "summary": "TEI's Info (router/src/lib.rs): model_type reranker and the gateway's bounds",
+                "responses": {"200": _json(tei_info), **_errors(tei_error, {401: "no or unknown API key"})},
             }
         },
         "/health": {
