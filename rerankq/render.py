@@ -101,7 +101,12 @@ def row_json(row: Any) -> dict[str, Any]:
 
 
 def _passage_json(passage: Any) -> dict[str, Any] | None:
-    return None if passage is None else {"start": passage.start, "end": passage.end, "score": passage.score}
+    if passage is None:
+        return None
+    out = {"start": passage.start, "end": passage.end, "score": passage.score}
+    if passage.unread_from is not None:
+        out["unread_from"] = passage.unread_from
+    return out
 
 
 def status_table(status: StreamStatus) -> Any:
@@ -122,6 +127,7 @@ def status_table(status: StreamStatus) -> Any:
         ("filtered", "right"),
         ("omitted", "right"),
         ("failed", "right"),
+        ("cancelled", "right"),
         ("reason", "left"),
     )
     for name, justify in columns:
@@ -130,6 +136,8 @@ def status_table(status: StreamStatus) -> Any:
         state = {"committed": "[green]committed[/]", "admitted": "[yellow]admitted[/]"}.get(w.state, w.state)
         if w.state == "committed" and w.failed:
             state = "[red]failed[/]"
+        elif w.state == "committed" and w.cancelled:
+            state = "[yellow]cancelled[/]"
         table.add_row(
             str(w.window),
             f"[{w.start}, {w.end})",
@@ -141,6 +149,7 @@ def status_table(status: StreamStatus) -> Any:
             str(w.filtered),
             str(w.omitted),
             str(w.failed),
+            str(w.cancelled),
             w.reason or "",
         )
     return table

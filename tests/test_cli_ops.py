@@ -105,6 +105,14 @@ def test_status_and_pull_show_each_window_state(start_worker, base_env, make_cli
         "rank    score    final  decision" in text
         and len([ln for ln in text.splitlines() if ln.strip()[:1].isdigit()]) == 2
     )
+    # Cancelled: the uncommitted windows commit as cancelled, and the table says so, with how many.
+    client.cancel(stream)
+    windows = json.loads(rerankq(["status", stream, "--json"], env).stdout)["windows"]
+    assert [w["cancelled"] for w in windows] == [0, 5, 2]
+    table = rerankq(["status", stream], {**env, "COLUMNS": "200"}).stdout
+    rows = {span: next(ln for ln in table.splitlines() if span in ln) for span in ("[5, 10)", "[10, 12)")}
+    assert all("cancelled" in row for row in rows.values()), table
+    assert " 5 " in rows["[5, 10)"] and " 2 " in rows["[10, 12)"]
 
 
 ESCAPES = "\x1b]0;PWNED\x07\x1b[2J"
