@@ -4,7 +4,8 @@ time limit.
 
 A window's cost is the tokens it sends, bounded from code points: each pair is the query and
 its document as the worker assembles it, cut to the document budget (a passages stream: each
-passage at its bound, ``kernel.passage_budget``, as many as the text can have). A token covers
+passage's text at its bound and the document's header as clipped, ``kernel.passage_budget``, as
+many passages as the text can have). A token covers
 at least one code point in WordPiece, SentencePiece and word tokenizers, so this is an upper
 bound there and an estimate for byte-level ones. A candidate without text is never sent: it
 costs nothing.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kernel.errors import ValidationError
-from kernel.passage_budget import passage_count, passage_tokens
+from kernel.passage_budget import header_chars, passage_count, text_tokens
 from kernel.settings import Settings
 from kernel.wire import Candidate, StreamSpec
 
@@ -31,9 +32,13 @@ def candidate_cost(spec: StreamSpec, candidate: Candidate) -> int:
     if not text.strip():
         return 0
     query = len(spec.query)
-    if spec.long_documents == "passages":
-        return passage_count(spec, len(text)) * (query + passage_tokens(spec))
     head = len(candidate.context or "") + sum(len(h) + 3 for h in candidate.heading_path) + _HEADER_EXTRA
+    if spec.long_documents == "passages":
+        # Each passage: its text and the header, clipped to the passage's tokens and to half the
+        # document budget (kernel.passage_budget); a header is never longer than it is.
+        tokens = text_tokens(spec)
+        per_passage = query + tokens + min(head, tokens, header_chars(spec))
+        return passage_count(spec, len(text)) * per_passage
     return query + min(spec.document_budget, head + len(text))
 
 

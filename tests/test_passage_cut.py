@@ -137,9 +137,17 @@ def test_split_reads_the_stream_option_and_the_cost_bound_holds_either_way() -> 
         for tokens_asked in (16, 40, 64):
             s = spec(passage_tokens=tokens_asked, **options)
             passages = split(candidate, QUERY, words(), s)
-            # The cost fixed at open counts at least the passages the worker sends.
-            per_passage = len(QUERY) + 2 * tokens_asked
-            assert candidate_cost(s, candidate) >= len(passages) * per_passage
+            # The cost fixed at open counts at least what the worker sends: each passage as sent
+            # (its header and text) with the query.
+            assert candidate_cost(s, candidate) >= sum(len(QUERY) + p.tokens for p in passages)
+    # A header rides in every passage, and is counted in each.
+    headed = Candidate(id="h", text=text, context="Payments runbook " * 20, heading_path=["Ops", "Payments"])
+    for tokens_asked in (16, 64):
+        s = spec(passage_tokens=tokens_asked)
+        passages = split(headed, QUERY, words(), s)
+        assert candidate_cost(s, headed) >= sum(len(QUERY) + p.tokens for p in passages)
+    # Past the bare header (the date's room) a longer header costs more, up to the passage's tokens.
+    assert candidate_cost(spec(passage_tokens=64), headed) > candidate_cost(spec(passage_tokens=64), candidate)
 
 
 def test_a_window_says_where_each_documents_passages_stopped_reading() -> None:
