@@ -225,7 +225,8 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     max_passages: Annotated[
         Annotated[int, Meta(ge=1, le=MAX_PASSAGES)] | None,
         Meta(
-            description=f"passages per document at most, the first ones kept; at most {MAX_PASSAGES}, and "
+            description=f"passages per document at most (passage_cut=structure fills them until they cover the "
+            f"document, else the first ones are kept); at most {MAX_PASSAGES}, and "
             "window_size x max_passages x passage_tokens at most RERANKQ_MAX_WINDOW_PASSAGE_TOKENS  "
             f"[default: {stream_defaults.MAX_PASSAGES}]"
         ),
