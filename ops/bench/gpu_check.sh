@@ -13,7 +13,8 @@
 #
 # GPU_CHECK_DEVICE=cpu runs every step on the CPU (the code paths, not the figures: the test
 # in tests/test_gpu_check.py), with GPU_CHECK_MODEL (a CrossEncoder directory, in place of
-# the bench model), GPU_CHECK_CAUSAL_LAYERS and small windows.
+# the bench model), GPU_CHECK_CAUSAL_LAYERS and small windows. GPU_CHECK_STEPS="causal memory"
+# runs only the steps named (a rerun of the ones that failed); the rest read NOT MEASURED.
 set -uo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -46,6 +47,10 @@ fi
 failed=0
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep going on failure
   local name=$1 limit=$2; shift 2
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ " ${GPU_CHECK_STEPS//,/ } " != *" $name "* ]]; then
+    echo; echo "== $name skipped (not in GPU_CHECK_STEPS): its rows will read NOT MEASURED"
+    return
+  fi
   echo; echo "== $name (limit ${limit}s)"
   local start=$SECONDS
   timeout --kill-after=10 "$limit" "$@" 2>&1 | grep -v "Loading weights" | tee "$OUT/$name.log"
