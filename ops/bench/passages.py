@@ -15,6 +15,9 @@ in this order:
 - ``passages cold``: every passage of every document as the stream default cuts them (at the
   document's breaks), the caches emptied first: each passage is embedded (scored) for the
   first time;
+- ``passage texts as a window``: those same passages (the worker's cut, header and all), each
+  sent as a document of its own in one plain window, the caches emptied first: the engine's
+  pairs/s on pairs of the same token lengths, which passages should cost no more than;
 - ``passages warm``: the same documents under another query of the collection, right after:
   the batch-run case, where documents recur across queries. The pair cache cannot answer
   (a pair is a query and a document); the embedding cache holds every passage's vector, so
@@ -46,7 +49,14 @@ from typing import Any
 from ops.bench.common import ROOT, bench_model, print_table, worker_env, write_json
 
 COLLECTION = ROOT / "worker" / "collection" / "long"
-MODES = ("excerpt", "passages cold", "passages cold, token windows", "passages warm", "passages repeat")
+MODES = (
+    "excerpt",
+    "passages cold",
+    "passage texts as a window",
+    "passages cold, token windows",
+    "passages warm",
+    "passages repeat",
+)
 MEMBERS = {
     "embedding": {"RERANKQ_RERANKER_PROVIDER": "embedding"},
     "local": {"RERANKQ_RERANKER_PROVIDER": "local"},  # the model is the bench model, set in main
@@ -140,10 +150,26 @@ class Subject:
         self.flush_caches()
         token_windows = self.score(window.query, window.candidates, "passages", passage_cut="tokens")
         self.flush_caches()
+        as_window = self.score(window.query, self.passage_texts(window), "excerpt")
+        self.flush_caches()
         cold = self.score(window.query, window.candidates, "passages")
         warm = self.score(window.other_query, window.candidates, "passages")
         repeat = self.score(window.query, window.candidates, "passages")
-        return dict(zip(MODES, (excerpt, cold, token_windows, warm, repeat)))
+        return dict(zip(MODES, (excerpt, cold, as_window, token_windows, warm, repeat)))
+
+    def passage_texts(self, window: Window) -> list[dict[str, object]]:
+        """The window's passages as the worker cuts them, each a document of its own: a window of
+        the same pairs, token lengths and all, scored as any window is."""
+        import msgspec
+
+        from kernel.wire import Candidate, StreamSpec
+        from worker.scoring.passages import chain_cutter, window_passages
+
+        candidates = [msgspec.convert(c, Candidate) for c in window.candidates]
+        spec = StreamSpec(query=window.query, window_size=len(candidates), long_documents="passages")
+        cutter = chain_cutter(self.runtime.scorer.chain.members_for(None))
+        texts = window_passages(candidates, spec, cutter).texts
+        return [{"id": f"p{i}", "text": text} for i, text in enumerate(texts)]
 
 
 def load_windows(n_windows: int, depth: int) -> list[Window]:
@@ -283,11 +309,13 @@ def mode_figures(subject: Subject, mode: str) -> tuple[list[Any], dict[str, Any]
     return row, figures
 
 
+#: (label, mode over, mode under, the rate compared).
 RATIOS = (
-    ("passages cold vs excerpt", "passages cold", "excerpt"),
-    ("structure cut vs token windows, cold", "passages cold", "passages cold, token windows"),
-    ("passages warm vs cold", "passages warm", "passages cold"),
-    ("passages repeat vs cold", "passages repeat", "passages cold"),
+    ("passages cold vs excerpt, docs/s", "passages cold", "excerpt", "documents"),
+    ("structure cut vs token windows, cold, docs/s", "passages cold", "passages cold, token windows", "documents"),
+    ("passages cold vs their texts as a window, pairs/s", "passages cold", "passage texts as a window", "model_pairs"),
+    ("passages warm vs cold, docs/s", "passages warm", "passages cold", "documents"),
+    ("passages repeat vs cold, docs/s", "passages repeat", "passages cold", "documents"),
 )
 
 
@@ -330,11 +358,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ratio_rows = []
     for subject in subjects:
-        for label, over, under in RATIOS:
-            ratio = median_ratio(subject, over, under, "documents")
+        for label, over, under, what in RATIOS:
+            ratio = median_ratio(subject, over, under, what)
             ratio_rows.append([subject.name, label, round(ratio, 2)])
-            figures[subject.name][f"docs_per_s_ratio: {label}"] = ratio
-    print_table("ratios of documents/s (median of per-round ratios)", ["member", "ratio", "x"], ratio_rows)
+            figures[subject.name][f"ratio: {label}"] = ratio
+    print_table("ratios (median of per-round ratios)", ["member", "ratio", "x"], ratio_rows)
     figures.update(windows=len(windows), depth=depth, rounds=rounds, torch_threads=args.torch_threads)
     write_json(args.json_path, figures)
 
