@@ -192,6 +192,11 @@ class EmbeddedSentinel:
         self.server_on(port).kill()
         return port
 
+    #: How long the sentinels may take to demote a live old master: they notice it from its INFO
+    #: (every 10 s outside a failover) and wait a few publish periods first, so tens of seconds on
+    #: a loaded host; the failover itself (a new master taking writes) is bounded by its own time.
+    DEMOTION_TIMEOUT_S = 120.0
+
     def wait_new_master(self, old_port: int, timeout_s: float = 30.0) -> int:
         def promoted() -> bool:
             port = self.master_port()
@@ -209,7 +214,7 @@ class EmbeddedSentinel:
                 with redis.Redis(port=old_port, socket_timeout=2) as client:
                     return client.info("replication").get("role") == "slave"
 
-            self._wait(demoted, timeout_s, f"the old master {old_port} to be demoted")
+            self._wait(demoted, self.DEMOTION_TIMEOUT_S, f"the old master {old_port} to be demoted")
         return self.master_port()
 
     def restart(self, port: int, timeout_s: float = 30.0) -> None:
