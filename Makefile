@@ -47,7 +47,8 @@ lint: $(LINT_READY)
 # Test processes (pytest-xdist): two per CPU for the whole suite. Its tests wait more than they
 # compute (worker start-ups, store retries, failovers): on this 2-core machine two processes took
 # 18:15 in CI, three 10:13 (quiet, 1,130 tests) and four 18:05 (`CI=true bash .ci/run` on a clean
-# clone, 1,190 tests; 2026-12-02). The suite is now CPU-bound on two cores. Every wait for an event has a
+# clone, 1,190 tests; 2026-12-02), then 9:48 (the same, 1,218 tests; 2026-12-03, after the slowest
+# cases were cut). The suite is CPU-bound on two cores. Every wait for an event has a
 # generous deadline (tests/delivery_helpers.py PATIENCE), so the extra load does not make it
 # flaky. With `--dist loadgroup`, tests/conftest.py's scheduler keeps a module whose tests share
 # a costly module-scoped server or worker (ONE_PROCESS_MODULES) in one process, so it starts
