@@ -74,7 +74,9 @@ def unread_warnings(scores: Sequence[Scored], texts: Sequence[str], limit: str) 
     """One warning naming the documents whose end was not read, with how much was; none when
     every document was read to its end. ``limit``: what bounded the passages, as the caller
     knows it."""
-    partial = sorted((s.index, s.passage.unread_from) for s in scores if s.passage and s.passage.unread_from)
+    partial = sorted(
+        (s.index, s.passage.unread_from) for s in scores if s.passage is not None and s.passage.unread_from is not None
+    )
     if not partial:
         return []
     named = ", ".join(f"{index}: {read} of {len(texts[index])}" for index, read in partial[:_NAMED])

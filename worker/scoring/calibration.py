@@ -15,6 +15,7 @@ model behind the same label), is served uncalibrated, and that is logged once pe
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -105,6 +106,9 @@ def _without_credentials(value: object) -> object:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+# A worker asks for the serving member's identity at every window (its map, its first-stage
+# weight), and a worker has a handful of members: parse each identity once.
+@functools.lru_cache(maxsize=256)
 def calibration_identity(cache_identity: str) -> str:
     """A member's cache identity without the parts that only move last digits, as canonical JSON.
 
