@@ -308,6 +308,7 @@ def _sentinel_client(url: str, **overrides: Any) -> redis.Redis:
             **({"password": sentinel_password} if sentinel_password else {}),
         },
     )
+    assert parsed.service is not None  # parse_multi_host refuses a Sentinel URL without one
     return _reconnect_on_refusal(
         sentinel.master_for(
             parsed.service,
