@@ -2,11 +2,12 @@
 
 For each weight on a grid from 0 (the member alone) to 1 (the first stage alone), every query's
 reranked documents are ordered by the blend the worker applies (``worker.scoring.blend``: the
-member's calibrated score and the score of the document's place in the first stage) and its
-nDCG@10 measured by ir-measures. The queries are dealt into folds; each fold's weight is the one
-with the best mean on the other folds, and what it scores on its own fold is held out. The
-fitted weight is the best on all queries, unless the blend, held out, does not beat the first
-stage held out: then it is 1.0, all first stage, and the fit says so.
+member's calibrated score and the first stage's score of the document: its fusion score where
+the stream's candidates carry one, else its place) and its nDCG@10 measured by ir-measures. The
+queries are dealt into folds; each fold's weight is the one with the best mean on the other
+folds, and what it scores on its own fold is held out. The fitted weight is the best on all
+queries, unless the blend, held out, does not beat the first stage held out: then it is 1.0,
+all first stage, and the fit says so.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from evaluation.measures import evaluate
 from evaluation.runner import QueryRun
-from worker.scoring.blend import blended, first_stage_score
+from worker.scoring.blend import blended, first_stage_scores
 from worker.scoring.calibration import BlendFit
 
 #: Weights tried: 0, 0.05, ..., 1.
@@ -23,12 +24,33 @@ GRID = tuple(round(i / 20, 2) for i in range(21))
 FOLDS = 5
 MEASURE = "nDCG@10"
 
+#: A query's stream as the worker saw it: each candidate's fusion score in fusion order (None
+#: where it had none). The evaluation opens a query as one window, so the first stage's scores
+#: are the worker's over that one window.
+Stream = Sequence[float | None]
 
-def ranking(query: QueryRun, weight: float, n_candidates: int, calibrate: Callable[[float], float]) -> list[str]:
+
+#: How a stream's first stage is read as scores: the worker's way by default (a benchmark
+#: compares others).
+Reading = Callable[[Stream], list[float]]
+
+
+def worker_reading(stream: Stream) -> list[float]:
+    return first_stage_scores(stream, first_index=0, n_candidates=len(stream))
+
+
+def ranking(
+    query: QueryRun,
+    weight: float,
+    stream: Stream,
+    calibrate: Callable[[float], float],
+    read: Reading = worker_reading,
+) -> list[str]:
     """The query's reranked documents in the blend's order (ties in first-stage order)."""
+    first_stage = read(stream)
     keyed = [
         (
-            blended(calibrate(p.raw), first_stage_score(p.first_stage_rank, n_candidates), weight),
+            blended(calibrate(p.raw), first_stage[p.first_stage_rank], weight),
             p.first_stage_rank,
             p.docid,
         )
@@ -41,16 +63,17 @@ def per_query_ndcg(
     queries: Sequence[QueryRun],
     qrels: Mapping[str, Mapping[str, int]],
     *,
-    n_candidates: Mapping[str, int],
+    streams: Mapping[str, Stream],
     calibrate: Callable[[float], float],
     relevant_grade: int,
+    read: Reading = worker_reading,
 ) -> dict[float, dict[str, float]]:
-    """nDCG@10 of every query at every weight of the grid; ``n_candidates``: each query's
-    stream length, which the first stage's score is spread over."""
+    """nDCG@10 of every query at every weight of the grid; ``streams``: each query's stream
+    (its candidates' fusion scores, in order), which the first stage's scores are read from."""
     scored = [q for q in queries if q.scored]
     out = {}
     for weight in GRID:
-        rankings = {q.qid: ranking(q, weight, n_candidates[q.qid], calibrate) for q in scored}
+        rankings = {q.qid: ranking(q, weight, streams[q.qid], calibrate, read) for q in scored}
         out[weight] = evaluate(qrels, rankings, relevant_grade=relevant_grade).per_query[MEASURE]
     return out
 

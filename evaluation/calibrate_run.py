@@ -206,7 +206,7 @@ def with_first_stage_weight(
     table = per_query_ndcg(
         queries,
         collection.qrels,
-        n_candidates={q.qid: len(collection.run[q.qid][:depth]) for q in queries},
+        streams={q.qid: [r.score for r in collection.run[q.qid][:depth]] for q in queries},
         calibrate=lambda score: interpolate(xs, ys, score),
         relevant_grade=request.relevant_grade,
     )

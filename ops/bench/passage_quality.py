@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import ROOT, print_table, write_json
+from ops.bench.common import CACHE_DIR, ROOT, print_table, write_json
 
 COLLECTION = ROOT / "worker" / "collection" / "long"
 FILLS = (0.0, 0.25, 0.5, 1.0)
@@ -32,29 +32,73 @@ DEPTH = 100
 
 @dataclass
 class Encoder:
-    """The packaged bi-encoder, every text embedded once."""
+    """The packaged bi-encoder, every text embedded once; with ``store``, the vectors kept on
+    disk between runs (keyed by the text's SHA-256, so a cut or a header that changes a passage
+    embeds only the passages it changed)."""
 
     model: Any
     cache: dict[str, Any]
+    store: Path | None = None
+    fresh: int = 0
 
     def documents(self, texts: Sequence[str]) -> list[Any]:
-        todo = [t for t in dict.fromkeys(texts) if t not in self.cache]
+        keys = [_key(t) for t in texts]
+        todo = {k: t for k, t in zip(keys, texts) if k not in self.cache}
         if todo:
-            vectors = self.model.encode_document(todo, batch_size=32, normalize_embeddings=True, convert_to_tensor=True)
+            vectors = self.model.encode_document(
+                list(todo.values()), batch_size=32, normalize_embeddings=True, convert_to_tensor=True
+            )
             self.cache.update(zip(todo, vectors))
-        return [self.cache[t] for t in texts]
+            self.fresh += len(todo)
+        return [self.cache[k] for k in keys]
 
     def query(self, text: str) -> Any:
         return self.model.encode_query([text], normalize_embeddings=True, convert_to_tensor=True)[0]
 
+    def save(self) -> None:
+        """Write the vectors to ``store`` (plain arrays and JSON: no pickle)."""
+        if self.store is None or not self.fresh:
+            return
+        import json
 
-def load_encoder() -> Encoder:
+        import numpy as np
+        import torch
+
+        self.store.mkdir(parents=True, exist_ok=True)
+        keys = list(self.cache)
+        np.save(self.store / "vectors.npy", torch.stack([self.cache[k] for k in keys]).cpu().numpy())
+        (self.store / "keys.json").write_text(json.dumps(keys))
+        self.fresh = 0
+
+
+def _key(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+#: Where the packaged bi-encoder's passage vectors are kept between runs (``--no-cache``: not).
+VECTOR_STORE = CACHE_DIR / "passage-vectors-minilm-v1"
+
+
+def load_encoder(store: Path | None = VECTOR_STORE) -> Encoder:
     from sentence_transformers import SentenceTransformer
 
     from kernel.settings import PACKAGED_EMBEDDING_MODULE
 
     package = importlib.import_module(PACKAGED_EMBEDDING_MODULE)
-    return Encoder(model=SentenceTransformer(str(Path(package.get_model_path())), device="cpu"), cache={})
+    model = SentenceTransformer(str(Path(package.get_model_path())), device="cpu")
+    cache: dict[str, Any] = {}
+    if store is not None and (store / "keys.json").exists():
+        import json
+
+        import numpy as np
+        import torch
+
+        keys = json.loads((store / "keys.json").read_text())
+        vectors = torch.from_numpy(np.load(store / "vectors.npy", allow_pickle=False))
+        cache = dict(zip(keys, vectors))
+    return Encoder(model=model, cache=cache, store=store)
 
 
 def load(folder: Path = COLLECTION) -> Any:

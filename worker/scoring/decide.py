@@ -14,7 +14,7 @@ import math
 from kernel.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
 from worker.scoring import boosts
-from worker.scoring.blend import blended, first_stage_score
+from worker.scoring.blend import blended, first_stage_scores
 from worker.scoring.calibration import ScoreMap
 from worker.scoring.documents import has_text
 
@@ -110,6 +110,15 @@ def decide(
     weight = spec.first_stage_weight if spec.first_stage_weight is not None else first_stage_weight
     if outcome.passthrough or not weight:
         weight = None
+    first_stages = (
+        first_stage_scores(
+            [c.fusion_score for c in candidates],
+            first_index=first_index,
+            n_candidates=spec.n_candidates or first_index + len(candidates),
+        )
+        if weight is not None
+        else None
+    )
 
     scored: list[tuple[float, float, int, Decision]] = []
     omitted: list[Decision] = []
@@ -129,8 +138,8 @@ def decide(
             if calibrate is not None:
                 raw, score = score, calibrate(score)
             ordered = score
-            if weight is not None:
-                first_stage = first_stage_score(index, spec.n_candidates or first_index + len(candidates))
+            if weight is not None and first_stages is not None:
+                first_stage = first_stages[i]
                 ordered = blended(score, first_stage, weight)
             final = ordered * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
