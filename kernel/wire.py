@@ -75,7 +75,8 @@ class Candidate(Base, frozen=True):
         Meta(description="the retrieval arm that found it (`bm25`, `graph`): the per-source cap and strategy boosts"),
     ] = None
     fusion_score: Annotated[
-        float | None, Meta(description="the first stage's fused score, kept for the caller; not used to rank")
+        float | None,
+        Meta(description="the first stage's fused score (higher first): a first-stage blend reads it, else kept"),
     ] = None
     doc_id: Annotated[
         str | None, Meta(description="the document it is a part of: select(per_doc=...) caps rows per doc_id")

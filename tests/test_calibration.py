@@ -402,6 +402,45 @@ def test_a_fitted_first_stage_weight_blends_the_fused_order_in_and_a_stream_opti
     assert [r.index for r in rows(first_stage_weight=1.0)] == list(range(n))
 
 
+def test_a_blend_reads_the_candidates_fusion_scores_and_rows_keep_score_raw_score_and_first_stage_apart(calibrated):
+    from worker.scoring.blend import first_stage_score, first_stage_scores
+
+    client = calibrated["client"]
+    n = len(calibrated["candidates"])
+    # BM25-like: a few strong scores, then a long tail; in fusion order.
+    fusion = [40.0 * 0.75**i + 1.0 for i in range(n)]
+    candidates = [{**c, "fusion_score": f} for c, f in zip(calibrated["candidates"], fusion)]
+
+    def rows(window_size: int, **options: Any) -> list[Ranked | Filtered]:
+        stream = client.open(
+            TOPICS["t3"][0], candidates, window_size=window_size, chain="blended", allow_shallow=True, **options
+        )
+        return _decisions(calibrated, stream)
+
+    # Two windows: each reads its candidates' fusion scores on its own places' range.
+    half = n // 2
+    expected = first_stage_scores(fusion[:half], first_index=0, n_candidates=n) + first_stage_scores(
+        fusion[half:], first_index=half, n_candidates=n
+    )
+    blended = rows(half, min_score=0.2)
+    assert len(blended) == n
+    for row in blended:
+        assert row.calibrated and row.first_stage_weight == BLEND_WEIGHT
+        assert row.first_stage == pytest.approx(expected[row.index])
+        # The member's calibrated relevance, its own score and the blend, each kept apart.
+        assert row.raw_score is not None and row.score != row.raw_score
+        assert row.final_score == pytest.approx((1 - BLEND_WEIGHT) * row.score + BLEND_WEIGHT * row.first_stage)
+        # min_score reads the calibrated relevance, never the blend.
+        assert isinstance(row, Filtered) == (row.score < 0.2)
+    # The fusion scores were read: not the evenly spaced places.
+    assert max(abs(r.first_stage - first_stage_score(r.index, n)) for r in blended) > 0.1
+    assert {round(r.first_stage, 9) for r in blended if r.index in (0, half)} == {
+        round(first_stage_score(0, n), 9),
+        round(first_stage_score(half, n), 9),
+    }
+    assert any(isinstance(r, Filtered) for r in blended) and any(isinstance(r, Ranked) for r in blended)
+
+
 def test_min_score_on_calibrated_scores_filters_the_same_share_on_members_with_different_curves(calibrated):
     filtered, raw_under, kept = {}, {}, {}
     for profile in ("eval0", "eval1"):
