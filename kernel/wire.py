@@ -29,7 +29,7 @@ RecencyCurve = Literal["linear", "exponential", "none"]
 LongDocuments = Literal["excerpt", "passages"]
 #: How a document's passage scores become its score: the best (MaxP), the first (FirstP), or
 #: the sum of the best ``passage_top_k`` divided by k (so it stays a score in [0, 1]).
-PassageAggregate = Literal["max", "first", "sum_top_k"]
+PassageAggregate = Literal["max", "first", "sum_top_k", "max_mean"]
 #: Where passages are cut: at the document's blocks and sentences, or at fixed token windows.
 PassageCut = Literal["structure", "tokens"]
 

@@ -215,7 +215,8 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
         PassageAggregate | None,
         Meta(
             description="a document's score from its passages' scores: max (the best passage), first (the first "
-            "passage), sum_top_k (the sum of the best passage_top_k, divided by k)  [default: max]"
+            "passage), sum_top_k (the sum of the best passage_top_k, divided by k), max_mean (a quarter the best "
+            "passage, three quarters the mean of all)  [default: max]"
         ),
     ] = None
     passage_top_k: Annotated[

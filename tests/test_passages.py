@@ -153,6 +153,14 @@ def test_maxp_firstp_and_sum_of_the_top_k_against_hand_computed_values():
 
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     assert aggregate([0.0, 2.0, -9.0], "sum_top_k", top_k=2, normalise=sig).score == pytest.approx((0.5 + sig(2.0)) / 2)
+    # A quarter of the best and three quarters of the mean, the missing passage counted 0:
+    # 0.25 * 0.9 + 0.75 * (0.2 + 0.9 + 0.5) / 4; the span is still the best passage's.
+    hybrid = aggregate(scores, "max_mean", top_k=2, normalise=same)
+    assert hybrid.score == pytest.approx(0.525) and hybrid.best == 1 and hybrid.best_score == 0.9
+    # Normalised first: a logit scale averages probabilities.
+    assert aggregate([0.0, 2.0], "max_mean", top_k=2, normalise=sig).score == pytest.approx(
+        0.25 * sig(2.0) + 0.75 * (0.5 + sig(2.0)) / 2
+    )
     # A subset member (top_n) that left every passage out, or the first out for FirstP: omitted.
     assert aggregate([None, None], "max", top_k=2, normalise=same) is None
     assert aggregate([None, 0.4], "first", top_k=2, normalise=same) is None

@@ -24,7 +24,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ops.bench.common import ROOT, print_table, write_json
-from ops.bench.passage_quality import DEPTH, BestScores, Encoder, best_passage_scores, load, load_encoder, splitter
+from ops.bench.passage_quality import (
+    DEPTH,
+    WORKER_AGGREGATES,
+    BestScores,
+    Encoder,
+    document_scores,
+    load,
+    load_encoder,
+    splitter,
+)
 from worker.scoring.blend import LAST_PLACE
 
 Reading = Callable[[Sequence[float | None]], list[float]]
@@ -121,9 +130,10 @@ def held_out(
     return {"weight": weight, "bm25": bm25, "member": measured(0.0), "blend": measured(weight), "fit": fit}
 
 
-def measure(name: str, encoder: Encoder) -> list[dict[str, Any]]:
+def measure(name: str, encoder: Encoder, aggregate: str) -> list[dict[str, Any]]:
     collection = load(COLLECTIONS[name])
-    scores, _ = best_passage_scores(collection, encoder, splitter(collection, encoder, "structure", 1.0, False))
+    cut = splitter(collection, encoder, "structure", 1.0, False)
+    scores, _ = document_scores(collection, encoder, cut, aggregate)
     encoder.save()
     qids = sorted(collection.evaluated)
     halves = (qids[0::2], qids[1::2])
@@ -132,7 +142,9 @@ def measure(name: str, encoder: Encoder) -> list[dict[str, Any]]:
         for k, (train, test) in enumerate((halves, halves[::-1])):
             result = held_out(collection, scores, train, test, reading)
             held = f"half {k + 1} ({len(test)} queries)"
-            rows.append({"collection": name, "first stage": reading[0], "held out": held, **result})
+            rows.append(
+                {"collection": name, "aggregate": aggregate, "first stage": reading[0], "held out": held, **result}
+            )
     return rows
 
 
@@ -140,14 +152,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ops.bench.blend_quality", description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--collections", nargs="+", choices=sorted(COLLECTIONS), default=["long", "short"])
+    parser.add_argument(
+        "--aggregates",
+        nargs="+",
+        choices=WORKER_AGGREGATES,
+        default=["max"],
+        help="passage_aggregate of the member's rows (the stream default: max)",
+    )
     args = parser.parse_args(argv)
     import torch
 
     torch.set_grad_enabled(False)
     encoder = load_encoder()
-    rows = [row for name in args.collections for row in measure(name, encoder)]
+    rows = [row for how in args.aggregates for name in args.collections for row in measure(name, encoder, how)]
     header = [
         "collection",
+        "aggregate",
         "first stage",
         "held out",
         "bm25",
@@ -160,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     table = [
         [
             r["collection"],
+            r["aggregate"],
             r["first stage"],
             r["held out"],
             r["bm25"],

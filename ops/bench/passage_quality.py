@@ -1,14 +1,17 @@
-"""Where passages are cut, measured: nDCG@10 of BM25's top 100 on the long collection, reranked
-by the packaged bi-encoder's best passage, for each way of cutting, side by side in one run.
+"""Where passages are cut and how their scores make a document's, measured: nDCG@10 of BM25's
+top 100 on the long collection, reranked by the packaged bi-encoder's passages, for each way of
+cutting (rows) and each way of aggregating (columns), side by side in one run.
 
 The cuts are the worker's own (``worker.scoring.passages.split`` with the member's tokenizer and
 ``max_length``, the stream defaults otherwise); only the scoring is done here, directly with
 sentence-transformers (``encode_query`` / ``encode_document``, normalised: the cosine the
-``embedding`` member computes), each distinct passage embedded once for every cut. Rows:
-``tokens`` (fixed windows, half a passage apart: the cut before this change), ``structure``
-at several fills (``PASSAGE_FILL_SHARE``, the shipped one marked), and BM25 itself. The same
-again on the collection with every paragraph break removed (``--flat``), where structure
-falls back to sentences.
+``embedding`` member computes), each distinct passage embedded once for every cut and kept on
+disk between runs (``VECTOR_STORE``; ``--no-cache``: not). Rows: ``tokens`` (fixed windows,
+half a passage apart), ``structure`` at several fills (``PASSAGE_FILL_SHARE``, the shipped one
+marked), and BM25 itself. Columns: the worker's aggregates (``max``, ``first``, ``sum_top_k``,
+``max_mean``: ``worker.scoring.passages.aggregate``) and two read here only (``AGGREGATES``).
+The same again on the collection with every paragraph break removed (``flat``), where
+structure falls back to sentences.
 
     python -m ops.bench.passage_quality --json /tmp/passage_quality.json
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,18 +117,20 @@ def load(folder: Path = COLLECTION) -> Any:
 
 
 Rankings = dict[str, list[str]]
-#: Per query, each of BM25's top documents' best passage score (the cosine, as the member
-#: normalises it: clipped at 0).
+#: Per query, each of BM25's top documents' score (the cosine, as the member normalises it:
+#: clipped at 0), aggregated over its passages.
 BestScores = dict[str, dict[str, float]]
+#: Per query, each of BM25's top documents' passages: their texts and scores, in document order.
+PassageScores = dict[str, dict[str, list[tuple[str, float]]]]
 
 
-def best_passage_scores(
+def passage_scores(
     collection: Any, encoder: Encoder, cut: Callable[[str, str], list[str]]
-) -> tuple[BestScores, int]:
-    """Each query's BM25 top documents scored by their best passage; and how many passages.
+) -> tuple[PassageScores, int]:
+    """Each query's BM25 top documents' passages, scored; and how many passages.
     ``cut(query, docid)``: a bi-encoder's passages do not depend on the query, so a document
     is cut (and each passage embedded) once."""
-    scores: BestScores = {}
+    scores: PassageScores = {}
     passages = 0
     for qid in collection.evaluated:
         query = collection.queries[qid]
@@ -133,15 +139,55 @@ def best_passage_scores(
         for ranked in collection.run[qid][:DEPTH]:
             texts = cut(query, ranked.docid)
             passages += len(texts)
-            scores[qid][ranked.docid] = max(0.0, max(float(q @ v) for v in encoder.documents(texts)))
+            vectors = encoder.documents(texts)
+            scores[qid][ranked.docid] = [(t, max(0.0, float(q @ v))) for t, v in zip(texts, vectors)]
     return scores, passages
 
 
-def reranked(collection: Any, encoder: Encoder, cut: Callable[[str, str], list[str]]) -> tuple[Rankings, int]:
-    """Each query's BM25 top 100 ordered by its documents' best passage; and how many passages."""
-    scores, passages = best_passage_scores(collection, encoder, cut)
+#: How a document's score is read from its passages': the worker's aggregates
+#: (``worker.scoring.passages.aggregate``, k = the stream default), then two read here only, for
+#: comparison: the mean of the best and the first passage (a hybrid of MaxP and FirstP), and the
+#: best passage with a nudge for the share of the query's words it holds (query-term aware).
+WORKER_AGGREGATES = ("max", "first", "sum_top_k", "max_mean")
+BENCH_AGGREGATES = ("max+first", "max, query terms")
+#: The nudge per share of the query's words a passage holds (``max, query terms``).
+QUERY_TERM_NUDGE = 0.1
+_WORD = re.compile(r"\w+")
+
+
+def aggregated(passages: list[tuple[str, float]], how: str, query: str) -> float:
+    from kernel.stream_defaults import PASSAGE_TOP_K
+    from worker.scoring.passages import aggregate
+
+    scores = [score for _, score in passages]
+    if how == "max+first":
+        return (max(scores) + scores[0]) / 2
+    if how == "max, query terms":
+        words = {w for w in _WORD.findall(query.lower()) if len(w) > 2}
+        return max(score + QUERY_TERM_NUDGE * _share(words, text) for text, score in passages)
+    result = aggregate(scores, how, top_k=PASSAGE_TOP_K, normalise=lambda s: s)  # type: ignore[arg-type]
+    return result.score if result is not None else 0.0
+
+
+def _share(words: set[str], text: str) -> float:
+    return len(words & set(_WORD.findall(text.lower()))) / len(words) if words else 0.0
+
+
+def document_scores(
+    collection: Any, encoder: Encoder, cut: Callable[[str, str], list[str]], how: str = "max"
+) -> tuple[BestScores, int]:
+    """Each query's BM25 top documents scored by their passages, aggregated ``how``; and how
+    many passages."""
+    scores, passages = passage_scores(collection, encoder, cut)
+    return {
+        qid: {docid: aggregated(ps, how, collection.queries[qid]) for docid, ps in docs.items()}
+        for qid, docs in scores.items()
+    }, passages
+
+
+def ranked_by(scores: BestScores) -> Rankings:
     # Ties in BM25's order, as a window's decisions keep fusion order on equal scores.
-    return {qid: sorted(docs, key=lambda d: -docs[d]) for qid, docs in scores.items()}, passages
+    return {qid: sorted(docs, key=lambda d: -docs[d]) for qid, docs in scores.items()}
 
 
 def splitter(
@@ -178,29 +224,37 @@ def flatten(text: str) -> str:
 
 
 def measure(collection: Any, encoder: Encoder, flat: bool, fills: Sequence[float]) -> list[dict[str, Any]]:
+    """One row per cut: each aggregate's nDCG@10 side by side, and per query against BM25 for
+    the worker's ``max`` and ``max_mean``."""
     from evaluation.measures import evaluate
     from kernel.limits import PASSAGE_FILL_SHARE
 
     bm25 = {qid: [r.docid for r in collection.run[qid][:DEPTH]] for qid in collection.evaluated}
     base = evaluate(collection.qrels, bm25)
-    rows = [{"cut": "BM25 (the input)", "ndcg@10": base.mean["nDCG@10"], "passages": 0, "better/same/worse": ""}]
+    rows: list[dict[str, Any]] = [{"cut": "BM25 (the input)", **dict.fromkeys(AGGREGATES, base.mean["nDCG@10"])}]
     variants = [("tokens", PASSAGE_FILL_SHARE)] + [("structure", fill) for fill in fills]
     for passage_cut, fill in variants:
         started = time.perf_counter()
-        rankings, passages = reranked(collection, encoder, splitter(collection, encoder, passage_cut, fill, flat))
-        scores = evaluate(collection.qrels, rankings)
+        scored, passages = passage_scores(collection, encoder, splitter(collection, encoder, passage_cut, fill, flat))
         name = passage_cut if passage_cut == "tokens" else f"structure, fill {fill:g}"
         shipped = passage_cut == "structure" and fill == PASSAGE_FILL_SHARE
-        rows.append(
-            {
-                "cut": name + (" (shipped)" if shipped else ""),
-                "ndcg@10": scores.mean["nDCG@10"],
-                "passages": passages,
-                "better/same/worse": versus(scores.per_query["nDCG@10"], base.per_query["nDCG@10"]),
-                "seconds": round(time.perf_counter() - started, 1),
+        row: dict[str, Any] = {"cut": name + (" (shipped)" if shipped else ""), "passages": passages}
+        for how in AGGREGATES:
+            documents = {
+                qid: {d: aggregated(ps, how, collection.queries[qid]) for d, ps in docs.items()}
+                for qid, docs in scored.items()
             }
-        )
+            measured = evaluate(collection.qrels, ranked_by(documents))
+            row[how] = measured.mean["nDCG@10"]
+            if how in ("max", "max_mean"):
+                row[f"{how} vs BM25 +/=/-"] = versus(measured.per_query["nDCG@10"], base.per_query["nDCG@10"])
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        rows.append(row)
     return rows
+
+
+AGGREGATES = WORKER_AGGREGATES + BENCH_AGGREGATES
+COLUMNS = ["cut", "passages", *AGGREGATES, "max vs BM25 +/=/-", "max_mean vs BM25 +/=/-", "seconds"]
 
 
 def versus(mine: dict[str, float], theirs: dict[str, float]) -> str:
@@ -229,11 +283,12 @@ def main(argv: list[str] | None = None) -> None:
         default=["paragraphs", "flat"],
         help="the long collection as shipped, and with its paragraph breaks removed",
     )
+    parser.add_argument("--no-cache", action="store_true", help="embed every passage afresh; keep nothing on disk")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_grad_enabled(False)
-    collection, encoder = load(), load_encoder()
+    collection, encoder = load(), load_encoder(None if args.no_cache else VECTOR_STORE)
     figures: dict[str, Any] = {}
     from kernel.limits import PASSAGE_FILL_SHARE
 
@@ -241,13 +296,13 @@ def main(argv: list[str] | None = None) -> None:
     for flat in [name == "flat" for name in args.collections]:
         rows = measure(collection, encoder, flat, flat_fills if flat else args.fills)
         title = "the long collection" + (", paragraph breaks removed" if flat else "")
-        header = ["cut", "ndcg@10", "passages", "better/same/worse", "seconds"]
         print_table(
-            f"{title}: BM25 top {DEPTH} reranked by the best passage",
-            header,
-            [[row.get(h, "") for h in header] for row in rows],
+            f"{title}: nDCG@10 of BM25's top {DEPTH} reranked by the passages' scores, each aggregate",
+            COLUMNS,
+            [[row.get(h, "") for h in COLUMNS] for row in rows],
         )
         figures["flat" if flat else "paragraphs"] = rows
+    encoder.save()
     write_json(args.json, figures)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import math
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -229,10 +230,17 @@ def _counted(head: str, text: str, start: int, end: int, offsets: Offsets, *, bo
 
 # -- aggregating ---------------------------------------------------------------
 
+#: ``max_mean``'s share of the best passage; the rest is the mean of all the document's passages.
+#: A quarter: chosen on each half of the long collection's queries by the other half, the same
+#: both ways (``ops.bench.passage_quality``).
+MAX_MEAN_BEST_SHARE = 0.25
+#: The aggregates whose score is already normalised (read on the probability scale).
+NORMALISED_AGGREGATES = ("sum_top_k", "max_mean")
+
 
 @dataclass(frozen=True)
 class Aggregated:
-    #: The document's score on the member's own scale (``sum_top_k``: normalised, see below).
+    #: The document's score on the member's own scale (``sum_top_k``, ``max_mean``: normalised, see below).
     score: float
     #: Which passage decided it: the best one (``first``: the first one).
     best: int
@@ -248,7 +256,10 @@ def aggregate(
 
     ``max`` and ``first`` keep the member's raw score (so its scale still reads it);
     ``sum_top_k`` adds the best ``top_k`` normalised scores (a missing passage counts 0) and
-    divides by ``top_k``: the same order as the sum, and still a score in [0, 1].
+    divides by ``top_k``: the same order as the sum, and still a score in [0, 1]; ``max_mean``
+    is ``MAX_MEAN_BEST_SHARE`` of the best normalised score and the rest of the mean of all of
+    them (a missing passage counts 0): the passage that answers, and how much of the document
+    is about the query.
     """
     present = [(s, i) for i, s in enumerate(scores) if s is not None]
     if not present:
@@ -258,8 +269,12 @@ def aggregate(
         return Aggregated(score=best_score, best=best, best_score=best_score)
     if how == "first":
         return None if scores[0] is None else Aggregated(score=scores[0], best=0, best_score=scores[0])
-    top = sorted((normalise(s) for s, _ in present), reverse=True)[:top_k]
-    return Aggregated(score=sum(top) / top_k, best=best, best_score=best_score)
+    normalised = sorted((normalise(s) for s, _ in present), reverse=True)
+    if how == "max_mean":
+        mean = math.fsum(normalised) / len(scores)
+        score = MAX_MEAN_BEST_SHARE * normalised[0] + (1.0 - MAX_MEAN_BEST_SHARE) * mean
+        return Aggregated(score=score, best=best, best_score=best_score)
+    return Aggregated(score=sum(normalised[:top_k]) / top_k, best=best, best_score=best_score)
 
 
 @dataclass
@@ -340,7 +355,7 @@ def scored_passages(
         outcome.scores = None if outcome.scores is None else [None] * len(documents)
         return None
     scores, spans, best_texts = passages.aggregate(outcome.scores, spec, outcome.scale, normalise)
-    if spec.passage_aggregate == "sum_top_k":
+    if spec.passage_aggregate in NORMALISED_AGGREGATES:
         outcome.scale = "probability"  # already normalised: read as it is
     outcome.scores = scores
     for i, text in enumerate(best_texts):
