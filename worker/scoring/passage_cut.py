@@ -70,7 +70,7 @@ def cut_token_windows(text: str, offsets: list[Span], *, tokens: int, stride: in
     return spans
 
 
-class _Tokens:
+class DocumentTokens:
     """How many of the text's tokens a span holds: those that start inside it."""
 
     def __init__(self, offsets: list[Span]) -> None:
@@ -124,7 +124,7 @@ def sentences(text: str, start: int, end: int) -> list[Span]:
     return _pieces(text, start, end, _SENTENCE_END.finditer(text, start, end))
 
 
-def units(text: str, text_blocks: list[Span], counted: _Tokens, tokens: int) -> list[Span]:
+def units(text: str, text_blocks: list[Span], counted: DocumentTokens, tokens: int) -> list[Span]:
     """The smallest pieces a passage is made of: blocks that fit, else their sentences that fit,
     else a sentence's token windows (side by side, none overlapping)."""
     out: list[Span] = []
@@ -145,7 +145,7 @@ def units(text: str, text_blocks: list[Span], counted: _Tokens, tokens: int) -> 
     return out
 
 
-def merged(pieces: list[Span], counted: _Tokens, *, tokens: int, fill: int, headings: set[int]) -> list[Span]:
+def merged(pieces: list[Span], counted: DocumentTokens, *, tokens: int, fill: int, headings: set[int]) -> list[Span]:
     """Neighbouring pieces joined while a passage holds fewer than ``fill`` tokens and the joined
     one holds at most ``tokens``; a heading (its start in ``headings``) starts a passage."""
     out = [pieces[0]]
@@ -167,7 +167,7 @@ def cut_on_structure(text: str, offsets: list[Span], *, tokens: int, stride: int
     if len(text_blocks) == 1 and len(sentences(text, *text_blocks[0])) == 1:
         # No break anywhere: overlapping windows, so what a cut splits is read whole in the next.
         return cut_token_windows(text, offsets, tokens=tokens, stride=stride, max_passages=max_passages)
-    counted = _Tokens(offsets)
+    counted = DocumentTokens(offsets)
     pieces = units(text, text_blocks, counted, tokens)
     headings = heading_starts(text)
     fill = passage_fill(tokens)

@@ -33,7 +33,7 @@ from kernel.settings import PACKAGED_EMBEDDING_MODULE
 from kernel.wire import Candidate, PassageAggregate, PassageSpan, StreamSpec
 from worker.providers.base import Scale
 from worker.scoring.documents import ELLIPSIS, _back_to_boundary, has_text, header
-from worker.scoring.passage_cut import cut_on_structure, cut_token_windows
+from worker.scoring.passage_cut import DocumentTokens, cut_on_structure, cut_token_windows
 
 #: A text's tokens as (start, end) code-point offsets into it, in order.
 Offsets = Callable[[str], list[tuple[int, int]]]
@@ -70,10 +70,10 @@ class Cutter:
     #: The member reads the query with the document (a cross-encoder), not alone (a bi-encoder).
     reads_query: bool = True
 
-    def passage_tokens(self, query: str, head: str) -> int:
-        """The default passage length: what the member reads, less the query, the header and
-        the special tokens; never under ``MIN_PASSAGE_TOKENS``."""
-        used = len(self.offsets(head))
+    def passage_tokens(self, query: str, head_tokens: int) -> int:
+        """The default passage length: what the member reads, less the query, the header's
+        ``head_tokens`` and the special tokens; never under ``MIN_PASSAGE_TOKENS``."""
+        used = head_tokens
         if self.reads_query:
             used += len(self.offsets(query)) + _PAIR_SPECIAL_TOKENS
         else:
@@ -181,39 +181,67 @@ def passage_header(head: str, offsets: Offsets, *, chars: int, tokens: int) -> s
     """The document's header as each passage carries it: at most ``chars`` code points and
     ``tokens`` tokens (``kernel.passage_budget``). A header cut short ends in an ellipsis and
     a space, so the passage's text still starts a word of its own."""
-    spans = offsets(head)
+    return _clipped_header(head, offsets, chars=chars, tokens=tokens)[0]
+
+
+def _clipped_header(head: str, offsets: Offsets, *, chars: int, tokens: int) -> tuple[str, int | None]:
+    """``passage_header``, and its tokens where they are known already (None: not counted)."""
+    spans = offsets(head) if head else []
     if len(head) <= chars and len(spans) <= tokens:
-        return head
+        return head, len(spans)
     if chars < 3 or tokens < 2:
-        return ""
+        return "", 0
     # Room for the ellipsis: a code point and a token.
     at = chars - 2
     if len(spans) > tokens:
         at = min(at, spans[tokens - 2][1])
     kept = head[: _back_to_boundary(head, at)].rstrip()
-    return kept + ELLIPSIS + " " if kept else ""
+    return (kept + ELLIPSIS + " ", None) if kept else ("", 0)
+
+
+#: Tokens a passage may read differently as sent than the document's own tokens say: a
+#: tokenizer may read the word at a passage's edge (a window that starts inside a word), or
+#: the header's join, as more pieces on its own. A passage counted within this of the bound is
+#: tokenised as sent, and its header gives way where it must.
+EDGE_SLACK = 16
 
 
 def split(candidate: Candidate, query: str, cutter: Cutter, spec: StreamSpec) -> list[Passage]:
     """A candidate's passages, each with the document's header (clipped to its budget) and
-    counted as sent; none for a candidate without text."""
+    counted as sent; none for a candidate without text.
+
+    The document is tokenised once: the cut and every passage's count read its offsets (a
+    passage's tokens are the header's and those of its span), so a passage costs no second
+    tokenising here on top of the member's own."""
     if not has_text(candidate):
         return []
     limit = text_tokens(spec)
-    head = passage_header(header(candidate), cutter.offsets, chars=header_chars(spec), tokens=limit)
+    head, head_tokens = _clipped_header(header(candidate), cutter.offsets, chars=header_chars(spec), tokens=limit)
+    if head_tokens is None:
+        head_tokens = len(cutter.offsets(head))
     # A member in process that reads less than the limit cuts shorter; never longer.
-    tokens = spec.passage_tokens or min(limit, cutter.passage_tokens(query, head))
+    tokens = spec.passage_tokens or min(limit, cutter.passage_tokens(query, head_tokens))
     stride = spec.passage_stride or max(1, tokens // 2)
     text = candidate.text
+    offsets = cutter.offsets(text)
     cutting = cut_on_structure if spec.passage_cut == "structure" else cut_token_windows
-    spans = cutting(text, cutter.offsets(text), tokens=tokens, stride=stride, max_passages=spec.max_passages)
-    return [_counted(head, text, a, b, cutter.offsets, bound=passage_tokens(spec)) for a, b in spans]
+    spans = cutting(text, offsets, tokens=tokens, stride=stride, max_passages=spec.max_passages)
+    document = DocumentTokens(offsets)
+    bound = passage_tokens(spec)
+    return [
+        _counted(head, text, a, b, cutter.offsets, counted=head_tokens + document.count(a, b), bound=bound)
+        for a, b in spans
+    ]
 
 
-def _counted(head: str, text: str, start: int, end: int, offsets: Offsets, *, bound: int) -> Passage:
-    """The passage as sent, its tokens counted on the text as sent; where the header and the
-    span read more together than apart (a tokenizer that merges across the join), the header
-    gives way, so no passage sends more than ``bound`` tokens."""
+def _counted(head: str, text: str, start: int, end: int, offsets: Offsets, *, counted: int, bound: int) -> Passage:
+    """The passage as sent, with ``counted`` (the header's tokens and its span's in the
+    document) as its tokens; where that comes within ``EDGE_SLACK`` of the bound, counted again
+    on the text as sent, and where the header and the span read more together than the bound
+    allows (a tokenizer that merges across the join), the header gives way, so no passage sends
+    more than ``bound`` tokens."""
+    if counted + EDGE_SLACK <= bound:
+        return Passage(start=start, end=end, text=head + text[start:end], tokens=counted)
     while True:
         sent = head + text[start:end]
         count = len(offsets(sent))
