@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel import stream_defaults
 from ops.bench.common import ROOT, bench_model, print_table, worker_env, write_json
 
 COLLECTION = ROOT / "worker" / "collection" / "long"
@@ -110,7 +111,12 @@ class Subject:
                 client.delete(*batch)
 
     def score(
-        self, query: str, candidates: list[dict[str, object]], long_documents: str, passage_cut: str | None = None
+        self,
+        query: str,
+        candidates: list[dict[str, object]],
+        long_documents: str,
+        passage_cut: str | None = None,
+        document_budget: int | None = None,
     ) -> Tally:
         """One window through the worker's scorer, timed; what it scored, from the store's counters."""
         before = self.client.store.counters()
@@ -120,6 +126,7 @@ class Subject:
             window_size=len(candidates),
             long_documents=long_documents,
             passage_cut=passage_cut,
+            document_budget=document_budget,
             ttl_s=600,
         )
         self.streams += 1
@@ -165,8 +172,12 @@ class Subject:
 
     def _as_window(self, window: Window, modes: Sequence[str], out: dict[str, Tally]) -> None:
         if "passage texts as a window" in modes:
+            texts = self.passage_texts(window)
+            # Each text whole, as its passage is sent: the default budget (2,048 code points) would
+            # cut a cross-encoder's passages (about 450 tokens, 2,300 code points) to excerpts.
+            budget = max(stream_defaults.DOCUMENT_BUDGET, max(len(str(t["text"])) for t in texts))
             self.flush_caches()
-            out["passage texts as a window"] = self.score(window.query, self.passage_texts(window), "excerpt")
+            out["passage texts as a window"] = self.score(window.query, texts, "excerpt", document_budget=budget)
 
     def _cold(self, window: Window, modes: Sequence[str], out: dict[str, Tally]) -> None:
         if not {"passages cold", "passages warm", "passages repeat"} & set(modes):
