@@ -223,9 +223,11 @@ def flatten(text: str) -> str:
     return " ".join(text.split())
 
 
-def measure(collection: Any, encoder: Encoder, flat: bool, fills: Sequence[float]) -> list[dict[str, Any]]:
+def measure(
+    collection: Any, encoder: Encoder, flat: bool, fills: Sequence[float]
+) -> tuple[list[dict[str, Any]], PassageScores | None]:
     """One row per cut: each aggregate's nDCG@10 side by side, and per query against BM25 for
-    the worker's ``max`` and ``max_mean``."""
+    the worker's ``max`` and ``max_mean``; and the shipped cut's passage scores."""
     from evaluation.measures import evaluate
     from kernel.limits import PASSAGE_FILL_SHARE
 
@@ -233,11 +235,13 @@ def measure(collection: Any, encoder: Encoder, flat: bool, fills: Sequence[float
     base = evaluate(collection.qrels, bm25)
     rows: list[dict[str, Any]] = [{"cut": "BM25 (the input)", **dict.fromkeys(AGGREGATES, base.mean["nDCG@10"])}]
     variants = [("tokens", PASSAGE_FILL_SHARE)] + [("structure", fill) for fill in fills]
+    shipped_scores = None
     for passage_cut, fill in variants:
         started = time.perf_counter()
         scored, passages = passage_scores(collection, encoder, splitter(collection, encoder, passage_cut, fill, flat))
         name = passage_cut if passage_cut == "tokens" else f"structure, fill {fill:g}"
         shipped = passage_cut == "structure" and fill == PASSAGE_FILL_SHARE
+        shipped_scores = scored if shipped else shipped_scores
         row: dict[str, Any] = {"cut": name + (" (shipped)" if shipped else ""), "passages": passages}
         for how in AGGREGATES:
             documents = {
@@ -250,6 +254,38 @@ def measure(collection: Any, encoder: Encoder, flat: bool, fills: Sequence[float
                 row[f"{how} vs BM25 +/=/-"] = versus(measured.per_query["nDCG@10"], base.per_query["nDCG@10"])
         row["seconds"] = round(time.perf_counter() - started, 1)
         rows.append(row)
+    return rows, shipped_scores
+
+
+def share_held_out(collection: Any, scored: PassageScores) -> list[dict[str, Any]]:
+    """``max_mean``'s share of the best passage, chosen where it is not measured: on each half of
+    the queries (sorted ids, alternating) the share of a grid (0, 0.05, ..., 1) that ranks best,
+    and nDCG@10 at that share on the other half, beside BM25 and ``max`` there."""
+    from evaluation.measures import evaluate
+
+    def ndcg(share: float, qids: Sequence[str]) -> float:
+        documents = {
+            qid: {d: share * max(s for _, s in ps) + (1 - share) * sum(s for _, s in ps) / len(ps) for d, ps in docs}
+            for qid, docs in ((q, scored[q].items()) for q in qids)
+        }
+        return float(evaluate(collection.qrels, ranked_by(documents)).mean["nDCG@10"])
+
+    qids = sorted(scored)
+    halves = (qids[0::2], qids[1::2])
+    grid = [round(i / 20, 2) for i in range(21)]
+    rows = []
+    for k, (train, test) in enumerate((halves, halves[::-1])):
+        share = max(grid, key=lambda g: (round(ndcg(g, train), 9), -g))
+        bm25 = evaluate(collection.qrels, {q: [r.docid for r in collection.run[q][:DEPTH]] for q in test})
+        rows.append(
+            {
+                "held out": f"half {k + 1} ({len(test)} queries)",
+                "share fitted on the other half": share,
+                "max_mean at it": ndcg(share, test),
+                "max": ndcg(1.0, test),
+                "bm25": bm25.mean["nDCG@10"],
+            }
+        )
     return rows
 
 
@@ -291,10 +327,11 @@ def main(argv: list[str] | None = None) -> None:
     collection, encoder = load(), load_encoder(None if args.no_cache else VECTOR_STORE)
     figures: dict[str, Any] = {}
     from kernel.limits import PASSAGE_FILL_SHARE
+    from worker.scoring.passages import MAX_MEAN_BEST_SHARE
 
     flat_fills = [PASSAGE_FILL_SHARE] if args.flat_fills is None else args.flat_fills
     for flat in [name == "flat" for name in args.collections]:
-        rows = measure(collection, encoder, flat, flat_fills if flat else args.fills)
+        rows, shipped = measure(collection, encoder, flat, flat_fills if flat else args.fills)
         title = "the long collection" + (", paragraph breaks removed" if flat else "")
         print_table(
             f"{title}: nDCG@10 of BM25's top {DEPTH} reranked by the passages' scores, each aggregate",
@@ -302,6 +339,15 @@ def main(argv: list[str] | None = None) -> None:
             [[row.get(h, "") for h in COLUMNS] for row in rows],
         )
         figures["flat" if flat else "paragraphs"] = rows
+        if shipped is not None:
+            shares = share_held_out(collection, shipped)
+            print_table(
+                f"{title}: max_mean's share of the best passage, fitted on one half, measured on the other "
+                f"(shipped: {MAX_MEAN_BEST_SHARE})",
+                list(shares[0]),
+                [list(r.values()) for r in shares],
+            )
+            figures[("flat" if flat else "paragraphs") + " max_mean share held out"] = shares
     encoder.save()
     write_json(args.json, figures)
 
