@@ -105,6 +105,8 @@ class RerankServer:
         # echo_auth: characters of padding before the echoed Authorization header.
         self.echo_pad = 0
         self.paths = PATHS.get(shape)
+        # Scores as another model would: every score depends on the salt too (``expected_score``).
+        self.salt: str | None = None
         self.requests: list[Seen] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -167,7 +169,7 @@ class RerankServer:
         documents = body.get("texts") or body.get("documents") or body.get("text_2") or []
         documents = [d if isinstance(d, str) else d.get("text", "") for d in documents]
         n = len(documents)
-        instruction = body.get("instruction") if self.shape == "vllm" else None
+        instruction = body.get("instruction") if self.shape == "vllm" else self.salt
         pairs = [(i, expected_score(d, instruction)) for i, d in enumerate(documents)]
         if mode == "flat":
             pairs = [(i, 0.5) for i in range(n)]

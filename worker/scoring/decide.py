@@ -10,6 +10,7 @@ the bounded boost multiplier, where the first stage is blended in the blend's
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from kernel.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
@@ -82,13 +83,14 @@ def decide(
     documents: list[str],
     outcome: ChainOutcome,
     *,
-    first_index: int,
+    indexes: Sequence[int],
     calibration: ScoreMap | None = None,
     passages: list[PassageSpan | None] | None = None,
     first_stage_weight: float | None = None,
 ) -> list[Decision]:
     """Decisions for one window, in final order (final score desc; on ties a calibrated
-    window's raw score, so a flat stretch of its map keeps the member's order; then fusion order).
+    window's raw score, so a flat stretch of its map keeps the member's order; then the window's
+    own order). ``indexes``: each candidate's index in the stream.
 
     ``calibration`` maps the serving member's normalised score to P(relevant); never applied
     to a passthrough window's seeded scores. ``passages``: a passages stream's best passage of
@@ -99,8 +101,7 @@ def decide(
     if outcome.failed:
         failure = outcome.reason or "failed"
         return [
-            Failed(id=c.id, index=first_index + i, document=documents[i], reason=failure)
-            for i, c in enumerate(candidates)
+            Failed(id=c.id, index=indexes[i], document=documents[i], reason=failure) for i, c in enumerate(candidates)
         ]
     served_by = outcome.served_by or ""
     base = base_scores(candidates, outcome)
@@ -114,7 +115,7 @@ def decide(
     scored: list[tuple[float, float, int, Decision]] = []
     omitted: list[Decision] = []
     for i, c in enumerate(candidates):
-        index = first_index + i
+        index = indexes[i]
         raw: float | None = None
         first_stage: float | None = None
         member_score = base[i]
@@ -130,7 +131,7 @@ def decide(
                 raw, score = score, calibrate(score)
             ordered = score
             if weight is not None:
-                first_stage = first_stage_score(index, spec.n_candidates or first_index + len(candidates))
+                first_stage = first_stage_score(index, spec.n_candidates or max(indexes) + 1)
                 ordered = blended(score, first_stage, weight)
             final = ordered * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
         reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
