@@ -474,9 +474,14 @@ class StreamProgress(Base, frozen=True):
     unhanded_stages: int = 0
 
     @property
+    def first_stage_windows(self) -> int:
+        """The stream's own windows, over its candidates (a deeper pull admits them)."""
+        return window_count(self.n_candidates, self.window_size)
+
+    @property
     def n_windows(self) -> int:
         """The windows the stream commits, as far as its stages are known yet."""
-        return window_count(self.n_candidates, self.window_size) + self.later_windows
+        return self.first_stage_windows + self.later_windows
 
     @property
     def complete(self) -> bool:
