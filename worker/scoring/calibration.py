@@ -125,6 +125,16 @@ def calibration_identity(cache_identity: str) -> str:
     return json.dumps(kept, sort_keys=True, separators=(",", ":"))
 
 
+def declares_ranks(cache_identity: str) -> bool:
+    """Whether a member's identity declares its scores ranks (``listwise``): places in an order,
+    with nothing in them for a map to calibrate."""
+    try:
+        parts = json.loads(cache_identity)
+    except ValueError:
+        return False
+    return isinstance(parts, dict) and parts.get("scale") == "rank"
+
+
 def interpolate(xs: list[float], ys: list[float], x: float) -> float:
     """``numpy.interp(x, xs, ys)``: linear between breakpoints, flat past the ends."""
     if x <= xs[0]:
