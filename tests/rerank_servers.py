@@ -68,7 +68,7 @@ CHAT_MODES = (
     "missing",  # the last two ids left out
     "repeated",  # the first two ids named again after themselves
     "out_of_range",  # [0] and [m + 1] first, [99] last
-    "prose",  # a sentence around the ids that names the passage count as a bare number
+    "prose",  # sentences around the ids, with bare numbers in them ("In 1 line, the 6 passages")
     "think",  # a reasoning block naming other ids before the answer
     "bare",  # ids without brackets: 2 > 1 > 3
     "empty",  # content ""
@@ -424,7 +424,7 @@ def chat_answer(
     elif mode == "out_of_range":
         content = " > ".join(f"[{i}]" for i in [0, m + 1, *ids, 99])
     elif mode == "prose":
-        content = f"Sure! Here is the ranking of the {m} passages: {ranked}.\nPassage [{ids[0]}] answers it best."
+        content = f"Sure! In 1 line, the {m} passages ranked: {ranked}.\nPassage [{ids[0]}] answers it best."
     elif mode == "think":
         content = f"<think>\nPassage [{ids[-1]}] looks best, or [{m}]?\n</think>\n\n{ranked}"
     elif mode == "bare":

@@ -186,7 +186,7 @@ REPAIRED = [
     ("missing", ["missing"], lambda j: j[:-2] + sorted(j[-2:])),  # the two left out appended in their order
     ("repeated", ["repeated"], lambda j: j),  # the first mention counts
     ("out_of_range", ["out_of_range"], lambda j: j),  # [0], [7] and [99] dropped
-    ("prose", ["repeated"], lambda j: j),  # bracketed ids read; "the 6 passages" is no id
+    ("prose", ["repeated"], lambda j: j),  # bracketed ids read; "In 1 line" is no passage 1
     ("think", [], lambda j: j),  # only what follows </think>
     ("bare", [], lambda j: j),  # 2 > 1 > 3, no brackets
 ]
