@@ -27,7 +27,7 @@ from worker.chain.metering import MeteredProvider
 from worker.metrics.recorder import Recorder
 from worker.providers import build_provider
 from worker.providers.base import ProviderStartError, ScoreRequest, UnusableResponse
-from worker.scoring.calibration import calibration_identity, declares_ranks
+from worker.scoring.calibration import Calibrations, calibration_identity, declares_ranks
 from worker.scoring.decide import decide
 from worker.scoring.passages import Cutter, scored_passages, window_passages, word_offsets
 
@@ -570,6 +570,19 @@ def rank_calibration(tmp_path: Path, url: str) -> Path:
         )
     )
     return path
+
+
+def test_a_calibration_file_has_no_map_for_ranks_and_no_warning_that_it_lacks_one(tmp_path):
+    url = "http://127.0.0.1:1"
+    path = rank_calibration(tmp_path, url)
+    identity = build_provider(listwise(url, model="castorini/rank_zephyr_7b_v1_full"), Settings()).cache_identity  # type: ignore[attr-defined]
+    other = build_provider(listwise(url, model="another"), Settings()).cache_identity  # type: ignore[attr-defined]
+    calibrations = Calibrations.from_settings(load_settings({}, calibration=str(path)))
+    with structlog.testing.capture_logs() as logs:
+        for served in (identity, other):  # a map fitted for it anyway, and none
+            assert calibrations.map_for(profile=None, label="0:listwise", cache_identity=served) is None
+            assert calibrations.first_stage_weight_for(profile=None, cache_identity=served) is None
+    assert not [e for e in logs if e["event"] == "member_uncalibrated"]
 
 
 def test_a_worker_serves_a_window_in_the_permutations_order_with_scores_as_ranks(
