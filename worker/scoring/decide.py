@@ -5,6 +5,12 @@ weak), or, with a calibration map for the serving member, the probability of rel
 map gives that normalised score (kept as ``raw_score``); ``final_score`` is ``score`` times
 the bounded boost multiplier, where the first stage is blended in the blend's
 (``worker.scoring.blend``). Boosts and filters see the calibrated score.
+
+A window whose member declared ``rank`` (a listwise member: each number is a place in the order
+it chose) has no relevance to keep: its places are seeded onto [0.1, 1.0] as a passthrough
+window's fusion ranks are (``rank_scores``), and like those they are never filtered by
+``min_score`` or ``min_final_score`` nor mapped by a calibration map (fitted on relevance, it
+would read a place as a probability); the stream's own ``first_stage_weight`` still blends.
 """
 
 from __future__ import annotations
@@ -39,9 +45,13 @@ def normalise(score: float, scale: str) -> float:
     apart: unrelated) reads as 0, not as some relevance. ``(1 + cos) / 2`` would keep the
     order below 0 too, but would score unrelated text 0.5; among documents the model finds
     unrelated, fusion order (the tie-break) is as good an order as any.
+
+    A ``rank`` is no score on its own: it is read against its window's others (``rank_scores``).
     """
     if scale == "logit":
         return sigmoid(score)
+    if scale == "rank":
+        raise ValueError("a place is normalised against its window's others: rank_scores")
     return min(1.0, max(0.0, score))
 
 
@@ -50,6 +60,22 @@ def seeded_scores(n: int) -> list[float]:
     if n == 1:
         return [1.0]
     return [1.0 - 0.9 * rank / (n - 1) for rank in range(n)]
+
+
+def rank_scores(places: list[float | None]) -> list[float | None]:
+    """Places in a member's order (0 first; None where there is none) seeded as fusion ranks
+    are: the first present 1.0, the last 0.1, evenly between, read by order alone (ties keep
+    input order), so places with gaps between them (a window's text-less rows) still span it."""
+    present = sorted((p, i) for i, p in enumerate(places) if p is not None)
+    seeded: list[float | None] = [None] * len(places)
+    for score, (_, i) in zip(seeded_scores(len(present)) if present else [], present):
+        seeded[i] = score
+    return seeded
+
+
+def ranked_by_member(outcome: ChainOutcome) -> bool:
+    """Whether the window's scores are places in the serving member's order, not relevance."""
+    return outcome.scale == "rank"
 
 
 def base_scores(candidates: list[Candidate], outcome: ChainOutcome) -> list[float | None]:
@@ -62,13 +88,15 @@ def base_scores(candidates: list[Candidate], outcome: ChainOutcome) -> list[floa
         return list(seeded_scores(len(candidates)))
     if outcome.scores is None or outcome.scale is None:
         raise ValueError("a served, non-passthrough outcome must carry scores and a scale")
+    if ranked_by_member(outcome):
+        return rank_scores(outcome.scores)
     return [None if s is None else normalise(s, outcome.scale) for s in outcome.scores]
 
 
-def _filter_reason(spec: StreamSpec, score: float, final: float, *, passthrough: bool) -> str | None:
-    # Seeded scores are fusion ranks, not relevance: an absolute threshold on them
-    # would drop the bottom of every passthrough window for no reason.
-    if passthrough or not math.isfinite(score):
+def _filter_reason(spec: StreamSpec, score: float, final: float, *, seeded: bool) -> str | None:
+    # Seeded scores are ranks (fusion's or a listwise member's), not relevance: an absolute
+    # threshold on them would drop the bottom of every such window for no reason.
+    if seeded or not math.isfinite(score):
         return None
     if spec.min_score is not None and score < spec.min_score:
         return "min_score"
@@ -93,10 +121,12 @@ def decide(
     own order). ``indexes``: each candidate's index in the stream.
 
     ``calibration`` maps the serving member's normalised score to P(relevant); never applied
-    to a passthrough window's seeded scores. ``passages``: a passages stream's best passage of
-    each candidate, kept on its decision. ``first_stage_weight``: the fitted weight for the
-    serving member, where the stream sets none (``worker.scoring.blend``); never applied to a
-    passthrough window, which is in fusion order already.
+    to seeded scores (a passthrough window's, or a member's declared ranks). ``passages``: a
+    passages stream's best passage of each candidate, kept on its decision.
+    ``first_stage_weight``: the fitted weight for the serving member, where the stream sets
+    none (``worker.scoring.blend``); never applied to a passthrough window, which is in fusion
+    order already, nor to a member's declared ranks (the file's weights are fitted with its
+    maps; the stream's own weight does blend them).
     """
     if outcome.failed:
         failure = outcome.reason or "failed"
@@ -107,7 +137,10 @@ def decide(
     base = base_scores(candidates, outcome)
     reference = boosts.reference_time(spec)
 
-    calibrate = calibration if calibration is not None and not outcome.passthrough else None
+    seeded = outcome.passthrough or ranked_by_member(outcome)
+    calibrate = calibration if calibration is not None and not seeded else None
+    if ranked_by_member(outcome):
+        first_stage_weight = None
     weight = spec.first_stage_weight if spec.first_stage_weight is not None else first_stage_weight
     if outcome.passthrough or not weight:
         weight = None
@@ -134,7 +167,7 @@ def decide(
                 first_stage = first_stage_score(index, spec.n_candidates or max(indexes) + 1)
                 ordered = blended(score, first_stage, weight)
             final = ordered * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
-        reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
+        reason = _filter_reason(spec, score, final, seeded=seeded)
         passage = passages[i] if passages is not None else None
         decision: Decision
         if reason:
