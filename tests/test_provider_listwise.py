@@ -336,7 +336,7 @@ def test_places_are_seeded_as_fusion_ranks_and_neither_filtered_nor_calibrated()
         candidates,
         [c.text or "" for c in candidates],
         outcome,
-        first_index=0,
+        indexes=range(len(candidates)),
         calibration=lambda s: 0.01,  # a map read as relevance would score every row 0.01 ...
         first_stage_weight=1.0,  # ... and a fitted weight would put them back in fusion order
     )
@@ -362,7 +362,7 @@ def test_places_of_passages_place_each_document_by_its_best_placed_passage():
     assert outcome.scale == "rank" and outcome.scores == [1.0, 2.0, 0.0]
     assert spans is not None and spans[2] is not None and spans[2].score == pytest.approx(1.0)
     assert spans[0] is not None and spans[0].score == pytest.approx(1 - 0.9 * 1 / 8)
-    decisions = decide(stream, candidates, texts, outcome, first_index=0, passages=spans)
+    decisions = decide(stream, candidates, texts, outcome, indexes=range(len(candidates)), passages=spans)
     assert [d.id for d in decisions] == ["c2", "c0", "c1"]
     assert [d.score for d in decisions] == pytest.approx([1.0, 0.55, 0.1])  # type: ignore[union-attr]
 
