@@ -13,9 +13,11 @@ from conftest import make_candidates
 from delivery_helpers import commits_per_window, patient, wait_for
 from rerank_servers import RerankServer, expected_score
 
+from kernel.cost import candidate_cost
 from kernel.errors import ValidationError
 from kernel.settings import load_settings
 from kernel.store import Store, connect
+from kernel.wire import Candidate, StreamSpec
 from producer import RerankClient
 from worker.chain import Chain
 from worker.windows import WindowScorer
@@ -100,21 +102,25 @@ def test_the_second_stage_reads_the_first_stages_best_once_and_a_deeper_pull_pay
     assert set(commits_per_window(client.store.client, client, stream).values()) == {1}
 
 
-def test_a_pairs_budget_stops_the_second_stage_where_it_says(servers, start_worker, make_client):
+@pytest.mark.parametrize("budget", ["max_pairs", "max_tokens"])
+def test_a_budget_stops_the_second_stage_where_it_says(servers, start_worker, make_client, budget):
     fast, precise = servers
     env = chain_env(fast, precise)
     start_worker(env=env, drop=("RERANKQ_RERANKER_MODEL",))
     client = make_client(env)
-    stream = open_cascade(client, max_pairs=5)
     texts = [c["text"] for c in candidates()]
+    order = first_stage_order(texts)
+    # Five pairs, or the tokens of the first stage's best five and not of its sixth.
+    spec = StreamSpec(query="checkout 502", window_size=WINDOW)
+    costs = [candidate_cost(spec, Candidate(id=f"c{i}", text=texts[i])) for i in order[:5]]
+    stream = open_cascade(client, **{budget: 5 if budget == "max_pairs" else sum(costs)})
 
     page = client.pull(stream, 0, 12, timeout=patient(30))
-    order = first_stage_order(texts)
     assert sorted(sent_texts(precise)) == sorted(texts[i] for i in order[:5])
     assert [r.decision.index for r in page.rows[:5]] == sorted(order[:5], key=lambda i: -expected_score(texts[i], SALT))
     assert [r.decision.index for r in page.rows[5:]] == order[5:12]  # past the budget: the first stage's order
     assert [r.stage for r in page.rows] == [2] * 5 + [1] * 7
-    assert (page.stages[1].read, page.stages[1].stopped) == (5, "max_pairs")
+    assert (page.stages[1].read, page.stages[1].stopped) == (5, budget)
 
 
 def test_a_failing_second_stage_leaves_the_first_stages_order_and_says_why(servers, start_worker, make_client):
