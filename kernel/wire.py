@@ -274,6 +274,9 @@ class WindowResult(Base, frozen=True):
     #: The cascade stage the window belongs to. A later stage's ``start`` and ``end`` are
     #: places in what that stage reads, not candidate indexes (its decisions carry those).
     stage: int = 1
+    #: The serving member answered places, not relevance (a listwise member): its scores are
+    #: those places seeded onto [0.1, 1.0], comparable within the window only.
+    scored_by_place: bool = False
 
 
 class WindowEmbeddings(Base, frozen=True):

@@ -605,6 +605,7 @@ def test_a_worker_serves_a_window_in_the_permutations_order_with_scores_as_ranks
     assert [r.score for r in page.rows] == pytest.approx([1 - 0.9 * k / 7 for k in range(8)])
     assert not any(r.decision.calibrated for r in page.rows)
     assert client.status(stream).windows[0].served_by == "0:listwise"
+    assert client.store.snapshot(stream).results[0].scored_by_place  # readers can tell places from relevance
 
     # The same window again is the cached answer; the same documents in another order are not.
     again = client.open(QUERY, candidates, window_size=8, allow_shallow=True)

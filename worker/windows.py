@@ -37,7 +37,7 @@ from worker.fair_release import ShareReturn
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.calibration import Calibrations
-from worker.scoring.decide import decide
+from worker.scoring.decide import decide, ranked_by_member
 from worker.scoring.documents import assemble, has_text
 from worker.scoring.passages import chain_cutter, scored_passages, window_passages
 from worker.side_writes import SideWrite, held_for_commit
@@ -391,6 +391,7 @@ class WindowScorer:
             start=place.start,
             end=place.end,
             stage=place.stage,
+            scored_by_place=ranked_by_member(outcome),
             served_by=outcome.served_by,
             passthrough=outcome.passthrough,
             attempts=begun.attempt,
