@@ -8,6 +8,8 @@ stage's order from ``expected_score`` alone and counts what each server was sent
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import make_candidates
 from delivery_helpers import commits_per_window, patient, wait_for
@@ -245,3 +247,29 @@ def test_a_cancel_between_the_stages_cancels_the_handed_window_and_reads_complet
     assert [r.kind for r in page.rows] == ["ranked"] * 20 + ["cancelled"] * 20
     assert scorer.process(stream, second_window, delivery="late") == "already_committed"
     assert precise.count == 0
+
+
+def test_a_listwise_member_as_the_last_stage_reorders_the_first_stages_best(server, start_worker, make_client):
+    fast, chat = server("tei"), server("chat")
+
+    def reverse(body: dict) -> str:  # a model that answers the passages it is shown in reverse
+        shown = max(int(n) for n in re.findall(r"\[(\d+)\]", body["messages"][-1]["content"]))
+        return " > ".join(f"[{n}]" for n in range(shown, 0, -1))
+
+    chat.chat_model = reverse
+    env = {
+        **chain_env(fast, chat),
+        "RERANKQ_RERANKER_1_PROVIDER": "listwise",
+        "RERANKQ_RERANKER_1_MODEL": "castorini/rank_zephyr_7b_v1_full",
+    }
+    start_worker(env=env, drop=("RERANKQ_RERANKER_MODEL",))
+    client = make_client(env)
+    stream = open_cascade(client, keep=8)
+    texts = [c["text"] for c in candidates()]
+
+    page = client.pull(stream, 0, 12, timeout=patient(30))
+    order = first_stage_order(texts)
+    assert [r.decision.index for r in page.rows] == order[:8][::-1] + order[8:12]
+    assert [(r.stage, r.served_by) for r in page.rows[:8]] == [(2, "1:listwise")] * 8
+    assert [r.score for r in page.rows[:8]] == pytest.approx([1 - 0.9 * k / 7 for k in range(8)])
+    assert chat.count == 1
