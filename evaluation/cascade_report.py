@@ -105,7 +105,7 @@ def sentence(section: Mapping[str, Any]) -> str:
             f"Stage {stage['stage']} ({stage['member']} over the best {stage['keep']}) takes nDCG@10 from "
             f"{before['mean']['nDCG@10']:.3f} to {stage['mean']['nDCG@10']:.3f} ({gain:+.3f}; {versus['better']} "
             f"queries better, {versus['same']} the same, {versus['worse']} worse) for "
-            + (f"{cost:.0f} ms of scoring per query (p50)" if cost is not None else "an unmeasured scoring time")
+            + (f"{_ms(cost)} of scoring per query (p50)" if cost is not None else "an unmeasured scoring time")
             + f" and {stage['provider_calls_per_query']:.2f} provider calls per query: "
             + ("it earns its cost." if earns else "it does not earn its cost.")
         )
@@ -122,7 +122,12 @@ def sentence(section: Mapping[str, Any]) -> str:
 
 
 def _p50(values: Mapping[str, float]) -> str:
-    return f"{values['p50']:.0f} ms" if "p50" in values else "an unmeasured latency"
+    return _ms(values["p50"]) if "p50" in values else "an unmeasured latency"
+
+
+def _ms(value: float) -> str:
+    """Whole milliseconds, or tenths under ten (a test provider's window takes one)."""
+    return f"{value:.0f} ms" if value >= 10 else f"{value:.1f} ms"
 
 
 def render_cascade(section: Mapping[str, Any], input_run: Mapping[str, Any]) -> str:

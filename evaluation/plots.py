@@ -104,6 +104,13 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
             zorder=4,
             label=f"cascade {cascade['stages']} (member:keep per stage)",
         )
+        ax.annotate(
+            f"{page['mean']['nDCG@10']:.3f}",
+            (page["latency"]["total_ms"]["p50"], page["mean"]["nDCG@10"]),
+            textcoords="offset points",
+            xytext=(9, 4),
+            fontsize=8,
+        )
     ax.set_xscale("log")
     ax.margins(x=0.1, y=0.12)
     ax.set_xlabel("latency per query, p50 (ms, log scale; open to a complete pull)")
