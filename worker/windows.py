@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -24,7 +23,6 @@ from kernel.wire import (
     Failed,
     Filtered,
     Omitted,
-    Stage,
     StreamSpec,
     WindowEmbeddings,
     WindowResult,
@@ -41,6 +39,7 @@ from worker.scoring.decide import decide, ranked_by_member
 from worker.scoring.documents import assemble, has_text
 from worker.scoring.passages import chain_cutter, scored_passages, window_passages
 from worker.side_writes import SideWrite, held_for_commit
+from worker.window_place import Undecodable, WindowPlace, place_at_worst, place_of
 
 log = structlog.get_logger("rerankq.window")
 
@@ -55,53 +54,6 @@ _RETRIED: tuple[type[Exception], ...] = (redis.exceptions.ResponseError, *UNAVAI
 
 #: Who served a window none of whose candidates has text: nobody was asked.
 NO_TEXT = "no_text"
-
-
-class Undecodable(Exception):
-    """The stored spec or a candidate cannot be decoded: the window can only fail."""
-
-
-@dataclass(frozen=True)
-class WindowPlace:
-    """Where a window stands in its stream: its cascade stage and the chain profile that scores
-    it, its candidates' indexes in the stream, and its ``start`` and ``end`` (a later stage's:
-    places in what that stage reads)."""
-
-    stage: int
-    chain: str | None
-    indexes: list[int]
-    start: int
-    end: int
-    #: A later stage's settings (its budgets); None for the first stage.
-    later: Stage | None = None
-
-    def past_time_budget(self, admitted_at_ms: int) -> bool:
-        """A later stage's window begun after the stage's ``max_seconds`` ran out."""
-        if self.later is None or self.later.max_seconds is None or not admitted_at_ms:
-            return False
-        return time.time() * 1000 - admitted_at_ms > self.later.max_seconds * 1000
-
-
-def place_of(spec: StreamSpec, window: int, begun: Begun) -> WindowPlace:
-    try:
-        windows, later = spec.stage_of(window)
-    except ValueError as exc:
-        raise Undecodable(str(exc)) from None
-    if later is None:
-        start = window * spec.window_size
-        end = start + len(begun.candidates)
-        return WindowPlace(stage=1, chain=spec.chain, indexes=list(range(start, end)), start=start, end=end)
-    if len(begun.indexes) != len(begun.candidates):
-        raise Undecodable(f"{len(begun.indexes)} indexes for {len(begun.candidates)} candidates")
-    start = (window - windows.first) * later.window_size
-    return WindowPlace(
-        stage=windows.number,
-        chain=later.chain,
-        indexes=list(begun.indexes),
-        start=start,
-        end=start + len(begun.indexes),
-        later=later,
-    )
 
 
 def decode_window(begun: Begun) -> tuple[StreamSpec, list[Candidate]]:
@@ -147,19 +99,6 @@ def kept_embeddings(
     except Exception as exc:
         bound.warning("embeddings_not_kept", reason=f"{type(exc).__name__}: {exc}")
         return None
-
-
-def _place_at_worst(spec: StreamSpec | None, window: int, begun: Begun) -> WindowPlace:
-    """The window's place as far as what could be decoded tells it (a failed window's rows)."""
-    if spec is not None:
-        try:
-            return place_of(spec, window, begun)
-        except Undecodable:
-            pass
-    size = spec.window_size if spec is not None else len(begun.candidates)
-    start = window * size
-    indexes = begun.indexes or list(range(start, start + len(begun.candidates)))
-    return WindowPlace(stage=1, chain=None, indexes=indexes, start=start, end=start + len(indexes))
 
 
 class WindowScorer:
@@ -467,7 +406,7 @@ class WindowScorer:
         except (msgspec.DecodeError, msgspec.ValidationError):
             spec = None
         if place is None:
-            place = _place_at_worst(spec, window, begun)
+            place = place_at_worst(spec, window, begun)
         decisions: list[Decision] = []
         for i, blob in enumerate(begun.candidates):
             index = place.indexes[i] if i < len(place.indexes) else place.start + i
