@@ -277,9 +277,9 @@ local function window_number(text, count)
   return w
 end
 
--- Admit windows up to `target` (bounded by the window count); each new window is put in
--- the pending set with a deadline, which the sweep uses to find lost messages, gets its
--- admit time (for its queue wait), and enters its device's uncommitted index.
+-- Each new window is put in the pending set with a deadline, which the sweep uses to find
+-- lost messages, gets its admit time (for its queue wait), and enters its device's
+-- uncommitted index.
 local function enter_pending(new, deadline)
   if #new == 0 then return end
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
@@ -299,6 +299,7 @@ local function enter_pending(new, deadline)
   end
 end
 
+-- Admit the first stage's windows up to `target` (bounded by its window count).
 local function admit(target, deadline)
   local count = first_stage_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
