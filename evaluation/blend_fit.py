@@ -36,7 +36,7 @@ Reading = Callable[[Stream], list[float]]
 
 
 def worker_reading(stream: Stream) -> list[float]:
-    return first_stage_scores(stream, first_index=0, n_candidates=len(stream))
+    return first_stage_scores(stream, indexes=range(len(stream)), n_candidates=len(stream))
 
 
 def ranking(

@@ -19,6 +19,7 @@ from worker.scoring.calibration import (
     CalibrationFile,
     MemberMap,
     calibration_identity,
+    declares_ranks,
     decode,
     encode,
     interpolate,
@@ -86,6 +87,21 @@ def member_identities(client: Any) -> dict[str, set[str]]:
     return found
 
 
+#: Why a member whose scores are ranks is not calibrated.
+RANKS = "its scores are places in its own order (declared rank), not relevance: nothing to calibrate"
+
+
+def _ranks_by_class(provider: str) -> bool:
+    """Whether a provider's class declares rank scores (``listwise``), known before it is run."""
+    from worker.providers import provider_class
+    from worker.providers.base import ProviderStartError
+
+    try:
+        return getattr(provider_class(provider), "scale", None) == "rank"
+    except ProviderStartError:
+        return False
+
+
 def _chosen(members: str | None, chain: list[Any]) -> list[int]:
     if not members:
         return [i for i, m in enumerate(chain) if m.provider != "rrf"]
@@ -132,6 +148,9 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
     with stack(env, max_depth=depth, members=indexes, device=request.device) as where:
         for index in indexes:
             label = f"{index}:{where.chain[index].provider}"
+            if _ranks_by_class(where.chain[index].provider):
+                skipped[label] = RANKS
+                continue
             member_run = run_member(
                 where.client,
                 collection,
@@ -158,6 +177,10 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
                     else f"workers disagree on its identity: {sorted(identities)}"
                 )
                 continue
+            identity = identities.pop()
+            if declares_ranks(identity):
+                skipped[label] = RANKS
+                continue
             pairs = judged_pairs(member_run.queries, relevant_grade=request.relevant_grade, unjudged=request.unjudged)
             try:
                 fitted = fit_map(pairs, label=label, method=request.method)
@@ -166,7 +189,7 @@ def run(request: CalibrateRequest, *, as_json: bool) -> int:
                 continue
             fitted, said = with_first_stage_weight(fitted, member_run.queries, collection, depth, request)
             verdicts.append(said)
-            maps[calibration_identity(identities.pop())] = fitted
+            maps[calibration_identity(identity)] = fitted
     for label, reason in skipped.items():
         _progress(f"{label}: not calibrated ({reason})")
     for said in verdicts:

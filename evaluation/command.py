@@ -11,13 +11,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from evaluation.measures import Scores
+    from evaluation.runner import MemberRun, Stack
+    from evaluation.trec import Collection
 
 DEPTHS = (10, 25, 50, 100)
 
@@ -28,6 +33,7 @@ Examples:
   rerankq eval --plots out/ --json out/eval.json         # PNG plots and the report as JSON
   rerankq eval --qrels q.txt --run bm25.txt --queries queries.tsv --documents docs.jsonl
   rerankq eval --long-documents passages --depths 100    # long documents, split into passages
+  rerankq eval --stages 1:100,0:20                       # member 1 over the top 100, member 0 over its best 20
 
 Exit status: 0 when done, 2 on bad input or settings, 1 when the queue did not answer.
 """
@@ -55,6 +61,8 @@ class Arguments:
     device: str
     long_documents: str | None = None
     calibration: Path | None = None
+    #: A cascade to measure: (member index, keep) per stage, first to last.
+    stages: list[tuple[int, int]] | None = None
 
 
 def _depths(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -65,6 +73,53 @@ def _depths(ctx: click.Context, param: click.Parameter, value: str) -> list[int]
     if not depths or min(depths) < 1:
         raise click.BadParameter("positive integers")
     return depths
+
+
+def _stages(ctx: click.Context, param: click.Parameter, value: str | None) -> list[tuple[int, int]] | None:
+    """``member:keep,member:keep``: two stages or more, each a distinct member reading at most
+    what the stage before it read."""
+    from kernel.limits import MAX_STAGES
+
+    if value is None:
+        return None
+    stages = []
+    for part in value.split(","):
+        member, sep, keep = part.strip().partition(":")
+        if not (sep and member.strip().isdigit() and keep.strip().isdigit()):
+            raise click.BadParameter(f"{part.strip()!r} is not member:keep (a chain member index and a count)")
+        stages.append((int(member), int(keep)))
+    if not 2 <= len(stages) <= MAX_STAGES:
+        raise click.BadParameter(
+            f"between 2 and {MAX_STAGES} stages, got {len(stages)} (one member alone: --members and --depths)"
+        )
+    for i, (_, kept) in enumerate(stages):
+        if kept < 1:
+            raise click.BadParameter(f"stage {i + 1} keeps {kept}: a keep is a positive count")
+        if i and kept > stages[i - 1][1]:
+            raise click.BadParameter(
+                f"stage {i + 1} keeps {kept}, more than stage {i} ({stages[i - 1][1]}): a later stage re-reads "
+                "the previous stage's best, so its keep is at most that stage's"
+            )
+    members = [m for m, _ in stages]
+    if len(set(members)) < len(members):
+        raise click.BadParameter(
+            "a member named twice: each stage's provider calls are counted by its member, and a member re-reading "
+            "its own best ranks it as before"
+        )
+    return stages
+
+
+def _check_stages_alone(ctx: click.Context, stages: list[tuple[int, int]] | None) -> None:
+    """``--stages`` picks the members and depths itself: refuse ``--members`` or ``--depths`` beside it.
+    (Checked once every option is read: a callback runs in the order the options were typed.)"""
+    if stages is None:
+        return
+    for name in ("depths", "members"):
+        if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
+            raise click.BadParameter(
+                f"not with --{name}: a cascade measures its own members alone at its stages' keeps",
+                param_hint="'--stages'",
+            )
 
 
 FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -106,6 +161,12 @@ FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
     help="a file rerankq calibrate wrote: the private worker calibrates and blends the first stage with it "
     "(RERANKQ_CALIBRATION)  [default: the deployment's RERANKQ_CALIBRATION]",
 )
+@click.option(
+    "--stages",
+    callback=_stages,
+    help="a cascade to measure beside its members alone: member:keep per stage, first to last, e.g. 1:100,0:20 "
+    "(member 1 reads the top 100, member 0 its best 20)",
+)
 def evaluate_command(
     qrels: Path | None, run: Path | None, queries: Path | None, documents: Path | None, **options: Any
 ) -> int:
@@ -114,8 +175,10 @@ def evaluate_command(
     With no files named it evaluates the collection the project ships (engineering
     runbooks, incidents, tickets and notes, judged 0-3, with a BM25 first stage). Each
     chain member is forced in turn through the real queue, at each rerank depth, and
-    compared with the input run itself: nDCG, P@k, R@k and MRR by ir-measures.
+    compared with the input run itself: nDCG, P@k, R@k and MRR by ir-measures. With
+    --stages, a cascade of members, each stage's ranking and cost beside its members alone.
     """
+    _check_stages_alone(click.get_current_context(), options.get("stages"))
     qrels, run, queries, documents = collection_files(
         qrels, run, queries, documents, long_documents=options.get("long_documents")
     )
@@ -167,13 +230,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
 
+def _chosen_members(args: Arguments, chain_length: int) -> list[int]:
+    """The member indexes to measure: ``--stages``' members, ``--members``, or every member."""
+    from kernel.errors import ConfigError
+
+    if args.stages:
+        option, members = "--stages", [m for m, _ in args.stages]
+    elif args.members:
+        option = "--members"
+        try:
+            members = [int(i) for i in args.members.split(",")]
+        except ValueError:
+            raise ConfigError("--members", f"comma-separated member indexes, got {args.members!r}") from None
+    else:
+        return list(range(chain_length))
+    if any(not 0 <= i < chain_length for i in members):
+        raise ConfigError(option, f"the chain has members 0..{chain_length - 1}")
+    return members
+
+
 def _evaluate(args: Arguments, collection: Any) -> int:
     from evaluation.measures import evaluate
     from evaluation.plots import write_plots
     from evaluation.report import build_report, render
     from evaluation.runner import environment_notes, run_member, stack
     from evaluation.verdict import judge
-    from kernel.errors import ConfigError
     from producer import load_settings
 
     def progress(message: str) -> None:
@@ -183,17 +264,11 @@ def _evaluate(args: Arguments, collection: Any) -> int:
     if args.calibration is not None:
         env["RERANKQ_CALIBRATION"] = str(args.calibration.resolve())
     chain = load_settings(env).chain.effective_members()
-    members = list(range(len(chain)))
-    if args.members:
-        try:
-            members = [int(i) for i in args.members.split(",")]
-        except ValueError:
-            raise ConfigError("--members", f"comma-separated member indexes, got {args.members!r}") from None
-        if any(not 0 <= i < len(chain) for i in members):
-            raise ConfigError("--members", f"the chain has members 0..{len(chain) - 1}")
+    members = _chosen_members(args, len(chain))
     qids = collection.evaluated[: args.limit] if args.limit else collection.evaluated
     run_depth = max(len(collection.run[q]) for q in qids)
-    depths = sorted({min(d, run_depth) for d in args.depths})
+    # A cascade's members are measured alone at its depth (the first stage's keep) and at each keep.
+    depths = sorted({min(d, run_depth) for d in ([k for _, k in args.stages] if args.stages else args.depths)})
     input_rankings = {q: [r.docid for r in collection.run[q]] for q in qids}
     input_scores = evaluate(collection.qrels, input_rankings, relevant_grade=args.relevant_grade)
 
@@ -228,6 +303,9 @@ def _evaluate(args: Arguments, collection: Any) -> int:
                 scores[(label, depth)] = evaluate(
                     collection.qrels, {q.qid: q.ranking for q in run.queries}, relevant_grade=args.relevant_grade
                 )
+        cascade = None
+        if args.stages:
+            cascade = _measure_cascade(args, where, collection, qids, runs, scores, input_scores, progress)
         stack_notes = {
             "private": where.private,
             "pair_cache": load_settings(env).chain.pair_cache
@@ -273,6 +351,7 @@ def _evaluate(args: Arguments, collection: Any) -> int:
         scores=scores,
         stack=stack_notes,
         verdict=verdict,
+        cascade=cascade,
     )
     if args.plots:
         for path in write_plots(report, args.plots):
@@ -288,3 +367,50 @@ def _evaluate(args: Arguments, collection: Any) -> int:
             path.write_text(json.dumps(report, indent=1) + "\n")
             progress(f"wrote {path}")
     return 0
+
+
+def _measure_cascade(
+    args: Arguments,
+    where: Stack,
+    collection: Collection,
+    qids: Sequence[str],
+    runs: Mapping[tuple[str, int], MemberRun],
+    scores: Mapping[tuple[str, int], Scores],
+    input_scores: Scores,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """The cascade through the queue, and its section of the report beside its members alone
+    (``runs`` and ``scores``: those measured at the stages' keeps, by member label and depth)."""
+    from evaluation.cascade import StagePlan, describe, run_cascade
+    from evaluation.cascade_report import cascade_section
+    from evaluation.measures import evaluate
+
+    assert args.stages is not None
+    plan = [StagePlan(member=m, keep=k, label=f"{m}:{where.chain[m].provider}") for m, k in args.stages]
+    progress(f"cascade {describe(plan)}")
+    run = run_cascade(
+        where.client,
+        collection,
+        qids,
+        plan,
+        timeout_s=args.timeout,
+        progress=progress,
+        long_documents=args.long_documents,
+    )
+
+    def measured(rankings: dict[str, list[str]]) -> Scores:
+        return evaluate(collection.qrels, rankings, relevant_grade=args.relevant_grade)
+
+    run_depth = max(len(collection.run[q]) for q in qids)
+    alone = []
+    for stage in plan:
+        for depth in sorted({min(plan[0].keep, run_depth), min(stage.keep, run_depth)}, reverse=True):
+            if (stage.label, depth) in runs:  # else the member could not serve alone: reported above
+                alone.append((stage.label, depth, runs[(stage.label, depth)], scores[(stage.label, depth)]))
+    return cascade_section(
+        run=run,
+        stage_scores=[measured({q.qid: q.stages[k].ranking for q in run.queries}) for k in range(len(plan))],
+        cascade_scores=measured({q.qid: q.ranking for q in run.queries}),
+        input_scores=input_scores,
+        alone=alone,
+    )

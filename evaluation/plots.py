@@ -92,11 +92,30 @@ def write_plots(report: Mapping[str, Any], directory: Path) -> list[Path]:
             continue
         for x, y, d in points:
             ax.annotate(f"d={d}", (x, y), textcoords="offset points", xytext=(5, -12), fontsize=8, color=colour)
+    cascade = report.get("cascade")
+    if cascade and "p50" in cascade["cascade"]["latency"]["total_ms"]:
+        page = cascade["cascade"]
+        ax.scatter(
+            [page["latency"]["total_ms"]["p50"]],
+            [page["mean"]["nDCG@10"]],
+            marker="*",
+            s=220,
+            color="#000000",
+            zorder=4,
+            label=f"cascade {cascade['stages']} (member:keep per stage)",
+        )
+        ax.annotate(
+            f"{page['mean']['nDCG@10']:.3f}",
+            (page["latency"]["total_ms"]["p50"], page["mean"]["nDCG@10"]),
+            textcoords="offset points",
+            xytext=(9, 4),
+            fontsize=8,
+        )
     ax.set_xscale("log")
     ax.margins(x=0.1, y=0.12)
     ax.set_xlabel("latency per query, p50 (ms, log scale; open to a complete pull)")
     ax.set_ylabel("nDCG@10")
-    ax.set_title("Quality vs latency (each point: one rerank depth)")
+    ax.set_title("Quality vs latency (each point: one rerank depth" + (", the star: the cascade)" if cascade else ")"))
     ax.grid(True, alpha=0.3, which="both")
     _legend_below(fig, ax)
     paths.append(_save(fig, plt, directory / "quality_vs_latency.png"))

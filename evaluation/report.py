@@ -71,8 +71,10 @@ def build_report(
     scores: Mapping[tuple[str, int], Scores],
     stack: Mapping[str, Any],
     verdict: Mapping[str, Any] | None = None,
+    cascade: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``members``: each member's label and provider, and its reason when it could not serve."""
+    """``members``: each member's label and provider, and its reason when it could not serve;
+    ``cascade``: the section ``evaluation.cascade_report`` builds, with ``--stages``."""
     report_members = []
     for member in members:
         label = member["label"]
@@ -96,7 +98,7 @@ def build_report(
             if calibration is not None:
                 entry["calibration"] = calibration
         report_members.append(entry)
-    return {
+    report: dict[str, Any] = {
         "collection": dict(collection),
         "relevant_grade": relevant_grade,
         "measures": list(NAMES),
@@ -108,12 +110,15 @@ def build_report(
         "stack": dict(stack),
         "verdict": dict(verdict or {}),
     }
+    if cascade is not None:
+        report["cascade"] = dict(cascade)
+    return report
 
 
 # -- the terminal ---------------------------------------------------------------------------
 
 
-def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
 
     def line(cells: Sequence[str]) -> str:
@@ -148,7 +153,7 @@ def render(report: Mapping[str, Any]) -> str:
             ]
         )
     blocks.append(
-        _table(
+        table(
             f"Reranking the top {full} of the input run ({n_queries} queries; P, R and MRR count grade >= {grade} "
             "as relevant)",
             ["", *NAMES, "nDCG@10 per query min/med/max", "vs input +/=/-"],
@@ -162,7 +167,7 @@ def render(report: Mapping[str, Any]) -> str:
         sweep.append([member["label"], *(f"{member['depths'][d]['mean']['nDCG@10']:.3f}" for d in depths)])
     over = report["over_fetch"]
     blocks.append(
-        _table(
+        table(
             f"Depth sweep: nDCG@10 when reranking the top d of the input run (the over-fetch rule reranks "
             f"max(25, 4k) = {over['depth']} to keep k = {over['keep']})",
             ["", *(f"d={d}" for d in depths)],
@@ -185,7 +190,7 @@ def render(report: Mapping[str, Any]) -> str:
                 ]
             )
     blocks.append(
-        _table(
+        table(
             "Latency per query, ms (one query at a time; queue = message sent to the worker starting it, "
             "scoring = worker start to commit)",
             [
@@ -206,7 +211,7 @@ def render(report: Mapping[str, Any]) -> str:
     calibrated = [m for m in _served(report) if "calibration" in m]
     if calibrated:
         blocks.append(
-            _table(
+            table(
                 f"Calibration: ECE (10 bins) of the scores as probabilities of relevance, reranking the top {full} "
                 f"(grade >= {grade} relevant, unjudged not)",
                 ["", "pairs", "relevant", "ECE raw", "ECE calibrated"],
@@ -226,6 +231,11 @@ def render(report: Mapping[str, Any]) -> str:
         )
     if report.get("verdict", {}).get("rows"):
         blocks.append(_verdict(report["verdict"]))
+    if "cascade" in report:
+        # Imported here: the cascade's section builds on this module's tables.
+        from evaluation.cascade_report import render_cascade
+
+        blocks.append(render_cascade(report["cascade"], report["input_run"]))
     stack = report["stack"]
     blocks.append(
         f"{'private redis-server and worker' if stack.get('private') else 'configured Redis and workers'}"
@@ -270,7 +280,7 @@ def _verdict(verdict: Mapping[str, Any]) -> str:
         "Does reranking earn its latency? Reranking depth x documents kept (recall, precision, tokens of the kept "
         f"documents); the knee is the smallest depth within {verdict['knee_tolerance']} of the member's best nDCG@10"
     )
-    return _table(title, header, rows) + "\n\n" + str(verdict["sentence"])
+    return table(title, header, rows) + "\n\n" + str(verdict["sentence"])
 
 
 def _spread(entry: Mapping[str, Any]) -> str:

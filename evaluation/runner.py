@@ -158,7 +158,11 @@ def rerank_query(
             first_stage_rank=d.index,
         )
         for d in result.decisions
-        if isinstance(d, (Ranked, Filtered)) and not result.passthrough and math.isfinite(d.score)
+        # Seeded scores (fusion's, or a listwise member's places) are no relevance to calibrate.
+        if isinstance(d, (Ranked, Filtered))
+        and not result.passthrough
+        and not result.scored_by_place
+        and math.isfinite(d.score)
     ]
     return QueryRun(
         qid=qid,

@@ -42,6 +42,15 @@ def candidate_cost(spec: StreamSpec, candidate: Candidate) -> int:
     return query + min(spec.document_budget, head + len(text))
 
 
+def candidate_pairs(spec: StreamSpec, candidate: Candidate) -> int:
+    """The pairs a candidate is sent as at most: its passages in a passages stream, else one (none
+    without text). What a cascade stage's ``max_pairs`` counts."""
+    text = candidate.text or ""
+    if not text.strip():
+        return 0
+    return passage_count(spec, len(text)) if spec.long_documents == "passages" else 1
+
+
 def window_costs(spec: StreamSpec, candidates: Sequence[Candidate]) -> list[int]:
     """Each window's cost, in window order."""
     size = spec.window_size

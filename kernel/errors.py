@@ -61,6 +61,20 @@ class WindowFailed(RerankqError):
         super().__init__(f"stream {stream_id} window {window} failed: {reason}")
 
 
+class NotScoredInTime(RerankqError, TimeoutError):
+    """A caller that needs the rows now (a framework's reranker) waited its timeout and the page
+    is still short: the windows are queued or being scored, and asking again later reads them."""
+
+    def __init__(self, stream_id: str, timeout_s: float, pending_windows: int) -> None:
+        self.stream_id = stream_id
+        self.timeout_s = timeout_s
+        self.pending_windows = pending_windows
+        super().__init__(
+            f"stream {stream_id} was not scored within {timeout_s:g} s ({pending_windows} window(s) still "
+            "queued or being scored; is a worker running on its device queue?)"
+        )
+
+
 class StoreError(RerankqError):
     """Redis could not do what was asked; the message says what to do about it.
 

@@ -37,7 +37,7 @@ import redis
 from kernel.dispatch import Dispatcher
 from kernel.keys import FairShareKeys
 from kernel.settings import Settings
-from kernel.store import Store
+from kernel.store import Admitted, Store
 from kernel.wire import Lane
 
 
@@ -103,6 +103,21 @@ class FairShare:
         pairs = [value for window, cost in zip(windows, costs) for value in (window, max(0, int(cost)))]
         reply = self._run(device, "fair_enter", bucket, stream_id, expire_at_ms, lane, *pairs)
         return [int(w) for w in reply]
+
+    def enter_admitted(self, stream_id: str, device: str, admitted: Admitted) -> list[int]:
+        """``enter`` for what an admit (or a commit that admitted) answered; a stream opened
+        before buckets were kept is unshared: every window goes."""
+        if not admitted.bucket:
+            return admitted.windows
+        return self.enter(
+            stream_id,
+            device=device,
+            bucket=admitted.bucket,
+            lane=admitted.lane,
+            expire_at_ms=admitted.expire_at_ms,
+            windows=admitted.windows,
+            costs=admitted.costs,
+        )
 
     def done(self, device: str, members: Iterable[str]) -> list[Released]:
         """Give back the share of windows done with (committed, or gone); returns what that released."""

@@ -18,3 +18,6 @@ REMOTE_PASSAGE_TOKENS = 512
 PASSAGE_FILL_SHARE = 1.0
 #: The widest embedding a candidate may carry (and a worker keeps).
 MAX_EMBEDDING_DIMS = 8192
+#: Stages a cascade may have, its first included: each later stage re-reads the one before it, so
+#: a window number stays under this many times the stream's candidates (``kernel.windows``).
+MAX_STAGES = 4

@@ -12,7 +12,8 @@
 -- command happens whole or not at all.
 --
 -- Return codes shared by commands: -3 the stream does not exist (never opened or expired),
--- -5 no such window (not a canonical integer in [0, n_windows)).
+-- -5 no such window (not a canonical integer in [0, n_windows): a cascade's later stages'
+-- slots included).
 --
 -- A window's queued mark, meta field 'queued:<w>' (ms), says a message for it was (about to
 -- be) sent then and no delivery has begun it since: set where a window is admitted or claimed
@@ -208,10 +209,62 @@ local function uncommitted_key(device)
   return nil
 end
 
-local function n_windows()
+-- The stream's own windows (its first stage), and their size.
+local function first_stage_windows()
   local n = tonumber(redis.call('HGET', meta_key, 'n'))
   local size = tonumber(redis.call('HGET', meta_key, 'window_size'))
   return math.floor((n + size - 1) / size), size
+end
+
+-- == A cascade (kernel/windows.py): the stages after the first, as open wrote them in meta
+-- field 'stages', each 'first:slots:size:keep:max_pairs:max_tokens' (0: no budget), ';' apart.
+-- A later stage is handed what it reads once ('handed:<n>' = the windows it uses, 'members:<n>'
+-- the candidate indexes it reads, in the previous stage's order); 'unhanded' counts the stages
+-- not handed yet and 'later' the windows handed so far. A committed window of a stage that
+-- hands on keeps its rows' order ('order:<w>': candidate indexes as its page shows them). ==
+
+local function later_stages()
+  local stages = {}
+  local text = redis.call('HGET', meta_key, 'stages')
+  if not text then return stages end
+  local number = 2
+  for first, slots, size, keep, pairs, tokens in string.gmatch(text, '(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)') do
+    table.insert(stages, {
+      number = number, first = tonumber(first), slots = tonumber(slots), size = tonumber(size),
+      keep = tonumber(keep), max_pairs = tonumber(pairs), max_tokens = tonumber(tokens),
+    })
+    number = number + 1
+  end
+  return stages
+end
+
+-- Every window the stream has a slot for, its later stages' included, and the first stage's size.
+local function n_windows()
+  local count, size = first_stage_windows()
+  for _, stage in ipairs(later_stages()) do count = count + stage.slots end
+  return count, size
+end
+
+-- The later stage whose slots hold window w; nil for a window of the first stage.
+local function stage_holding(w, stages)
+  for _, stage in ipairs(stages) do
+    if w >= stage.first and w < stage.first + stage.slots then return stage end
+  end
+  return nil
+end
+
+-- Whether window w was admitted: a first-stage window by the admitted count, a later stage's
+-- once its stage was handed rows for it.
+local function is_admitted(w, stage)
+  if stage == nil then return w < tonumber(redis.call('HGET', meta_key, 'admitted')) end
+  local handed = tonumber(redis.call('HGET', meta_key, 'handed:' .. stage.number))
+  return handed ~= nil and w - stage.first < handed
+end
+
+local function numbers(text)
+  local out = {}
+  for x in string.gmatch(text or '', '%d+') do table.insert(out, tonumber(x)) end
+  return out
 end
 
 -- A window number as the queue carries it: digits only, no sign, no leading zero, in range.
@@ -224,43 +277,123 @@ local function window_number(text, count)
   return w
 end
 
--- Admit windows up to `target` (bounded by the window count); each new window is put in
--- the pending set with a deadline, which the sweep uses to find lost messages, gets its
--- admit time (for its queue wait), and enters its device's uncommitted index.
+-- Each new window is put in the pending set with a deadline, which the sweep uses to find
+-- lost messages, gets its admit time (for its queue wait), and enters its device's
+-- uncommitted index.
+local function enter_pending(new, deadline)
+  if #new == 0 then return end
+  local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
+  for _, w in ipairs(new) do
+    redis.call('ZADD', pending_key, deadline, w)
+    redis.call('HSET', meta_key, 'admitted_at:' .. w, now, 'queued:' .. w, now)
+  end
+  redis.call('PEXPIREAT', pending_key, expire_at)
+  local index = uncommitted_key(redis.call('HGET', meta_key, 'device'))
+  if index then
+    -- Entries of streams that expired uncommitted are dropped here, a few at a time.
+    redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+    for _, w in ipairs(new) do
+      redis.call('ZADD', index, expire_at, stream_id .. ':' .. w)
+    end
+    extend_expiry(index, expire_at)
+  end
+end
+
+-- Admit the first stage's windows up to `target` (bounded by its window count).
 local function admit(target, deadline)
-  local count = n_windows()
+  local count = first_stage_windows()
   local admitted = tonumber(redis.call('HGET', meta_key, 'admitted'))
   if target > count then target = count end
   local new = {}
   for w = admitted, target - 1 do
-    redis.call('ZADD', pending_key, deadline, w)
     table.insert(new, w)
   end
   if target > admitted then
-    local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
     redis.call('HSET', meta_key, 'admitted', target)
-    redis.call('PEXPIREAT', pending_key, expire_at)
-    local index = uncommitted_key(redis.call('HGET', meta_key, 'device'))
-    if index then
-      -- Entries of streams that expired uncommitted are dropped here, a few at a time.
-      redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
-      for _, w in ipairs(new) do
-        redis.call('HSET', meta_key, 'admitted_at:' .. w, now, 'queued:' .. w, now)
-        redis.call('ZADD', index, expire_at, stream_id .. ':' .. w)
-      end
-      extend_expiry(index, expire_at)
-    else
-      for _, w in ipairs(new) do
-        redis.call('HSET', meta_key, 'admitted_at:' .. w, now, 'queued:' .. w, now)
-      end
-    end
+    enter_pending(new, deadline)
   end
   return new
 end
 
+-- Hand a later stage what it reads: the previous stage's best `keep` rows, once the previous
+-- stage's windows that show them are committed (or all of them are), cut short where its
+-- budget of pairs or tokens would be passed; its windows are admitted here, once, each with
+-- its cost. A first stage whose committed windows show fewer than `keep` rows admits its next
+-- window instead. Returns the windows admitted.
+local function hand_off(stage, stages, deadline)
+  if redis.call('HEXISTS', meta_key, 'handed:' .. stage.number) == 1 then return {} end
+  local from, upto = 0, first_stage_windows()
+  if stage.number > 2 then
+    local previous = stages[stage.number - 2]
+    local handed = tonumber(redis.call('HGET', meta_key, 'handed:' .. previous.number))
+    if handed == nil then return {} end
+    from, upto = previous.first, previous.first + handed
+  end
+  local read = {}
+  for w = from, upto - 1 do
+    local order = redis.call('HGET', meta_key, 'order:' .. w)
+    if not order then
+      if stage.number == 2 and w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then
+        return admit(w + 1, deadline)
+      end
+      return {}
+    end
+    for index in string.gmatch(order, '%d+') do
+      if #read < stage.keep then table.insert(read, tonumber(index)) end
+    end
+    if #read >= stage.keep then break end
+  end
+  local pairs_each = numbers(redis.call('HGET', meta_key, 'cpairs'))
+  local tokens_each = numbers(redis.call('HGET', meta_key, 'ctokens'))
+  local members, pairs, tokens, stopped = {}, 0, 0, nil
+  for _, index in ipairs(read) do
+    local p, t = pairs_each[index + 1] or 1, tokens_each[index + 1] or 0
+    if stage.max_pairs > 0 and pairs + p > stage.max_pairs then stopped = 'max_pairs' break end
+    if stage.max_tokens > 0 and tokens + t > stage.max_tokens then stopped = 'max_tokens' break end
+    pairs, tokens = pairs + p, tokens + t
+    table.insert(members, index)
+  end
+  local used = math.floor((#members + stage.size - 1) / stage.size)
+  redis.call('HSET', meta_key, 'handed:' .. stage.number, used, 'members:' .. stage.number,
+    table.concat(members, ','), 'handed_at:' .. stage.number, now)
+  if stopped then redis.call('HSET', meta_key, 'stopped:' .. stage.number, stopped) end
+  redis.call('HINCRBY', meta_key, 'unhanded', -1)
+  redis.call('HINCRBY', meta_key, 'later', used)
+  local new = {}
+  for k = 0, used - 1 do
+    local w = stage.first + k
+    local cost = 0
+    for i = k * stage.size + 1, math.min((k + 1) * stage.size, #members) do
+      cost = cost + (tokens_each[members[i] + 1] or 0)
+    end
+    redis.call('HSET', meta_key, 'cost:' .. w, cost)
+    table.insert(new, w)
+  end
+  enter_pending(new, deadline)
+  return new
+end
+
+-- After window w's commit: hand the stage after w's its rows if they are known now, and on
+-- through any stage handed nothing (it has no windows to wait for). Returns the windows admitted.
+local function hand_on(w, deadline)
+  local stages = later_stages()
+  if #stages == 0 or redis.call('HEXISTS', meta_key, 'cancelled_at') == 1 then return {} end
+  local own = stage_holding(w, stages)
+  local admitted = {}
+  for i = own and own.number or 1, #stages do
+    for _, x in ipairs(hand_off(stages[i], stages, deadline)) do table.insert(admitted, x) end
+    local handed = tonumber(redis.call('HGET', meta_key, 'handed:' .. stages[i].number))
+    if handed == nil or handed > 0 then break end
+  end
+  return admitted
+end
+
 if command == 'open' then
   -- ARGV: stream id, fingerprint, expire_at, spec, window_size, first_windows, deadline, device,
-  -- lane, fair-share bucket, window costs (comma-separated, one per window), candidate...
+  -- lane, fair-share bucket, window costs (comma-separated, one per window), a cascade's later
+  -- stages ('stages' above; empty for one stage), each candidate's tokens and pairs
+  -- (comma-separated; empty for one stage), every stage's chain profile (comma-separated, empty
+  -- for the whole chain; kept for readers), candidate...
   -- Returns {1, admitted windows...}; {0} for a retried open of the same job
   -- and {-1} for another job under the same key, both without writing anything. The device,
   -- lane, bucket and costs are kept in meta: every later send of a window (a deeper pull, the
@@ -272,7 +405,7 @@ if command == 'open' then
     end
     return {0}
   end
-  local first_candidate = 14
+  local first_candidate = 18
   local n = #ARGV - first_candidate + 1
   redis.call('SET', spec_key, ARGV[6])
   for i = first_candidate, #ARGV, 500 do
@@ -292,6 +425,12 @@ if command == 'open' then
     end
   end
   if #costs > 0 then redis.call('HSET', meta_key, unpack(costs)) end
+  if #ARGV[14] > 0 then
+    local later = 0
+    for _ in string.gmatch(ARGV[14], '[^;]+') do later = later + 1 end
+    redis.call('HSET', meta_key, 'stages', ARGV[14], 'unhanded', later, 'later', 0, 'cpairs', ARGV[16],
+      'ctokens', ARGV[15], 'stage_chains', ARGV[17])
+  end
   local new = admit(tonumber(ARGV[8]), tonumber(ARGV[9]))
   expire_own(expire_at)
   redis.call('ZADD', active_key, expire_at, stream_id)
@@ -316,8 +455,9 @@ elseif command == 'begin' then
   -- A delivery starts on a window. ARGV: window, lease expiry (ms), delivery id, takeover
   -- ('1' when the broker itself says it delivers this message again: RabbitMQ's redelivered
   -- flag, which no publisher can set).
-  -- Returns {attempt, admitted at (ms, 0 if unknown), spec, candidate...} (the window's own
-  -- candidates), or {code}:
+  -- Returns {attempt, admitted at (ms, 0 if unknown), spec, indexes, candidate...} (the window's
+  -- own candidates; indexes: a later stage's candidate indexes, comma-separated, else empty), or
+  -- {code}:
   -- -1 already committed, -2 never admitted, -4 another delivery holds a live lease.
   --
   -- The lease is what keeps the attempt count honest under at-least-once delivery: while
@@ -335,7 +475,8 @@ elseif command == 'begin' then
   local window = ARGV[3]
   local lease_until, delivery = tonumber(ARGV[4]), ARGV[5]
   if redis.call('HEXISTS', results_key, window) == 1 then return {-1} end
-  if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return {-2} end
+  local stage = stage_holding(w, later_stages())
+  if not is_admitted(w, stage) then return {-2} end
   local holder = redis.call('HMGET', attempts_key, 'holder:' .. window, 'until:' .. window)
   local takes_over = ARGV[6] == '1' and holder[1] == delivery
   if holder[1] and tonumber(holder[2]) > now and not takes_over then return {-4} end
@@ -347,7 +488,18 @@ elseif command == 'begin' then
   redis.call('HDEL', meta_key, 'queued:' .. window)
   -- Streams opened before admit times were kept fall back to their open time.
   local admitted_at = redis.call('HGET', meta_key, 'admitted_at:' .. window) or redis.call('HGET', meta_key, 'created_at')
-  local reply = {attempt, tonumber(admitted_at) or 0, redis.call('GET', spec_key)}
+  local reply = {attempt, tonumber(admitted_at) or 0, redis.call('GET', spec_key), ''}
+  if stage then
+    local members = numbers(redis.call('HGET', meta_key, 'members:' .. stage.number))
+    local from = (w - stage.first) * stage.size + 1
+    local picked = {}
+    for i = from, math.min(from + stage.size - 1, #members) do
+      table.insert(picked, members[i])
+      table.insert(reply, redis.call('LINDEX', cands_key, members[i]))
+    end
+    reply[4] = table.concat(picked, ',')
+    return reply
+  end
   for _, blob in ipairs(redis.call('LRANGE', cands_key, w * size, (w + 1) * size - 1)) do
     table.insert(reply, blob)
   end
@@ -373,22 +525,26 @@ elseif command == 'release' then
   return 1
 
 elseif command == 'commit' then
-  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed or poisoned),
-  -- the window's encoded embeddings (empty when it has none), failovers on the way. Writes only
-  -- the first commit of an admitted window, and counts it in the shard's counters and in the
-  -- stream's meta (its progress, readable without decoding results). Returns 1 written, 0
-  -- already committed, -2 never admitted.
-  if redis.call('EXISTS', meta_key) == 0 then return -3 end
+  -- ARGV: window, encoded result, event log maxlen, outcome (ranked, failed, poisoned, or
+  -- skipped: a cascade stage's window past its time budget), the window's encoded embeddings
+  -- (empty when it has none), failovers on the way, its rows' order (candidate indexes as its
+  -- page shows them, comma-separated), the deadline of windows it admits (ms). Writes only the
+  -- first commit of an admitted window, and counts it in the shard's counters and in the
+  -- stream's meta (its progress, readable without decoding results); in a cascade, hands the
+  -- next stage its rows once they are known (hand_on). Returns {1, bucket, expire_at, lane,
+  -- (window, cost)...} written, with the windows it admitted; {0} already committed, {-2} never
+  -- admitted.
+  if redis.call('EXISTS', meta_key) == 0 then return {-3} end
   local count = n_windows()
   local w = window_number(ARGV[3], count)
-  if w == nil then return -5 end
+  if w == nil then return {-5} end
   local window = ARGV[3]
   local outcome = ARGV[6]
-  if outcome ~= 'ranked' and outcome ~= 'failed' and outcome ~= 'poisoned' then
+  if outcome ~= 'ranked' and outcome ~= 'failed' and outcome ~= 'poisoned' and outcome ~= 'skipped' then
     return redis.error_reply('unknown outcome ' .. tostring(outcome))
   end
-  if redis.call('HEXISTS', results_key, window) == 1 then return 0 end
-  if w >= tonumber(redis.call('HGET', meta_key, 'admitted')) then return -2 end
+  if redis.call('HEXISTS', results_key, window) == 1 then return {0} end
+  if not is_admitted(w, stage_holding(w, later_stages())) then return {-2} end
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
   redis.call('HSET', results_key, window, ARGV[4])
   if ARGV[7] and #ARGV[7] > 0 then
@@ -403,7 +559,7 @@ elseif command == 'commit' then
   if failovers > 0 then
     redis.call('HINCRBY', meta_key, 'failovers', failovers)
   end
-  if outcome ~= 'ranked' then
+  if outcome == 'failed' or outcome == 'poisoned' then
     redis.call('HINCRBY', meta_key, 'failed', 1)
   end
   redis.call('XADD', events_key, 'MAXLEN', '~', ARGV[5], '*', 'window', window)
@@ -416,7 +572,17 @@ elseif command == 'commit' then
   if outcome ~= 'ranked' then
     redis.call('HINCRBY', counters_key, 'windows_' .. outcome, 1)
   end
-  return 1
+  local reply = {1}
+  if redis.call('HEXISTS', meta_key, 'stages') == 1 then
+    redis.call('HSET', meta_key, 'order:' .. window, ARGV[9] or '')
+    local info = redis.call('HMGET', meta_key, 'bucket', 'expire_at', 'lane')
+    reply = {1, info[1] or '', tonumber(info[2]) or 0, info[3] or 'interactive'}
+    for _, x in ipairs(hand_on(w, tonumber(ARGV[10]) or now)) do
+      table.insert(reply, x)
+      table.insert(reply, tonumber(redis.call('HGET', meta_key, 'cost:' .. x)) or 0)
+    end
+  end
+  return reply
 
 elseif command == 'cancel' then
   -- Commit every window not yet committed as cancelled, admitted or not, in this one call:
@@ -424,10 +590,19 @@ elseif command == 'cancel' then
   -- finishes scoring it afterwards loses the commit race, so nothing is scored into the
   -- stream after this. ARGV: event log maxlen, then (window, encoded result) pairs, one per
   -- window the caller saw uncommitted (a window committed since is left as it is).
-  -- Returns {1, window...}: the windows this call committed (none for a stream cancelled before).
+  -- Returns {1, window...}: the windows this call committed (none for a stream cancelled before);
+  -- {-6} when a cascade stage was handed windows the caller did not see (read again, retry).
   if redis.call('EXISTS', meta_key) == 0 then return {-3} end
   local count = n_windows()
   local expire_at = tonumber(redis.call('HGET', meta_key, 'expire_at'))
+  local given = {}
+  for i = 4, #ARGV - 1, 2 do given[ARGV[i]] = true end
+  for _, stage in ipairs(later_stages()) do
+    local handed = tonumber(redis.call('HGET', meta_key, 'handed:' .. stage.number)) or 0
+    for w = stage.first, stage.first + handed - 1 do
+      if not given[tostring(w)] and redis.call('HEXISTS', results_key, w) == 0 then return {-6} end
+    end
+  end
   local written = {1}
   for i = 4, #ARGV - 1, 2 do
     local w = window_number(ARGV[i], count)
@@ -446,8 +621,10 @@ elseif command == 'cancel' then
   end
   local n = #written - 1
   if n > 0 then
-    -- Every window now counts as admitted, so no later pull admits (and sends) one.
-    redis.call('HSET', meta_key, 'admitted', count, 'cancelled_at', now)
+    -- Every window now counts as admitted, so no later pull admits (and sends) one, and no
+    -- cascade stage is handed anything more.
+    redis.call('HSET', meta_key, 'admitted', first_stage_windows(), 'cancelled_at', now)
+    if redis.call('HEXISTS', meta_key, 'stages') == 1 then redis.call('HSET', meta_key, 'unhanded', 0) end
     redis.call('HINCRBY', meta_key, 'committed', n)
     redis.call('HINCRBY', meta_key, 'cancelled', n)
     redis.call('HINCRBY', counters_key, 'windows_committed', n)

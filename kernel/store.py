@@ -14,11 +14,12 @@ from redis.typing import EncodableT
 
 from kernel.errors import IdempotencyConflict, StreamCorrupted, StreamNotFound
 from kernel.keys import FairShareKeys, Keys, StreamKeys
+from kernel.limits import MAX_STAGES
 from kernel.redis_clients import BLOCK_CHUNK_S as BLOCK_CHUNK_S
 from kernel.redis_clients import MIN_REDIS_VERSION as MIN_REDIS_VERSION
 from kernel.redis_clients import server_version as server_version
 from kernel.redis_clients import store_client
-from kernel.windows import window_count
+from kernel.windows import StageWindows, stage_windows, window_count
 from kernel.wire import (
     Candidate,
     Device,
@@ -38,6 +39,32 @@ _SCRIPT = resources.files("kernel").joinpath("store.lua").read_text()
 
 #: ``begin`` and ``commit`` codes, as ``store.lua`` returns them.
 ALREADY_COMMITTED, NOT_ADMITTED, GONE, HELD_ELSEWHERE, NO_SUCH_WINDOW = -1, -2, -3, -4, -5
+#: ``cancel``'s: a cascade stage was handed windows since the caller read the stream.
+STAGE_HANDED_SINCE = -6
+
+#: The meta fields a snapshot reads of each later stage of a cascade (``store.lua``).
+_STAGE_FIELDS = ("handed", "members", "stopped", "handed_at")
+_LATER_STAGE_NUMBERS = range(2, MAX_STAGES + 1)
+
+
+def stage_layout(spec: StreamSpec) -> str:
+    """A cascade's later stages as ``store.lua`` keeps them: ``first:slots:size:keep:max_pairs:
+    max_tokens`` each (0: no budget), ``;`` apart; empty for a stream of one stage."""
+    windows = spec.stage_windows()[1:]
+    return ";".join(
+        f"{w.first}:{w.slots}:{w.window_size}:{s.keep}:{s.max_pairs or 0}:{s.max_tokens or 0}"
+        for w, s in zip(windows, spec.later_stages)
+    )
+
+
+class HandedStage(msgspec.Struct):
+    """What a later stage of a cascade was handed: the candidate indexes it reads, in the
+    previous stage's order, and its windows; ``stopped``: the budget that cut it short."""
+
+    members: list[int]
+    windows: int
+    handed_at_ms: int
+    stopped: str | None = None
 
 
 def _now_ms() -> int:
@@ -58,10 +85,37 @@ class Snapshot(msgspec.Struct):
     last_event_id: bytes
     device: Device = "cpu"
     lane: Lane = "interactive"
+    #: A cascade's later stages as open laid them out (``(keep, window_size)`` each), what each
+    #: was handed so far (by stage number), and whether the stream was cancelled.
+    later_stages: list[tuple[int, int]] = []
+    handed: dict[int, HandedStage] = {}
+    cancelled: bool = False
+    #: Each stage's chain profile, first to last (None: the whole chain).
+    stage_chains: list[str | None] = []
 
     @property
     def n_windows(self) -> int:
+        """The first stage's windows: the stream's own, over its candidates."""
         return window_count(self.n_candidates, self.window_size)
+
+    def stage_windows(self) -> list[StageWindows]:
+        return stage_windows(self.n_candidates, self.window_size, self.later_stages)
+
+    @property
+    def complete(self) -> bool:
+        """Every window committed: the first stage's, and every later stage's, each once handed
+        (a cancelled stream hands nothing more)."""
+        if any(w not in self.results for w in range(self.n_windows)):
+            return False
+        for stage in self.stage_windows()[1:]:
+            handed = self.handed.get(stage.number)
+            if handed is None:
+                if not self.cancelled:
+                    return False
+                continue
+            if any(w not in self.results for w in range(stage.first, stage.first + handed.windows)):
+                return False
+        return True
 
     def bounds(self, window: int) -> tuple[int, int]:
         start = window * self.window_size
@@ -86,16 +140,30 @@ class Admitted(msgspec.Struct):
     costs: list[int]
     bucket: str
     expire_at_ms: int
+    #: The stream's lane (a commit's admissions say it; a producer's admit knows it already).
+    lane: Lane = "interactive"
 
 
 class Begun(msgspec.Struct):
     """A delivery's start on a window: the attempt number, when the window was admitted
-    (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data."""
+    (epoch milliseconds by the admitting client's clock; 0 if unknown) and its raw data.
+    ``indexes``: a cascade's later-stage window's candidate indexes (empty for a first-stage
+    window, whose candidates follow on from ``window * window_size``)."""
 
     attempt: int
     spec: bytes
     candidates: list[bytes]
     admitted_at_ms: int = 0
+    indexes: list[int] = []
+
+
+class Commit(msgspec.Struct):
+    """A commit's answer: 1 written, 0 already committed, or a negative code; and the windows it
+    admitted (a cascade's next stage handed its rows, or a first-stage window that stage needs),
+    for the committer to send."""
+
+    code: int
+    admitted: Admitted | None = None
 
 
 # The client is made without decode_responses, so its replies are bytes; redis-py's types say
@@ -137,14 +205,19 @@ class Store:
         lane: Lane = "interactive",
         bucket: str = "",
         costs: Sequence[int] = (),
+        candidate_tokens: Sequence[int] = (),
+        candidate_pairs: Sequence[int] = (),
     ) -> tuple[bool, list[int]]:
         """Write a stream, index it and admit its first windows, in one script call. ``bucket``
-        (its fair-share bucket) and ``costs`` (each window's) are kept for its later admits.
+        (its fair-share bucket) and ``costs`` (each window's) are kept for its later admits;
+        a cascade's ``candidate_tokens`` and ``candidate_pairs`` (each candidate's) for its later
+        stages' windows and budgets.
 
         Returns ``(created, admitted windows)``; a retried open with the same idempotency
         key and payload returns ``(False, [])`` and writes nothing.
         """
         blobs = [encode(c) for c in candidates]
+        staged = bool(spec.later_stages)
         now = _now_ms()
         expire_at = now + spec.ttl_s * 1000
         deadline = now + int(enqueue_grace_s * 1000)
@@ -162,6 +235,10 @@ class Store:
             lane,
             bucket,
             ",".join(str(int(c)) for c in costs),
+            stage_layout(spec),
+            ",".join(str(int(c)) for c in candidate_tokens) if staged else "",
+            ",".join(str(int(p)) for p in candidate_pairs) if staged else "",
+            ",".join(c or "" for c in (spec.chain, *(s.chain for s in spec.later_stages))) if staged else "",
             *blobs,
         )
         if reply[0] == -1:
@@ -195,6 +272,8 @@ class Store:
         reply = self._run(self.keys.stream(stream_id), "cancel", *args)
         if reply[0] == GONE:
             raise StreamNotFound(stream_id)
+        if reply[0] == STAGE_HANDED_SINCE:
+            raise StageHandedSince(stream_id)
         return [int(w) for w in reply[1:]]
 
     def snapshot(self, stream_id: str) -> Snapshot:
@@ -212,7 +291,7 @@ class Store:
         """
         k = self.keys.stream(stream_id)
         pipe.xrevrange(k.events, count=1)
-        pipe.hmget(k.meta, "n", "window_size", "admitted", "device", "lane")
+        pipe.hmget(k.meta, *_SNAPSHOT_FIELDS)
         pipe.hgetall(k.results)
 
     @staticmethod
@@ -225,7 +304,12 @@ class Store:
             decoded = {int(w): window_result_decoder.decode(v) for w, v in results.items()}
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise StreamCorrupted(stream_id, f"a committed window: {exc}") from None
+        later, handed = _parse_stages(meta[5], meta[8:])
         return Snapshot(
+            later_stages=later,
+            handed=handed,
+            cancelled=meta[6] is not None,
+            stage_chains=[c or None for c in meta[7].decode().split(",")] if meta[7] is not None else [],
             n_candidates=int(meta[0]),
             window_size=int(meta[1]),
             admitted=int(meta[2]),
@@ -239,28 +323,10 @@ class Store:
     def progress(self, stream_ids: list[str]) -> list[StreamProgress | None]:
         """Each stream's progress from its meta alone, in one round trip; None for a stream
         that does not exist (never opened, or expired)."""
-        fields = ("n", "window_size", "admitted", "committed", "failed", "failovers", "lane")
         pipe = self.client.pipeline(transaction=False)
         for stream_id in stream_ids:
-            pipe.hmget(self.keys.stream(stream_id).meta, *fields)
-        out: list[StreamProgress | None] = []
-        for stream_id, meta in zip(stream_ids, pipe.execute()):
-            if meta[0] is None:
-                out.append(None)
-                continue
-            out.append(
-                StreamProgress(
-                    stream_id=stream_id,
-                    n_candidates=int(meta[0]),
-                    window_size=int(meta[1]),
-                    admitted=int(meta[2]),
-                    committed=int(meta[3] or 0),
-                    failed=int(meta[4] or 0),
-                    failovers=int(meta[5] or 0),
-                    lane=meta[6].decode() if meta[6] else "interactive",
-                )
-            )
-        return out
+            pipe.hmget(self.keys.stream(stream_id).meta, *PROGRESS_FIELDS)
+        return [parse_progress(stream_id, meta) for stream_id, meta in zip(stream_ids, pipe.execute())]
 
     def wait_and_snapshot(self, stream_id: str, after_id: bytes, timeout_s: float) -> Snapshot:
         """Block on the stream's event log until a commit after ``after_id`` or the timeout, then
@@ -320,7 +386,14 @@ class Store:
         )
         if reply[0] < 0:
             return int(reply[0])
-        return Begun(attempt=int(reply[0]), admitted_at_ms=int(reply[1]), spec=reply[2], candidates=list(reply[3:]))
+        indexes = [int(i) for i in reply[3].split(b",")] if reply[3] else []
+        return Begun(
+            attempt=int(reply[0]),
+            admitted_at_ms=int(reply[1]),
+            spec=reply[2],
+            candidates=list(reply[4:]),
+            indexes=indexes,
+        )
 
     def release(self, stream_id: str, window: int, *, delivery: str, refund: bool) -> int:
         """End ``delivery``'s lease on the window now: the worker saw its attempt end without a
@@ -338,34 +411,42 @@ class Store:
         embeddings: WindowEmbeddings | None = None,
         side_writes: Sequence[Any] = (),
         after: Sequence[Any] = (),
-    ) -> int:
-        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned);
-        its ``embeddings``, when given, are written in the same script call, or not at all.
+        order: Sequence[int] = (),
+        enqueue_grace_s: float = 0.0,
+    ) -> Commit:
+        """Commit a window once and count it under ``windows_<outcome>`` (ranked, failed, poisoned,
+        skipped); its ``embeddings``, when given, are written in the same script call, or not at all.
+        ``order``: the candidate indexes its page shows, in order, which a cascade's next stage
+        reads; the windows the commit admits for that stage are due ``enqueue_grace_s`` from now.
 
         ``side_writes`` (the worker's: cache entries, counters) go in the same round trip, ahead
         of the commit, each a command of its own: each is given ``queue(pipeline)`` to queue one
         command and ``settle(reply)`` with what it answered. ``after`` (giving the window's fair
         share back) goes the same way, behind the commit.
 
-        Returns 1 when written, 0 when already committed, or a negative code.
+        Returns the commit's code (1 written, 0 already committed, or a negative code) and what
+        it admitted.
         """
         stream = self.keys.stream(stream_id)
+        now = _now_ms()
         args: list[EncodableT] = [
             "commit",
-            _now_ms(),
+            now,
             result.window,
             encode(result),
             self.event_log_maxlen,
             outcome,
             encode(embeddings) if embeddings is not None else b"",
             len(result.failovers),
+            ",".join(str(i) for i in order),
+            now + int(enqueue_grace_s * 1000),
         ]
         if self._cluster or not (side_writes or after):
             # A cluster pipeline refuses scripts, and the side writes' keys live on other
             # slots than the stream's: each goes on its own, around the commit.
             for side_write in side_writes:
                 side_write.run_now()
-            written = int(self._script(keys=stream.all(), args=args))
+            written = _commit_reply(self._script(keys=stream.all(), args=args))
             for side_write in after:
                 side_write.run_now()
             return written
@@ -384,10 +465,10 @@ class Store:
         for side_write, later in zip(after, replies[len(side_writes) + 1 :]):
             side_write.settle(later)
         if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis: the call loads it
-            return int(self._script(keys=keys, args=args))
+            return _commit_reply(self._script(keys=keys, args=args))
         if isinstance(reply, Exception):
             raise reply
-        return int(reply)
+        return _commit_reply(reply)
 
     def load_embeddings(self, stream_id: str, windows: list[int]) -> dict[int, list[float]]:
         """The kept embeddings of these windows' candidates, by candidate index (windows without any add none)."""
@@ -490,3 +571,87 @@ class Store:
                 key = name.decode()
                 totals[key] = totals.get(key, 0) + int(value)
         return totals
+
+
+#: The meta fields a stream's progress is read from (``parse_progress``).
+PROGRESS_FIELDS = ("n", "window_size", "admitted", "committed", "failed", "failovers", "lane", "later", "unhanded")
+
+
+def parse_progress(stream_id: str, meta: Sequence[bytes | None]) -> StreamProgress | None:
+    """A stream's progress from its ``PROGRESS_FIELDS``; None for a stream that does not exist."""
+    if meta[0] is None or meta[1] is None:
+        return None
+    return StreamProgress(
+        stream_id=stream_id,
+        n_candidates=int(meta[0]),
+        window_size=int(meta[1]),
+        admitted=int(meta[2] or 0),
+        committed=int(meta[3] or 0),
+        failed=int(meta[4] or 0),
+        failovers=int(meta[5] or 0),
+        lane=cast(Lane, meta[6].decode()) if meta[6] else "interactive",
+        later_windows=int(meta[7] or 0),
+        unhanded_stages=int(meta[8] or 0),
+    )
+
+
+class StageHandedSince(Exception):
+    """A cancel saw a cascade stage before it was handed windows: read the stream again."""
+
+
+_SNAPSHOT_FIELDS = (
+    "n",
+    "window_size",
+    "admitted",
+    "device",
+    "lane",
+    "stages",
+    "cancelled_at",
+    "stage_chains",
+    *(f"{field}:{n}" for n in _LATER_STAGE_NUMBERS for field in _STAGE_FIELDS),
+)
+
+
+def _parse_stages(
+    layout: bytes | None, fields: Sequence[bytes | None]
+) -> tuple[list[tuple[int, int]], dict[int, HandedStage]]:
+    """A cascade's later stages (``(keep, window_size)`` each) and what each was handed, from
+    the meta fields ``queue_snapshot`` reads."""
+    if not layout:
+        return [], {}
+    later = []
+    for entry in layout.decode().split(";"):
+        _first, _slots, size, keep, *_budgets = entry.split(":")
+        later.append((int(keep), int(size)))
+    handed: dict[int, HandedStage] = {}
+    width = len(_STAGE_FIELDS)
+    for k, number in enumerate(_LATER_STAGE_NUMBERS):
+        windows, members, stopped, handed_at = fields[k * width : (k + 1) * width]
+        if windows is None:
+            continue
+        handed[number] = HandedStage(
+            members=[int(i) for i in members.split(b",")] if members else [],
+            windows=int(windows),
+            handed_at_ms=int(handed_at or 0),
+            stopped=stopped.decode() if stopped else None,
+        )
+    return later, handed
+
+
+def _commit_reply(reply: Any) -> Commit:
+    """``commit``'s answer: ``{code}``, or ``{1, bucket, expire_at, lane, (window, cost)...}``."""
+    code = int(reply[0])
+    if code != 1 or len(reply) < 4:
+        return Commit(code=code)
+    pairs = reply[4:]
+    bucket, lane = reply[1], reply[3]
+    return Commit(
+        code=code,
+        admitted=Admitted(
+            windows=[int(w) for w in pairs[0::2]],
+            costs=[int(c) for c in pairs[1::2]],
+            bucket=bucket.decode() if isinstance(bucket, bytes) else str(bucket),
+            expire_at_ms=int(reply[2]),
+            lane=cast(Lane, lane.decode() if isinstance(lane, bytes) else str(lane)),
+        ),
+    )

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from kernel import stream_defaults
-from kernel.windows import window_count
+from kernel.windows import StageWindows, stage_of, stage_windows, window_count
 
 Device = Literal["cpu", "gpu", "any"]
 #: Which lane of its device queue a stream's windows wait in: a worker takes every waiting
@@ -105,6 +105,22 @@ class TimeRange(Base, frozen=True):
     end: dt.datetime
 
 
+class Stage(Base, frozen=True):
+    """A cascade's stage after the first: a chain profile that re-reads the previous stage's best
+    ``keep`` rows, in windows of ``window_size``, once they are known. Its budgets cap what it
+    spends; past one, the rest stays in the previous stage's order and the stream says so."""
+
+    keep: int
+    window_size: int
+    chain: str | None = None
+    #: Pairs it may send (a document, or each passage of a passages stream, is a pair).
+    max_pairs: int | None = None
+    #: Tokens it may send, counted as the fair share counts a window's (``kernel.cost``).
+    max_tokens: int | None = None
+    #: Seconds from the moment its windows are admitted: a window begun later is not scored.
+    max_seconds: float | None = None
+
+
 class StreamSpec(Base, frozen=True):
     """Everything a worker needs to score any window of one stream, fixed at open."""
 
@@ -137,6 +153,20 @@ class StreamSpec(Base, frozen=True):
     #: The first stage's part in the order (``worker.scoring.blend``); None: the calibration
     #: file's weight for the serving member, else none.
     first_stage_weight: float | None = None
+    #: A cascade's stages after the first (the stream's own windows, scored by ``chain``).
+    later_stages: list[Stage] = []
+
+    def stage_windows(self) -> list[StageWindows]:
+        """Where each stage's windows are (``kernel.windows``)."""
+        return stage_windows(self.n_candidates, self.window_size, [(s.keep, s.window_size) for s in self.later_stages])
+
+    def stage_of(self, window: int) -> tuple[StageWindows, Stage | None]:
+        """The stage holding ``window``, and its ``Stage`` (None for the first stage). A window
+        past every stage's slots is the caller's error: the store refuses it first."""
+        found = stage_of(self.stage_windows(), window)
+        if found is None:
+            raise ValueError(f"window {window} is in no stage of the stream")
+        return found, self.later_stages[found.number - 2] if found.number > 1 else None
 
 
 # -- decisions ---------------------------------------------------------------
@@ -242,6 +272,12 @@ class WindowResult(Base, frozen=True):
     #: The member that served the window without the stream's instruction, because it cannot
     #: use one (its API has no such field, or it is configured without one); None otherwise.
     instruction_ignored_by: str | None = None
+    #: The cascade stage the window belongs to. A later stage's ``start`` and ``end`` are
+    #: places in what that stage reads, not candidate indexes (its decisions carry those).
+    stage: int = 1
+    #: The serving member answered places, not relevance (a listwise member): its scores are
+    #: those places seeded onto [0.1, 1.0], comparable within the window only.
+    scored_by_place: bool = False
 
 
 class WindowEmbeddings(Base, frozen=True):
@@ -291,6 +327,10 @@ class Row(Base, frozen=True):
     rank: int
     window: int
     decision: Decision
+    #: The cascade stage whose decision this is: the last stage that read the candidate and
+    #: scored it (a later stage's window that failed, or was past its budget, leaves the
+    #: earlier stage's decision).
+    stage: int = 1
 
     @property
     def id(self) -> str:
@@ -332,6 +372,26 @@ class Row(Base, frozen=True):
         return getattr(self.decision, "passage", None)
 
 
+class StageStatus(Base, frozen=True):
+    """How far one stage of a cascade has come, and where it stopped short."""
+
+    stage: int
+    chain: str | None = None
+    #: How many of the previous stage's best it reads; None for the first stage (all).
+    keep: int | None = None
+    #: How many it was handed (None until the stage before it showed its best ``keep``): fewer
+    #: than ``keep`` when that stage showed fewer rows, or a budget stopped it (``stopped``).
+    read: int | None = None
+    windows: int = 0
+    committed: int = 0
+    #: The budget that stopped it short of ``keep``: ``max_pairs`` or ``max_tokens``.
+    stopped: str | None = None
+    #: Rows it read but left in the previous stage's order (its window failed, or began past
+    #: ``max_seconds``), and why.
+    fell_back: int = 0
+    reasons: list[str] = []
+
+
 class Page(Base, frozen=True):
     stream_id: str
     offset: int
@@ -340,6 +400,8 @@ class Page(Base, frozen=True):
     total: int
     complete: bool
     pending_windows: int = 0
+    #: A cascade's stages, first to last (empty for a stream of one stage).
+    stages: list[StageStatus] = []
 
 
 WindowState = Literal["not_admitted", "admitted", "committed"]
@@ -362,6 +424,7 @@ class WindowStatus(Base, frozen=True):
     failovers: list[str] = []
     #: The serving member, when it could not use the stream's instruction (WindowResult's).
     instruction_ignored_by: str | None = None
+    stage: int = 1
 
 
 def committed_window_status(result: WindowResult) -> WindowStatus:
@@ -382,6 +445,7 @@ def committed_window_status(result: WindowResult) -> WindowStatus:
         reason=result.reason,
         failovers=list(result.failovers),
         instruction_ignored_by=result.instruction_ignored_by,
+        stage=result.stage,
     )
 
 
@@ -392,6 +456,8 @@ class StreamStatus(Base, frozen=True):
     windows: list[WindowStatus]
     #: The device queue the stream's windows go to.
     device: Device | None = None
+    #: A cascade's stages, first to last (empty for a stream of one stage).
+    stages: list[StageStatus] = []
 
 
 class StreamProgress(Base, frozen=True):
@@ -407,15 +473,24 @@ class StreamProgress(Base, frozen=True):
     #: Members skipped on the way, summed over the committed windows.
     failovers: int = 0
     lane: Lane = "interactive"
+    #: A cascade's later-stage windows handed so far, and its later stages not yet handed.
+    later_windows: int = 0
+    unhanded_stages: int = 0
 
     @property
-    def n_windows(self) -> int:
+    def first_stage_windows(self) -> int:
+        """The stream's own windows, over its candidates (a deeper pull admits them)."""
         return window_count(self.n_candidates, self.window_size)
 
     @property
+    def n_windows(self) -> int:
+        """The windows the stream commits, as far as its stages are known yet."""
+        return self.first_stage_windows + self.later_windows
+
+    @property
     def complete(self) -> bool:
-        """Every window of the stream is committed."""
-        return self.committed >= self.n_windows
+        """Every window of the stream is committed, every stage of a cascade included."""
+        return self.unhanded_stages == 0 and self.committed >= self.n_windows
 
 
 # Encoders and decoders are built once; msgpack is what Redis holds.

@@ -20,6 +20,7 @@ import msgspec
 
 from kernel.fair_share import LEDGER_ERRORS, member, send_released
 from kernel.logs import get_logger
+from kernel.store import Snapshot, StageHandedSince
 from kernel.wire import Cancelled, Candidate, WindowResult
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 log = get_logger("rerankq.producer")
 
 CANCELLED_REASON = "cancelled"
+#: Reads a cancel makes before it gives up on a cascade that keeps handing stages windows
+#: (each hand-off happens once per stage, so the stages bound it).
+STAGE_RACE_RETRIES = 8
 
 
 class CancelOutcome(msgspec.Struct, frozen=True):
@@ -58,17 +62,40 @@ def cancelled_result(window: int, start: int, candidates: list[Candidate], now: 
     )
 
 
-def cancel_stream(store: Store, fair_share: FairShare, dispatcher: Dispatcher, stream_id: str) -> CancelOutcome:
-    snapshot = store.snapshot(stream_id)
-    open_windows = [w for w in range(snapshot.n_windows) if w not in snapshot.results]
+def open_windows(snapshot: Snapshot, candidates: list[Candidate], now: float) -> list[WindowResult]:
+    """The cancelled result of every window not committed yet: the first stage's, and those a
+    cascade's later stages were handed."""
     results = []
-    if open_windows:
-        candidates = store.load_candidates(stream_id, 0, snapshot.n_candidates)
-        now = time.time()
-        for window in open_windows:
+    for window in range(snapshot.n_windows):
+        if window not in snapshot.results:
             start, end = snapshot.bounds(window)
             results.append(cancelled_result(window, start, candidates[start:end], now))
-    written = store.cancel(stream_id, results)
+    for stage in snapshot.stage_windows()[1:]:
+        handed = snapshot.handed.get(stage.number)
+        if handed is None:
+            continue
+        for k in range(handed.windows):
+            window = stage.first + k
+            if window not in snapshot.results:
+                members = handed.members[k * stage.window_size : (k + 1) * stage.window_size]
+                result = cancelled_result(window, k * stage.window_size, [candidates[i] for i in members], now)
+                decisions = [msgspec.structs.replace(d, index=i) for d, i in zip(result.decisions, members)]
+                results.append(msgspec.structs.replace(result, decisions=decisions, stage=stage.number))
+    return results
+
+
+def cancel_stream(store: Store, fair_share: FairShare, dispatcher: Dispatcher, stream_id: str) -> CancelOutcome:
+    # A cascade stage handed windows between the read and the write refuses the write: read again.
+    for _ in range(STAGE_RACE_RETRIES):
+        snapshot = store.snapshot(stream_id)
+        candidates = store.load_candidates(stream_id, 0, snapshot.n_candidates) if not snapshot.complete else []
+        try:
+            written = store.cancel(stream_id, open_windows(snapshot, candidates, time.time()))
+            break
+        except StageHandedSince:
+            continue
+    else:
+        raise StageHandedSince(stream_id)
     if written:
         try:
             released = fair_share.done(snapshot.device, [member(stream_id, w) for w in written])

@@ -16,7 +16,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from kernel.consumers import ConsumerCheck, no_worker_warning
-from kernel.cost import check_window_costs, window_costs
+from kernel.cost import candidate_cost, candidate_pairs, check_window_costs, window_costs
 from kernel.dispatch import Dispatcher
 from kernel.errors import StoreError, StoreFull, StoreUnavailable, ValidationError
 from kernel.fair_share import LEDGER_ERRORS, FairShare, bucket_for
@@ -25,6 +25,7 @@ from kernel.logs import get_logger
 from kernel.redis_clients import UNAVAILABLE_ERRORS, NoReplicasError, is_no_replicas
 from kernel.settings import Settings, load_settings
 from kernel.store import Admitted, Snapshot, Store, connect
+from kernel.windows import window_count
 from kernel.wire import (
     Candidate,
     Lane,
@@ -32,16 +33,14 @@ from kernel.wire import (
     StreamProgress,
     StreamSpec,
     StreamStatus,
-    WindowState,
-    WindowStatus,
-    committed_window_status,
     encode,
 )
 from producer.budget import apply_budget, check_over_fetch, limits_for, required_depth
 from producer.cancel import CancelOutcome, cancel_stream
 from producer.options import takes_stream_options
-from producer.pages import build_page
+from producer.pages import build_page, stage_statuses, window_statuses
 from producer.postprocess import PostProcess, Selection, check_postprocess, postprocess
+from producer.stages import check_stage_costs
 from producer.stream_spec import resolve_spec
 from producer.validation import (
     check_candidates,
@@ -250,6 +249,12 @@ class RerankClient:
         spec = check_spec(resolve_spec(query, chosen, settings, n_candidates=len(items), limits=limits), settings)
         costs = window_costs(spec, items)
         check_window_costs(spec, costs, settings)
+        candidate_tokens = [candidate_cost(spec, c) for c in items] if spec.later_stages else []
+        check_stage_costs(spec.later_stages, candidate_tokens, settings)
+        if spec.later_stages:
+            # The second stage starts once the first shows its best keep rows: admit the windows
+            # that hold them at once (store.lua admits one more if filters leave them short).
+            first_windows = max(first_windows, window_count(spec.later_stages[0].keep, spec.window_size))
         fingerprint = job_fingerprint(spec, items, explicit_reference_time=chosen.reference_time)
         bucket = bucket_for(spec.tenant, lane, stream_id)
         with store_errors(stream_id, written=False, retry_safe=key is not None, url=self.settings.store.redis_url):
@@ -264,6 +269,8 @@ class RerankClient:
                 lane=lane,
                 bucket=bucket,
                 costs=costs,
+                candidate_tokens=candidate_tokens,
+                candidate_pairs=[candidate_pairs(spec, c) for c in items] if spec.later_stages else [],
             )
         if created:
             self._remember_fresh(
@@ -276,6 +283,8 @@ class RerankClient:
                     last_event_id=b"0-0",
                     device=spec.device,
                     lane=lane,
+                    later_stages=[(s.keep, s.window_size) for s in spec.later_stages],
+                    stage_chains=[spec.chain, *(s.chain for s in spec.later_stages)] if spec.later_stages else [],
                 ),
             )
         # From here the stream exists: a message that cannot be sent is the sweep's to send,
@@ -338,18 +347,10 @@ class RerankClient:
         """The admitted windows that fit their bucket's share, to send now; the ledger holds the
         others and releases them as the bucket's earlier windows commit (``kernel.fair_share``).
         A ledger that cannot be reached lets every window go: late is worse than unshared."""
-        if not admission.windows or not admission.bucket:  # a stream opened before buckets: unshared
-            return admission.windows
+        if not admission.windows:
+            return []
         try:
-            now = self.fair_share.enter(
-                stream_id,
-                device=device,
-                bucket=admission.bucket,
-                lane=lane,
-                expire_at_ms=admission.expire_at_ms,
-                windows=admission.windows,
-                costs=admission.costs,
-            )
+            now = self.fair_share.enter_admitted(stream_id, device, msgspec.structs.replace(admission, lane=lane))
         except LEDGER_ERRORS as exc:
             log.warning("fair_share_unavailable", stream=stream_id, error=type(exc).__name__, sent=admission.windows)
             return admission.windows
@@ -465,23 +466,13 @@ class RerankClient:
         with store_errors(stream_id, written=True, retry_safe=True, url=self.settings.store.redis_url, reading=True):
             snapshot = self.store.snapshot(stream_id)
             attempts = self.store.attempts(stream_id)
-        windows = []
-        for window in range(snapshot.n_windows):
-            start, end = snapshot.bounds(window)
-            result = snapshot.results.get(window)
-            if result is None:
-                state: WindowState = "admitted" if window < snapshot.admitted else "not_admitted"
-                windows.append(
-                    WindowStatus(window=window, start=start, end=end, state=state, attempts=attempts.get(window, 0))
-                )
-                continue
-            windows.append(committed_window_status(result))
         return StreamStatus(
             stream_id=stream_id,
             n_candidates=snapshot.n_candidates,
             window_size=snapshot.window_size,
-            windows=windows,
+            windows=window_statuses(snapshot, attempts),
             device=snapshot.device,
+            stages=stage_statuses(snapshot),
         )
 
     def cancel(self, stream_id: str) -> CancelOutcome:

@@ -26,7 +26,7 @@ from msgspec import Meta
 
 from kernel import stream_defaults
 from kernel.field_errors import NOT_BLANK_PATTERN, TOKEN_PATTERN
-from kernel.limits import MAX_PASSAGES, MIN_PASSAGE_TOKENS
+from kernel.limits import MAX_PASSAGES, MAX_STAGES, MIN_PASSAGE_TOKENS
 from kernel.settings.types import Probability, StreamTtl
 from kernel.wire import Boosts, BudgetLevel, Device, Lane, LongDocuments, PassageAggregate, PassageCut, TimeRange
 
@@ -46,6 +46,39 @@ InstructionOption = Annotated[
         f"instruction_ignored_by; up to {MAX_INSTRUCTION_CHARS} characters  [default: none]"
     ),
 ]
+
+
+class StageOption(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One stage of a cascade, as a caller gives it (``stages``)."""
+
+    chain: Annotated[
+        Token | None, Meta(description="the chain profile that scores the stage  [default: the whole chain]")
+    ] = None
+    keep: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(
+            description="how many of the previous stage's best it reads (the first stage: of the fused list, as "
+            "max_rerank_candidates caps it); required after the first"
+        ),
+    ] = None
+    window_size: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description="a later stage's window, at most RERANKQ_MAX_WINDOW_SIZE  [default: keep, up to that]"),
+    ] = None
+    max_pairs: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description="a later stage sends at most this many pairs (a passage each, in a passages stream)"),
+    ] = None
+    max_tokens: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description="a later stage sends at most about this many tokens (as a window's cost counts them)"),
+    ] = None
+    max_seconds: Annotated[
+        Annotated[float, Meta(gt=0, le=86400)] | None,
+        Meta(
+            description="a later stage's window that begins this long after the stage was handed its rows is not scored"
+        ),
+    ] = None
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -239,6 +272,17 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
             "the candidate's place in the fused list, 1.0 first to 0.1 last) times the boosts; min_score still "
             "reads the member's score  [default: the weight rerankq calibrate fitted for the serving member in "
             "RERANKQ_CALIBRATION, else 0]"
+        ),
+    ] = None
+
+    stages: Annotated[
+        Annotated[list[StageOption], Meta(min_length=1, max_length=MAX_STAGES)] | str | None,
+        Meta(
+            description="a cascade, first stage to last, each {chain, keep, window_size, max_pairs, max_tokens, "
+            "max_seconds}: the first scores the stream's windows with its chain; each later one re-reads the "
+            "previous stage's best keep rows once they are known, in its own windows, and its budgets cap what it "
+            "spends (past one, the rest keeps the previous stage's order and the stream says so); text form "
+            f"chain:keep,chain:keep; at most {MAX_STAGES} stages, not with chain  [default: one stage]"
         ),
     ] = None
 

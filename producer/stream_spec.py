@@ -16,6 +16,7 @@ from kernel.settings import Settings
 from kernel.wire import StreamSpec
 from producer.budget import BudgetLimits, limits_for
 from producer.options import StreamOptions
+from producer.stages import later_stages
 
 T = TypeVar("T")
 
@@ -70,6 +71,7 @@ def resolve_spec(
         reference_time=options.reference_time or dt.datetime.now(dt.timezone.utc),
         strategy_boosts=dict(limits.strategy_boosts),
         n_candidates=n_candidates,
+        later_stages=later_stages(options, settings),
         **fields,
     )
 

@@ -25,6 +25,7 @@ from kernel.settings.types import MAX_TTL_S
 from kernel.strategy_boosts import parse_strategy_boosts
 from kernel.wire import Boosts, Candidate, StreamSpec, TimeRange, encode
 from producer.options import OPTION_NAMES, StreamOptions
+from producer.stages import with_stages_read
 
 MAX_ID_CHARS = 256
 # How deep any argument may nest (a candidate's metadata, counted from metadata itself).
@@ -338,23 +339,27 @@ def _check_query(spec: StreamSpec, settings: Settings) -> None:
 
 
 def _check_chain(spec: StreamSpec, settings: Settings) -> None:
-    if spec.chain is not None and spec.chain.lower() not in settings.chain.profiles:
-        # Refused here, not failed in the worker: a profile exists to keep a stream's data away
-        # from some members, so an unknown one is never widened to the whole chain either.
-        configured = ", ".join(sorted(settings.chain.profiles)) or "none"
-        raise ValidationError(
-            "chain",
-            f"{spec.chain!r} names no chain profile (configured: {configured}); "
-            f"set {chain_profile_variable(spec.chain)} where streams are opened and where workers run",
-        )
+    named = [("chain", spec.chain)]
+    named += [(f"stages[{i}].chain", stage.chain) for i, stage in enumerate(spec.later_stages, start=1)]
+    for field, chain in named:
+        if chain is not None and chain.lower() not in settings.chain.profiles:
+            # Refused here, not failed in the worker: a profile exists to keep a stream's data away
+            # from some members, so an unknown one is never widened to the whole chain either.
+            configured = ", ".join(sorted(settings.chain.profiles)) or "none"
+            raise ValidationError(
+                field,
+                f"{chain!r} names no chain profile (configured: {configured}); "
+                f"set {chain_profile_variable(chain)} where streams are opened and where workers run",
+            )
 
 
 def _check_stream_fields(spec: StreamSpec, settings: Settings) -> None:
     """The window, the score filters, the TTL and the document budget."""
-    if not 1 <= spec.window_size <= settings.streams.max_window_size:
-        raise ValidationError(
-            "window_size", f"must be between 1 and {settings.streams.max_window_size}, got {spec.window_size}"
-        )
+    sizes = [("window_size", spec.window_size)]
+    sizes += [(f"stages[{i}].window_size", s.window_size) for i, s in enumerate(spec.later_stages, start=1)]
+    for field, size in sizes:
+        if not 1 <= size <= settings.streams.max_window_size:
+            raise ValidationError(field, f"must be between 1 and {settings.streams.max_window_size}, got {size}")
     for name in ("min_score", "min_final_score"):
         _finite(name, getattr(spec, name))
     if spec.min_score is not None and not 0.0 <= spec.min_score <= 1.0:
@@ -443,10 +448,11 @@ def check_options(options: Mapping[str, Any]) -> StreamOptions:
         chosen = msgspec.convert(plain, StreamOptions)
     except msgspec.ValidationError as exc:
         raise from_msgspec(exc) from None
-    # What a type cannot state: a finite number, and the text form of strategy boosts.
+    # What a type cannot state: a finite number, the text forms of strategy boosts and of stages,
+    # and how a cascade's stages fit together.
     _finite("min_final_score", chosen.min_final_score)
     parse_strategy_boosts(chosen.strategy_boosts)
-    return chosen
+    return with_stages_read(chosen)
 
 
 def check_query(query: Any) -> str:

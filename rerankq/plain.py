@@ -26,6 +26,9 @@ REASONS = {
     "flat_scores": "gave every document the same score",
     "bad_shape": "answered in a shape it should not",
     "unparsable": "answered something that does not parse",
+    "no_choices": "answered a chat completion without choices",
+    "no_permutation": "named no passage in any of its answers",
+    "not_a_ranking": "answered places that are not a ranking",
     "unknown_profile": "is not in the chain profile asked for",
 }
 
@@ -37,6 +40,7 @@ PROVIDERS = {
     "cohere": "a Cohere-compatible API",
     "http": "an HTTP reranker",
     "vllm": "a vLLM server",
+    "listwise": "a chat model ranking passages listwise",
 }
 
 

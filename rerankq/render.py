@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from kernel.wire import Page, StreamStatus
+from kernel.wire import Page, StageStatus, StreamStatus
 from rerankq.common import printable
 
 if TYPE_CHECKING:
@@ -68,9 +68,26 @@ def page_lines(title: str, page: Page, *, width: int = 60, headings: dict[str, s
         )
         if row.kind == "failed" and row.reason:
             lines.append(f"{'':>{rank_w}}  reason: {printable(row.reason)}")
+        if page.stages:
+            lines[-1] += f"  (stage {row.stage})"
     if page.pending_windows:
         lines.append(f"({page.pending_windows} window(s) still being scored)")
+    lines += [stage_line(stage) for stage in page.stages]
     return lines
+
+
+def stage_line(stage: StageStatus) -> str:
+    """One stage of a cascade: what it read and committed, and where it stopped short."""
+    chain = printable(stage.chain or "the whole chain")
+    if stage.stage > 1 and stage.read is None:
+        return f"stage {stage.stage} ({chain}, keep {stage.keep}): waiting for stage {stage.stage - 1}'s best"
+    line = f"stage {stage.stage} ({chain}): read {stage.read}, {stage.committed} of {stage.windows} window(s) committed"
+    if stage.stopped:
+        line += f"; stopped at {stage.read} of {stage.keep} by its {stage.stopped} budget"
+    if stage.fell_back:
+        reasons = "; ".join(printable(r) for r in stage.reasons)
+        line += f"; {stage.fell_back} row(s) kept the earlier stage's order ({reasons})"
+    return line
 
 
 def page_json(page: Page) -> dict[str, Any]:
@@ -88,6 +105,7 @@ def row_json(row: Any) -> dict[str, Any]:
     return {
         "rank": row.rank,
         "window": row.window,
+        "stage": row.stage,
         "kind": type(d).__struct_config__.tag,
         "id": d.id,
         "index": d.index,
@@ -130,6 +148,8 @@ def status_table(status: StreamStatus) -> Any:
         ("cancelled", "right"),
         ("reason", "left"),
     )
+    if status.stages:
+        columns = (("stage", "right"), *columns)
     for name, justify in columns:
         table.add_column(name, justify=justify)
     for w in status.windows:
@@ -139,6 +159,7 @@ def status_table(status: StreamStatus) -> Any:
         elif w.state == "committed" and w.cancelled:
             state = "[yellow]cancelled[/]"
         table.add_row(
+            *([str(w.stage)] if status.stages else []),
             str(w.window),
             f"[{w.start}, {w.end})",
             state,

@@ -26,9 +26,11 @@ def status(stream: str, as_json: bool) -> int:
     if as_json:
         print_json({**to_builtins(found), "warning": warning})
     else:
-        from rerankq.render import status_table
+        from rerankq.render import stage_line, status_table
 
         console().print(status_table(found))
+        for stage in found.stages:
+            click.echo(stage_line(stage))
     if warning is not None:
         click.echo(f"warning: {warning}", err=True)
     return 0

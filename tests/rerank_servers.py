@@ -13,21 +13,29 @@ answers raw logits for ``use_activation: false``, and scores a document under th
 ``instruction`` differently (``expected_score``), as an instruction-aware reranker would.
 It is stricter than vLLM, which accepts and ignores a field it does not know: it answers 400
 to any field outside vLLM's protocol, so a field vLLM would drop silently fails the test.
+``chat`` serves OpenAI's ``POST /v1/chat/completions`` as vLLM, llama.cpp's server and hosted
+APIs answer it (``id``, ``object``, ``created``, ``model``, ``choices[0].message.content``,
+``usage``), as a listwise ranking model: it reads the passages numbered ``[1]..[m]`` in the
+user message and answers their ids by ``expected_score`` (``[2] > [1] > ...``), or, by mode, a
+malformed permutation (``CHAT_MODES``). It answers 400 to a body that is no chat request.
+With ``chat_model`` set (a function of the request body), ``ok`` answers what it generates.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-SHAPES = ("tei", "cohere", "infinity", "scores", "rankings", "vllm")
+SHAPES = ("tei", "cohere", "infinity", "scores", "rankings", "vllm", "chat")
 MODES = (
     "ok",
     "hang",
@@ -48,10 +56,29 @@ MODES = (
 # The paths each shape serves; None: any path.
 VLLM_RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
 VLLM_SCORE_PATHS = frozenset({"/score", "/v1/score"})
+CHAT_PATH = "/v1/chat/completions"
 PATHS: dict[str, frozenset[str] | None] = {
     "infinity": frozenset({"/rerank"}),
     "vllm": VLLM_RERANK_PATHS | VLLM_SCORE_PATHS,
+    "chat": frozenset({CHAT_PATH}),
 }
+#: How the chat server answers a listwise prompt, besides the modes every shape has.
+CHAT_MODES = (
+    "ok",  # the ids by expected_score: [2] > [1] > [3]
+    "missing",  # the last two ids left out
+    "repeated",  # the first two ids named again after themselves
+    "out_of_range",  # [0] and [m + 1] first, [99] last
+    "prose",  # sentences around the ids, with bare numbers in them ("In 1 line, the 6 passages")
+    "think",  # a reasoning block naming other ids before the answer
+    "bare",  # ids without brackets: 2 > 1 > 3
+    "empty",  # content ""
+    "null_content",  # content null (a refusal)
+    "no_choices",  # choices []
+)
+#: The request fields of OpenAI's chat completions this server takes (others are refused).
+CHAT_FIELDS = frozenset(
+    {"model", "messages", "temperature", "max_tokens", "max_completion_tokens", "stream", "n", "top_p", "seed", "stop"}
+)
 # vLLM's request fields (vllm/entrypoints/pooling/scoring/protocol.py and base/protocol.py):
 # those every scoring request shares, then each API's own.
 VLLM_COMMON_FIELDS = frozenset(
@@ -105,6 +132,10 @@ class RerankServer:
         # echo_auth: characters of padding before the echoed Authorization header.
         self.echo_pad = 0
         self.paths = PATHS.get(shape)
+        # Scores as another model would: every score depends on the salt too (``expected_score``).
+        self.salt: str | None = None
+        #: chat: what generates the answer of an ``ok`` request (a model), from the request body.
+        self.chat_model: Callable[[Any], str] | None = None
         self.requests: list[Seen] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -157,6 +188,8 @@ class RerankServer:
         if mode == "echo_422":
             detail = [{"type": "value_error", "loc": ["body"], "msg": "Value error, refused", "input": body}]
             return 422, {}, json.dumps({"detail": detail}).encode()
+        if self.shape == "chat" and mode != "echo_400_code":
+            return chat_answer(mode, body, model=self.chat_model)
         if mode == "echo_400_code":
             query = body.get("query") if isinstance(body, dict) else None
             return (
@@ -167,7 +200,7 @@ class RerankServer:
         documents = body.get("texts") or body.get("documents") or body.get("text_2") or []
         documents = [d if isinstance(d, str) else d.get("text", "") for d in documents]
         n = len(documents)
-        instruction = body.get("instruction") if self.shape == "vllm" else None
+        instruction = body.get("instruction") if self.shape == "vllm" else self.salt
         pairs = [(i, expected_score(d, instruction)) for i, d in enumerate(documents)]
         if mode == "flat":
             pairs = [(i, 0.5) for i in range(n)]
@@ -312,6 +345,103 @@ def vllm_answer(ranked: list[tuple[int, float]], documents: list[str], mode: str
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         "results": results,
     }
+
+
+_SHOWN = re.compile(r"^\[(\d+)\] (.*)$", re.MULTILINE)
+
+
+def chat_refusal(body: Any) -> str | None:
+    """What a chat-completions server would refuse, or None."""
+    if not isinstance(body, dict):
+        return "body is not a JSON object"
+    unknown = sorted(set(body) - CHAT_FIELDS)
+    if unknown:
+        return f"fields outside the chat completions API: {unknown}"
+    chat = body.get("messages")
+    if not isinstance(chat, list) or not chat:
+        return "messages must be a non-empty list"
+    for message in chat:
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            return "each message is {role, content}"
+        if message["role"] not in ("system", "user", "assistant") or not isinstance(message["content"], str):
+            return "a message's role is system, user or assistant and its content text"
+    if body.get("stream", False) is not False or not isinstance(body.get("max_tokens", 1), int):
+        return "stream must be false and max_tokens an integer"
+    return None
+
+
+def shown_passages(body: Any) -> list[str]:
+    """The passages a listwise prompt shows, in the order of their ids [1]..[m]."""
+    user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    return [text for _, text in _SHOWN.findall(user)]
+
+
+def judged_ids(passages: list[str]) -> list[int]:
+    """The 1-based ids of the passages by expected_score, best first (ties: the lower id)."""
+    return sorted(range(1, len(passages) + 1), key=lambda i: (-expected_score(passages[i - 1]), i))
+
+
+def chat_completion(content: str | None, *, model: str, prompt_tokens: int, choices: bool = True) -> dict[str, Any]:
+    """OpenAI's chat completion object, as vLLM and llama.cpp's server answer it."""
+    completion_tokens = len((content or "").split())
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ]
+        if choices
+        else [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def chat_answer(
+    mode: str, body: Any, *, model: Callable[[Any], str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    refused = chat_refusal(body)
+    if refused is not None:
+        return 400, {}, json.dumps({"error": {"message": refused, "type": "BadRequestError", "code": 400}}).encode()
+    passages = shown_passages(body)
+    m, ids = len(passages), judged_ids(passages)
+    ranked = " > ".join(f"[{i}]" for i in ids)
+    content: str | None
+    if model is not None and mode == "ok":
+        content = model(body)
+    elif mode == "missing":
+        content = " > ".join(f"[{i}]" for i in ids[:-2])
+    elif mode == "repeated":
+        content = " > ".join(f"[{i}]" for i in [*ids[:2], *ids[:2], *ids[2:]])
+    elif mode == "out_of_range":
+        content = " > ".join(f"[{i}]" for i in [0, m + 1, *ids, 99])
+    elif mode == "prose":
+        content = f"Sure! In 1 line, the {m} passages ranked: {ranked}.\nPassage [{ids[0]}] answers it best."
+    elif mode == "think":
+        content = f"<think>\nPassage [{ids[-1]}] looks best, or [{m}]?\n</think>\n\n{ranked}"
+    elif mode == "bare":
+        content = " > ".join(str(i) for i in ids)
+    elif mode == "empty":
+        content = ""
+    elif mode == "null_content":
+        content = None
+    else:
+        content = ranked
+    tokens = sum(len(m["content"].split()) for m in body["messages"])
+    answer = chat_completion(
+        content, model=body.get("model") or "served-model", prompt_tokens=tokens, choices=mode != "no_choices"
+    )
+    return 200, {}, json.dumps(answer).encode()
 
 
 def closed_port_url() -> str:

@@ -110,19 +110,25 @@ def test_the_weight_is_recovered_where_the_first_stage_carries_its_signal_in_its
 
 def test_fusion_scores_are_read_only_in_their_lists_order_and_places_stand_in_otherwise() -> None:
     skewed = skewed_scores(random.Random(3))
-    read = first_stage_scores(skewed, first_index=0, n_candidates=DOCS)
+    read = first_stage_scores(skewed, indexes=range(DOCS), n_candidates=DOCS)
     assert read[0] == pytest.approx(1.0) and read[-1] == pytest.approx(0.1)
     assert read != pytest.approx([first_stage_score(i, DOCS) for i in range(DOCS)])
     # A window of a longer stream keeps its places' range on the stream's scale.
-    window = first_stage_scores(skewed[:10], first_index=10, n_candidates=100)
+    window = first_stage_scores(skewed[:10], indexes=range(10, 20), n_candidates=100)
     assert window[0] == pytest.approx(first_stage_score(10, 100))
     assert window[-1] == pytest.approx(first_stage_score(19, 100))
+    # A later stage of a cascade reads the earlier stage's best, in that stage's order: the
+    # fusion scores are read in the stream's order (their indexes), the range from its places.
+    shuffled = first_stage_scores([skewed[5], skewed[0], skewed[9]], indexes=[5, 0, 9], n_candidates=100)
+    assert shuffled[1] == pytest.approx(first_stage_score(0, 100))
+    assert shuffled[2] == pytest.approx(first_stage_score(9, 100))
+    assert shuffled[2] < shuffled[0] < shuffled[1]
     by_place = [first_stage_score(i, DOCS) for i in range(DOCS)]
     # Distances (increasing down the list), scores out of their list's order (one arm's), one
     # missing, one not finite, all equal: read by place.
     swapped = [*skewed[:5], skewed[6], skewed[5], *skewed[7:]]
     for unreadable in (skewed[::-1], swapped, [None, *skewed[1:]], [math.nan, *skewed[1:]], [2.0] * DOCS):
-        assert first_stage_scores(unreadable, first_index=0, n_candidates=DOCS) == pytest.approx(by_place)
+        assert first_stage_scores(unreadable, indexes=range(DOCS), n_candidates=DOCS) == pytest.approx(by_place)
 
 
 def test_one_query_is_too_few_to_fit_on() -> None:

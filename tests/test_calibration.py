@@ -419,8 +419,8 @@ def test_a_blend_reads_the_candidates_fusion_scores_and_rows_keep_score_raw_scor
 
     # Two windows: each reads its candidates' fusion scores on its own places' range.
     half = n // 2
-    expected = first_stage_scores(fusion[:half], first_index=0, n_candidates=n) + first_stage_scores(
-        fusion[half:], first_index=half, n_candidates=n
+    expected = first_stage_scores(fusion[:half], indexes=range(half), n_candidates=n) + first_stage_scores(
+        fusion[half:], indexes=range(half, n), n_candidates=n
     )
     blended = rows(half, min_score=0.2)
     assert len(blended) == n

@@ -66,6 +66,7 @@ def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, t
         assert set(row) == {
             "rank",
             "window",
+            "stage",
             "kind",
             "id",
             "index",
@@ -77,6 +78,7 @@ def test_jsonl_batch_end_to_end_in_order_without_torch(start_worker, base_env, t
             "passage",
         }
         assert row["passage"] is None  # an excerpt stream's rows say no passage
+        assert row["stage"] == 1  # a stream of one stage
         assert row["kind"] == "ranked" and row["reason"] is None and row["served_by"].startswith("0:")
         assert line["stream"] == "k_" + idempotency_key(summary["run_id"], line["id"])
 

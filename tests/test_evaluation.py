@@ -215,3 +215,113 @@ def test_bad_input_exits_2_naming_the_file(tiny_collection):
     done = run_harness(tiny_collection, [], {})
     assert done.returncode == 2
     assert "query q2 ranks document nowhere" in done.stderr
+
+
+# -- a cascade: rerankq eval --stages ---------------------------------------------------------
+
+CASCADE_CHAIN = {
+    "RERANKQ_RERANKER_PROVIDER": "tests.evaluation_providers:KeywordProvider",
+    "RERANKQ_RERANKER_1_PROVIDER": "tests.evaluation_providers:ShortestFirstProvider",
+}
+KEYWORD = "0:tests.evaluation_providers:KeywordProvider"
+SHORTEST = "1:tests.evaluation_providers:ShortestFirstProvider"
+# By hand, stage 2 (the shortest first) re-reading the keyword member's best 2: q1's d3 d5
+# become d5 d3 (40 characters before 51), q2's e1 e4 stay (45 before 48).
+AFTER_SHORTEST = {"q1": (2 + 3 / log2(3) + 1 / log2(6)) / IDCG_Q1, "q2": RERANKED["q2"]["nDCG@10"]}
+# The shortest first alone: over the top 5, q1 d2 d4 d1 d5 d3 and q2 e3 e2 e1 e4; over the top 2,
+# q1 d2 d1 (both grade 0: the input's value) and q2 e2 e1.
+SHORTEST_ALONE = {
+    5: {"q1": (1 / log2(3) + 2 / log2(5) + 3 / log2(6)) / IDCG_Q1, "q2": (2 / log2(4) + 3 / log2(5)) / IDCG_Q2},
+    2: {"q1": INPUT["q1"]["nDCG@10"], "q2": (2 / log2(3) + 3 / log2(5)) / IDCG_Q2},
+}
+
+
+def mean_of(values: dict[str, float]) -> float:
+    return sum(values.values()) / len(values)
+
+
+@pytest.mark.parametrize(
+    ("stages", "extra", "says"),
+    [
+        ("0:5", [], "between 2 and 4 stages"),
+        ("0:5,1:x", [], "'1:x' is not member:keep"),
+        ("0:5,one:2", [], "'one:2' is not member:keep"),
+        ("0:2,1:5", [], "stage 2 keeps 5, more than stage 1 (2)"),
+        ("0:5,1:0", [], "stage 2 keeps 0"),
+        ("0:5,0:2", [], "a member named twice"),
+        ("0:5,1:2", ["--depths=5"], "not with --depths"),
+        ("0:5,1:2", ["--members=0"], "not with --members"),
+        ("0:5,7:2", [], "the chain has members 0..1"),
+    ],
+)
+def test_a_stages_option_that_cannot_run_is_refused_naming_the_flag(tiny_collection, stages, extra, says):
+    done = run_harness(tiny_collection, [f"--stages={stages}", *extra], CASCADE_CHAIN)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--stages" in done.stderr and says in done.stderr, done.stderr
+    assert done.stdout == ""  # refused before any query was run
+
+
+def test_a_cascade_reports_each_stage_and_its_members_alone_through_a_real_worker(tiny_collection, tmp_path):
+    done = run_harness(tiny_collection, ["--stages=0:5,1:2", "--json", str(tmp_path / "eval.json")], CASCADE_CHAIN)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "eval.json").read_text())
+    cascade = report["cascade"]
+    assert cascade["stages"] == "0:5,1:2" and cascade["depth"] == 5 and cascade["queries"] == 2
+    first, second = cascade["after_stage"]
+    assert (first["member"], first["keep"], second["member"], second["keep"]) == (KEYWORD, 5, SHORTEST, 2)
+
+    # The ranking after each stage, and the cascade's pages, as worked out by hand.
+    for qid in ("q1", "q2"):
+        assert first["per_query"]["nDCG@10"][qid] == pytest.approx(RERANKED[qid]["nDCG@10"], abs=1e-9)
+        assert second["per_query"]["nDCG@10"][qid] == pytest.approx(AFTER_SHORTEST[qid], abs=1e-9)
+        assert cascade["cascade"]["per_query"]["nDCG@10"][qid] == pytest.approx(AFTER_SHORTEST[qid], abs=1e-9)
+    assert second["ndcg10_vs_previous"] == {"better": 0, "same": 1, "worse": 1}
+    assert first["served_by"] == [KEYWORD] and second["served_by"] == [SHORTEST]
+    assert first["fell_back"] == second["fell_back"] == 0
+
+    # Each pair scored once per stage: a window a query for each stage, one provider call each
+    # (the first stage reads q1's 5 and q2's 4).
+    assert (first["windows"], first["read_per_query"], first["provider_calls"]) == (2, 4.5, 2)
+    assert (second["windows"], second["read_per_query"], second["provider_calls"]) == (2, 2, 2)
+    assert cascade["cascade"]["provider_calls"] == 4
+
+    # Latency: the total per query, and each stage's own scoring from its windows.
+    total, scoring = cascade["cascade"]["latency"]["total_ms"], cascade["cascade"]["latency"]["scoring_ms"]
+    assert 0 < scoring["p50"] <= total["p50"] <= total["p95"]
+    assert first["scoring_ms"]["p50"] > 0 and second["scoring_ms"]["p50"] > 0
+
+    # Beside it, each member alone at the cascade's depth and at its own keep.
+    alone = {(a["member"], a["depth"]): a for a in cascade["alone"]}
+    assert set(alone) == {(KEYWORD, 5), (SHORTEST, 5), (SHORTEST, 2)}
+    assert alone[(KEYWORD, 5)]["mean"]["nDCG@10"] == pytest.approx(
+        mean_of({q: RERANKED[q]["nDCG@10"] for q in ("q1", "q2")}), abs=1e-9
+    )
+    for depth, expected in SHORTEST_ALONE.items():
+        assert alone[(SHORTEST, depth)]["mean"]["nDCG@10"] == pytest.approx(mean_of(expected), abs=1e-9)
+        assert alone[(SHORTEST, depth)]["provider_calls_per_query"] == 1.0
+    assert report["depths"] == [2, 5]  # the members' own tables, at the stages' keeps
+
+    assert cascade["sentence"].startswith(f"Stage 2 ({SHORTEST} over the best 2) takes nDCG@10 from 0.904 to 0.869")
+    assert "it does not earn its cost" in cascade["sentence"]
+    assert "Cascade 0:5,1:2 (2 queries)" in done.stdout and cascade["sentence"] in done.stdout
+    assert f"after stage 2: {SHORTEST}" in done.stdout and f"alone: {SHORTEST}" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_cascade_whose_second_member_cannot_start_keeps_the_first_stages_order(tiny_collection, tmp_path):
+    chain = {
+        "RERANKQ_RERANKER_PROVIDER": "tests.evaluation_providers:KeywordProvider",
+        "RERANKQ_RERANKER_1_PROVIDER": "local",
+        "RERANKQ_RERANKER_1_MODEL": "/nonexistent/model",
+    }
+    done = run_harness(tiny_collection, ["--stages=0:5,1:2", "--json", "-"], chain)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    first, second = report["cascade"]["after_stage"]
+    assert second["fell_back"] == 4 and any("1:local" in r for r in second["reasons"]), second["reasons"]
+    for qid in ("q1", "q2"):
+        assert second["per_query"]["nDCG@10"][qid] == pytest.approx(RERANKED[qid]["nDCG@10"], abs=1e-9)
+        assert report["cascade"]["cascade"]["per_query"]["nDCG@10"][qid] == pytest.approx(
+            RERANKED[qid]["nDCG@10"], abs=1e-9
+        )
+    assert [(a["member"], a["depth"]) for a in report["cascade"]["alone"]] == [(KEYWORD, 5)]  # 1:local unavailable

@@ -176,3 +176,10 @@ def test_eval_against_workers_without_its_profiles_exits_2_saying_what_to_change
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert "unset RERANKQ_REDIS_URL" in line and "RERANKQ_CHAIN_EVAL0=0" in line
     assert not out.exists()
+
+
+def test_a_prefork_worker_is_ready_only_once_a_pool_process_scores(start_worker):
+    # The pool process loads the chain and says so before the consumer starts: Celery's "ready"
+    # (what orchestrators and start_worker wait for) means a window can be scored now.
+    log = start_worker().log()
+    assert "chain_warmed_up" in log and log.index("chain_warmed_up") < log.index(" ready.")

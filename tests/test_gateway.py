@@ -455,6 +455,24 @@ def test_stream_api_opens_pages_reports_and_streams_commits(deployment: Deployme
     assert [e["event"] for e in sse_events(resumed.text)] == ["commit", "commit", "complete"]
 
 
+def test_stream_api_runs_a_cascade_and_its_pages_say_which_stage_decided(deployment: Deployment) -> None:
+    candidates = [{"id": f"c{i}", "text": f"invoice note {i}"} for i in range(30)]
+    opened = deployment.post(
+        "/v1/streams",
+        {"query": "invoice", "candidates": candidates, "window_size": 10, "stages": "fast:30,fast:4"},
+    )
+    assert opened.status_code == 201, opened.text
+    stream_id = opened.json()["stream_id"]
+    page = deployment.get(f"/v1/streams/{stream_id}/page", offset=0, limit=30, wait=30).json()
+    assert page == json.loads(json.dumps(_plain(deployment.client.pull(stream_id, 0, 30, timeout=0))))
+    assert page["complete"] and page["total"] == 30
+    assert [row.get("stage", 1) for row in page["rows"]] == [2] * 4 + [1] * 26
+    assert [(s["stage"], s["read"]) for s in page["stages"]] == [(1, 30), (2, 4)]
+    events = sse_events(deployment.get(f"/v1/streams/{stream_id}/events").text)
+    assert [e["event"] for e in events] == ["commit"] * 4 + ["complete"]  # three windows, then the second stage's
+    assert json.loads(events[-1]["data"])["windows"] == 4
+
+
 def test_a_page_admits_deeper_windows_like_pull(deployment: Deployment) -> None:
     candidates = [{"id": f"c{i}", "text": f"checkout note {i}"} for i in range(30)]
     stream_id = deployment.post(
@@ -524,7 +542,6 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         "device": "cpu",
         "min_score": 0.0,
         "min_final_score": 0.0,
-        "chain": "fast",
         "tenant": "acme",
         "boosts": {"recency_alpha": 0.3},
         "reference_time": "2024-03-01T12:00:00Z",
@@ -548,8 +565,11 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         "passage_top_k": 2,
         "max_passages": 4,
         "first_stage_weight": 0.25,
+        "stages": [{"chain": "fast"}, {"chain": "fast", "keep": 3}],
     }
-    assert set(options) == set(BAD)  # every option, as the table of bad values has every option
+    # Every option, as the table of bad values has every option; chain comes as the first stage's,
+    # as a cascade must give it.
+    assert set(options) | {"chain"} == set(BAD)
     candidates = [{"id": f"c{i}", "text": f"payment note {i}"} for i in range(12)]
     opened = deployment.post("/v1/streams", {"query": "payment 502", "candidates": candidates, **options})
     assert opened.status_code == 201, opened.text
@@ -574,9 +594,13 @@ def test_stream_api_takes_every_option(deployment: Deployment) -> None:
         spec.max_passages,
     ) == ("passages", 64, 32, "tokens", "sum_top_k", 2, 4)
     assert spec.first_stage_weight == 0.25
+    assert [(stage.chain, stage.keep, stage.window_size) for stage in spec.later_stages] == [("fast", 3, 3)]
     assert deployment.client.status(stream_id).windows[1].state != "not_admitted"  # first_windows: 2
     other = deployment.post("/v1/streams", {"query": "q", "candidates": candidates, "tenant": "other"})
     assert other.status_code == 403 and other.json()["error"]["field"] == "tenant"
+    # Scored to the end here, its second stage included, so no window of it commits under the
+    # counters of a later test of this module.
+    assert deployment.client.pull(stream_id, 0, 12, timeout=120).complete
 
 
 @pytest.mark.parametrize("route", ["/v2/rerank", "/v1/rerank", "/rerank"])

@@ -15,6 +15,7 @@ from langchain_core.callbacks import CallbackManagerForRetrieverRun  # noqa: E40
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
 
+from kernel.errors import NotScoredInTime  # noqa: E402
 from producer.integrations.langchain import RerankqCompressor  # noqa: E402
 
 TEXTS = [*KB_TEXTS, "lunch menu for friday"]
@@ -63,6 +64,14 @@ def test_the_compressor_equals_rerankclient_carries_metadata_and_a_deeper_pull_c
     assert [(d.metadata["n"], d.metadata["relevance_score"]) for d in five] == direct(
         client, 5, instruction="find runbooks"
     )
+
+
+def test_a_queue_that_does_not_answer_in_time_raises_instead_of_answering_nothing(make_client) -> None:
+    # No worker: an empty list would pass for "nothing relevant", so the compressor says why.
+    compressor = RerankqCompressor(client=make_client(), top_n=2, timeout_s=0.5)
+    with pytest.raises(NotScoredInTime) as late:
+        compressor.compress_documents(documents(), QUERY)
+    assert late.value.pending_windows == 1 and "is a worker running" in str(late.value)
 
 
 def test_async_and_in_a_contextual_compression_retriever_with_min_score(start_worker, make_client) -> None:

@@ -67,6 +67,7 @@ BAD: dict[str, tuple[Any, list[str] | None, str]] = {
     "passage_top_k": (0, ["--passage-top-k", "0"], "passage_top_k"),
     "max_passages": (0, ["--max-passages", "0"], "max_passages"),
     "first_stage_weight": (1.5, ["--first-stage-weight", "1.5"], "first_stage_weight"),
+    "stages": ([{"chain": "fast"}, {"keep": 0}], ["--stages", "fast,:0"], "stages[1].keep"),
 }
 
 

@@ -42,7 +42,7 @@ def passthrough(n: int) -> ChainOutcome:
 
 
 def run(s: StreamSpec, candidates: list[Candidate], outcome: ChainOutcome) -> list:
-    return decide(s, candidates, [c.text for c in candidates], outcome, first_index=0)
+    return decide(s, candidates, [c.text for c in candidates], outcome, indexes=range(len(candidates)))
 
 
 # -- strategies --------------------------------------------------------------

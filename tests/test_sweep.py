@@ -121,9 +121,9 @@ def test_begin_and_commit_refuse_windows_the_stream_does_not_have(make_client):
     )
     for window in (-1, -1000000, 3, 10**12, "01", "1.0", " 1", "1\n"):
         assert store.begin(stream, window, work_deadline_s=1, delivery="x") == -5, window
-        assert store.commit(stream, msgspec.structs.replace(result, window=window), outcome="ranked") == -5, window
+        assert store.commit(stream, msgspec.structs.replace(result, window=window), outcome="ranked").code == -5, window
     assert store.begin(stream, 1, work_deadline_s=1, delivery="x") == -2  # a real window, never admitted
-    assert store.commit(stream, msgspec.structs.replace(result, window=1), outcome="ranked") == -2
+    assert store.commit(stream, msgspec.structs.replace(result, window=1), outcome="ranked").code == -2
     assert client.status(stream).windows[0].state == "admitted"
     assert store.snapshot(stream).results == {} and store.counters() == {}
 

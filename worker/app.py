@@ -11,8 +11,10 @@ from celery import Celery, Task, signals
 from kernel.celery_config import TASK_NAME, celery_config
 from kernel.settings import Settings
 from worker import card, envelope, remote_control  # noqa: F401 - registers the rerankq_worker inspect command
+from worker.child_gate import ChildGate, gate_step
 from worker.metrics import MONITORING_OFF, Monitoring
-from worker.runtime import get_runtime, reset_runtime
+from worker.readiness import explain
+from worker.runtime import Runtime, get_runtime, reset_runtime
 from worker.sweep import SweepTimer
 
 if TYPE_CHECKING:
@@ -37,8 +39,15 @@ def receives(signal: Any) -> Callable[[Receiver], Receiver]:
 
 
 def create_app(
-    settings: Settings, *, eager_runtime: bool = True, sweep: bool = True, monitoring: Monitoring = MONITORING_OFF
+    settings: Settings,
+    *,
+    eager_runtime: bool = True,
+    sweep: bool = True,
+    monitoring: Monitoring = MONITORING_OFF,
+    gate: ChildGate | None = None,
 ) -> Celery:
+    """The worker's app. ``gate``: a prefork worker's pool processes say through it whether their
+    chain scores, and the consumer waits for one that does (``worker.child_gate``)."""
     app = Celery("rerankq", set_as_current=False)
     app.conf.update(celery_config(settings))
     _guard_doors(app, settings)
@@ -55,7 +64,9 @@ def create_app(
             card.set_hostname(sender)
 
     if eager_runtime:
-        _load_runtime_at_start(settings, recorder)
+        _load_runtime_at_start(settings, recorder, gate)
+    if gate is not None:
+        app.steps["worker"].add(gate_step(gate))
     if monitoring.health is not None:
         _report_consumer_health(monitoring.health)
     if sweep:
@@ -94,20 +105,24 @@ def _register_task(app: Celery, settings: Settings, recorder: Recorder) -> Any:
     return score_window
 
 
-def _load_runtime_at_start(settings: Settings, recorder: Recorder) -> None:
-    """Load the models before the first window: in each prefork child, or in the main process
-    of any other pool; publish the worker's card and keep it fresh."""
+def _load_runtime_at_start(settings: Settings, recorder: Recorder, gate: ChildGate | None) -> None:
+    """Load the models before the first window: in each prefork child (which tells ``gate``
+    whether it can score), or in the main process of any other pool; publish the worker's card
+    and keep it fresh."""
 
-    def load_and_publish() -> None:
+    def load_and_publish() -> Runtime:
         runtime = get_runtime(settings, recorder)
         name = card.hostname()
         if name is not None:
             card.publish(runtime.store, name, card.describe(runtime))
+        return runtime
 
     @receives(signals.worker_process_init)
     def _load_in_child(**_: object) -> None:
         reset_runtime()
-        load_and_publish()
+        runtime = load_and_publish()
+        if gate is not None:
+            gate.report(None if runtime.scoring_started() else explain(runtime.start_causes()))
 
     @receives(signals.worker_ready)
     def _load_in_main(sender: object = None, **_: object) -> None:

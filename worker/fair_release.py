@@ -16,9 +16,9 @@ import redis
 from kombu.exceptions import OperationalError
 
 from kernel.dispatch import Dispatcher
-from kernel.fair_share import FairShare, Released, member, parse_released, send_released
+from kernel.fair_share import LEDGER_ERRORS, FairShare, Released, member, parse_released, send_released
 from kernel.settings import Settings
-from kernel.store import Store
+from kernel.store import Admitted, Store
 from worker.side_writes import SideWrite
 
 SEND_ERRORS = (redis.RedisError, OperationalError, OSError)
@@ -44,6 +44,24 @@ class ShareReturn:
             run=lambda: self.fair_share.done_reply(device, names),
             done=lambda reply: released.extend(parse_released(reply)),
         )
+
+    def send_admitted(self, device: str, stream_id: str, admitted: Admitted, bound: Any) -> None:
+        """Send what a commit admitted (a cascade's next stage), within the stream's fair share:
+        a window that does not fit waits in the ledger; one not sent is pending, the sweep's."""
+        if not admitted.windows:
+            return
+        try:
+            now = self.fair_share.enter_admitted(stream_id, device, admitted)
+        except LEDGER_ERRORS as exc:
+            bound.warning("fair_share_unavailable", error=type(exc).__name__, sent=admitted.windows)
+            now = admitted.windows
+        try:
+            if now:
+                self.dispatcher().send(stream_id, now, device, admitted.lane)
+        except SEND_ERRORS as exc:
+            bound.warning("windows_not_sent", windows=now, error=type(exc).__name__, recovery="the sweep")
+            return
+        bound.info("windows_admitted", windows=admitted.windows, sent=now)
 
     def send(self, device: str, released: list[Released], bound: Any) -> None:
         if not released:

@@ -16,6 +16,7 @@ from celery import Celery
 from kernel.settings import Settings, override, read_settings
 from worker.app import create_app
 from worker.chain.member_config import check_member_configs
+from worker.child_gate import ChildGate
 from worker.control_door import check_remote_control
 from worker.logs import configure_logging
 from worker.metrics.recorder import Recorder
@@ -107,6 +108,7 @@ def start_worker(
         return 1
     if monitoring.server is not None:
         log.info("metrics_listening", host=settings.metrics.host, port=monitoring.server.port)
+    gate = scoring_gate(settings, pool_name)
     problem = scoring_problem(settings, pool_name, monitoring.recorder)
     if problem:
         log.error("worker_cannot_score", problem=problem)
@@ -124,7 +126,7 @@ def start_worker(
         from kernel.amqp_broker import consumed_queues
 
         queues = consumed_queues(queues)
-    app = create_app(settings, monitoring=monitoring)
+    app = create_app(settings, monitoring=monitoring, gate=gate)
     # Task events (Flower) need the worker's event heartbeats too, or Flower shows it offline.
     heartbeat = [] if settings.worker.task_events else ["--without-heartbeat"]
     return run_celery(
@@ -143,19 +145,28 @@ def start_worker(
     )
 
 
+def scoring_gate(settings: Settings, pool_name: str) -> ChildGate | None:
+    """A prefork worker's gate: its pool processes load the chain and say whether it scores, and
+    the consumer starts once one does (``worker.child_gate``); none where passthrough is meant."""
+    from worker import readiness
+
+    if pool_name != "prefork" or readiness.passthrough_on_purpose(settings):
+        return None
+    return ChildGate()
+
+
 def scoring_problem(settings: Settings, pool_name: str, recorder: Recorder) -> str | None:
     """Why this worker must not take windows (no chain member that scores starts), or None.
 
     Before the consumer starts, so a worker that cannot score takes nothing from the queue.
-    A threads pool loads its chain here, in the process that serves it; a prefork parent
-    asks a process of its own (``worker.readiness``), so that no model stays in the parent.
+    A threads pool loads its chain here, in the process that serves it; a prefork worker's
+    pool processes answer through its gate instead (``scoring_gate``), so no model loads in
+    the parent that forks them.
     """
     from worker import readiness
 
-    if readiness.passthrough_on_purpose(settings):
+    if readiness.passthrough_on_purpose(settings) or pool_name == "prefork":
         return None
-    if pool_name == "prefork":
-        return readiness.problem_in_subprocess(settings)
     from worker.runtime import get_runtime
 
     runtime = get_runtime(settings, recorder)

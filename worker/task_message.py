@@ -47,6 +47,7 @@ from kombu.exceptions import ContentDisallowed
 from kernel.celery_config import TASK_NAME
 from kernel.errors import ValidationError
 from kernel.ids import check_stream_id
+from kernel.limits import MAX_STAGES
 from worker.refusal import Refused, quoted
 
 #: The task names a worker runs; every other name is refused.
@@ -107,12 +108,13 @@ class TaskBody(msgspec.Struct, array_like=True):
 
 
 def valid_task_args(stream_id: object, window: object, max_candidates: int) -> bool:
-    """A real stream id and a window number that some stream could have (not a bool, not negative)."""
+    """A real stream id and a window number that some stream could have (not a bool, not negative;
+    a cascade's later stages number their windows after the first stage's, ``kernel.windows``)."""
     try:
         check_stream_id(stream_id)  # type: ignore[arg-type]
     except ValidationError:
         return False
-    return type(window) is int and 0 <= window < max_candidates
+    return type(window) is int and 0 <= window < max_candidates * MAX_STAGES
 
 
 def check_headers(raw: Any) -> TaskHeaders:

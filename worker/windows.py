@@ -16,11 +16,13 @@ from kernel.fair_share import Released
 from kernel.limits import MAX_EMBEDDING_DIMS
 from kernel.redis_clients import UNAVAILABLE_ERRORS, is_no_replicas
 from kernel.settings import Settings
-from kernel.store import Begun, Store
+from kernel.store import Begun, Commit, Store
 from kernel.wire import (
     Candidate,
     Decision,
     Failed,
+    Filtered,
+    Omitted,
     StreamSpec,
     WindowEmbeddings,
     WindowResult,
@@ -33,10 +35,11 @@ from worker.fair_release import ShareReturn
 from worker.metrics.recorder import NO_METRICS, Recorder
 from worker.providers.base import ScoreRequest
 from worker.scoring.calibration import Calibrations
-from worker.scoring.decide import decide
+from worker.scoring.decide import decide, ranked_by_member
 from worker.scoring.documents import assemble, has_text
 from worker.scoring.passages import chain_cutter, scored_passages, window_passages
 from worker.side_writes import SideWrite, held_for_commit
+from worker.window_place import Undecodable, WindowPlace, place_at_worst, place_of
 
 log = structlog.get_logger("rerankq.window")
 
@@ -51,10 +54,6 @@ _RETRIED: tuple[type[Exception], ...] = (redis.exceptions.ResponseError, *UNAVAI
 
 #: Who served a window none of whose candidates has text: nobody was asked.
 NO_TEXT = "no_text"
-
-
-class Undecodable(Exception):
-    """The stored spec or a candidate cannot be decoded: the window can only fail."""
 
 
 def decode_window(begun: Begun) -> tuple[StreamSpec, list[Candidate]]:
@@ -196,10 +195,28 @@ class WindowScorer:
             )
         try:
             spec, candidates = decode_window(begun)
+            place = place_of(spec, window, begun)
         except Undecodable as exc:
             bound.error("window_undecodable", reason=str(exc))
             return self._commit_failed(
                 stream_id, window, begun, str(exc), outcome="failed", attempts=begun.attempt, until=until, bound=bound
+            )
+        if place.past_time_budget(begun.admitted_at_ms):
+            # Its stage's time ran out before a worker reached it: its rows keep the previous
+            # stage's order, and the stream says why.
+            assert place.later is not None
+            reason = f"budget: max_seconds={place.later.max_seconds:g} ran out before the window began"
+            bound.info("window_past_stage_budget", stage=place.stage, reason=reason)
+            return self._commit_failed(
+                stream_id,
+                window,
+                begun,
+                reason,
+                outcome="skipped",
+                attempts=begun.attempt,
+                until=until,
+                bound=bound,
+                place=place,
             )
 
         # The cache's writes and the counters go with the commit, in its round trip.
@@ -208,6 +225,7 @@ class WindowScorer:
                 stream_id,
                 window,
                 spec,
+                place,
                 candidates,
                 begun,
                 began_at,
@@ -222,6 +240,7 @@ class WindowScorer:
         stream_id: str,
         window: int,
         spec: StreamSpec,
+        place: WindowPlace,
         candidates: list[Candidate],
         begun: Begun,
         began_at: float,
@@ -231,12 +250,10 @@ class WindowScorer:
         bound: Any,
         side_writes: list[SideWrite],
     ) -> str:
-        start = window * spec.window_size
-        end = start + len(candidates)
         documents = [assemble(c, spec.query, budget=spec.document_budget) for c in candidates]
         scorable = [i for i, c in enumerate(candidates) if has_text(c)]
         passages = (
-            window_passages(candidates, spec, chain_cutter(self.chain.members_for(spec.chain)))
+            window_passages(candidates, spec, chain_cutter(self.chain.members_for(place.chain)))
             if spec.long_documents == "passages"
             else None
         )
@@ -250,7 +267,15 @@ class WindowScorer:
             )
             bound.error("window_over_passage_ceiling", tokens=passages.tokens, ceiling=ceiling)
             return self._commit_failed(
-                stream_id, window, begun, reason, outcome="failed", attempts=begun.attempt, until=until, bound=bound
+                stream_id,
+                window,
+                begun,
+                reason,
+                outcome="failed",
+                attempts=begun.attempt,
+                until=until,
+                bound=bound,
+                place=place,
             )
         request = ScoreRequest(
             query=spec.query,
@@ -258,7 +283,7 @@ class WindowScorer:
             stream_id=stream_id,
             window=window,
             tenant=spec.tenant,
-            chain=spec.chain,
+            chain=place.chain,
             instruction=spec.instruction,
         )
         # Nothing to read (every candidate blank): no member is asked, as a member would refuse
@@ -280,15 +305,15 @@ class WindowScorer:
         calibration, weight = None, None
         if self.calibrations is not None and outcome.served_by is not None and not outcome.passthrough:
             calibration = self.calibrations.map_for(
-                profile=spec.chain, label=outcome.served_by, cache_identity=outcome.identity
+                profile=place.chain, label=outcome.served_by, cache_identity=outcome.identity
             )
-            weight = self.calibrations.first_stage_weight_for(profile=spec.chain, cache_identity=outcome.identity)
+            weight = self.calibrations.first_stage_weight_for(profile=place.chain, cache_identity=outcome.identity)
         decisions = decide(
             spec,
             candidates,
             documents,
             outcome,
-            first_index=start,
+            indexes=place.indexes,
             calibration=calibration,
             passages=spans,
             first_stage_weight=weight,
@@ -296,14 +321,16 @@ class WindowScorer:
         embeddings = kept_embeddings(
             outcome,
             window,
-            [start + i for i in scorable],
+            [place.indexes[i] for i in scorable],
             [documents[i] for i in scorable] if passages else request.documents,
             bound,
         )
         result = WindowResult(
             window=window,
-            start=start,
-            end=end,
+            start=place.start,
+            end=place.end,
+            stage=place.stage,
+            scored_by_place=ranked_by_member(outcome),
             served_by=outcome.served_by,
             passthrough=outcome.passthrough,
             attempts=begun.attempt,
@@ -367,31 +394,34 @@ class WindowScorer:
         attempts: int,
         until: float,
         bound: Any,
+        place: WindowPlace | None = None,
     ) -> str:
         """Commit every candidate of the window as ``failed`` with ``reason``, once.
 
-        The window's bounds come from the store's reply, not the spec, which may be the
-        very thing that cannot be decoded.
+        Without a ``place`` (the spec may be the very thing that cannot be decoded), the window's
+        candidate indexes come from the store's reply.
         """
         try:
             spec: StreamSpec | None = spec_decoder.decode(begun.spec)
         except (msgspec.DecodeError, msgspec.ValidationError):
             spec = None
-        size = spec.window_size if spec is not None else len(begun.candidates)
-        start = window * size
+        if place is None:
+            place = place_at_worst(spec, window, begun)
         decisions: list[Decision] = []
         for i, blob in enumerate(begun.candidates):
+            index = place.indexes[i] if i < len(place.indexes) else place.start + i
             try:
                 candidate = candidate_decoder.decode(blob)
                 document = assemble(candidate, spec.query, budget=spec.document_budget) if spec else ""
                 candidate_id = candidate.id
             except (msgspec.DecodeError, msgspec.ValidationError):
-                candidate_id, document = _stored_id(blob, f"#{start + i}"), ""
-            decisions.append(Failed(id=candidate_id, index=start + i, document=document, reason=reason))
+                candidate_id, document = _stored_id(blob, f"#{index}"), ""
+            decisions.append(Failed(id=candidate_id, index=index, document=document, reason=reason))
         result = WindowResult(
             window=window,
-            start=start,
-            end=start + len(decisions),
+            start=place.start,
+            end=place.start + len(decisions),
+            stage=place.stage,
             served_by=None,
             passthrough=False,
             attempts=attempts,
@@ -441,17 +471,30 @@ class WindowScorer:
             else []
         )
 
-        def attempt() -> int:
+        # The rows' order as its page shows them: what a cascade's next stage reads.
+        order = [d.index for d in result.decisions if not isinstance(d, (Filtered, Omitted))]
+
+        def attempt() -> Commit:
             nonlocal riding, behind
             ride, riding = riding, []
             then, behind = behind, []
             return self.store.commit(
-                stream_id, result, outcome=outcome, embeddings=embeddings, side_writes=ride, after=then
+                stream_id,
+                result,
+                outcome=outcome,
+                embeddings=embeddings,
+                side_writes=ride,
+                after=then,
+                order=order,
+                enqueue_grace_s=self.settings.queues.redeliver_after_s,
             )
 
-        written = self._through_full_redis(attempt, until=until, bound=bound)
+        committed = self._through_full_redis(attempt, until=until, bound=bound)
+        written = committed.code
         if self.share_return is not None and device is not None:
             self.share_return.send(device, released, bound)
+            if committed.admitted is not None:
+                self.share_return.send_admitted(device, stream_id, committed.admitted, bound)
         self.recorder.window_committed(
             member=result.served_by,
             outcome=outcome,

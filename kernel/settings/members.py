@@ -17,7 +17,11 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prefix: ClassVar[str] = "RERANKER_"
 
     provider: Annotated[
-        str, doc("local, embedding, tei, cohere, http, rrf, or pkg.module:Class (required for members 1 and up)")
+        str,
+        doc(
+            "local, embedding, tei, cohere, vllm, http, listwise, rrf, or pkg.module:Class"
+            " (required for members 1 and up)"
+        ),
     ] = "local"
     model: Annotated[
         str | None,
@@ -26,7 +30,7 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             "(unset: the default cross-encoder, the packaged bi-encoder)"
         ),
     ] = None
-    url: Annotated[str | None, doc("base URL (tei and http require it); no user:password@")] = None
+    url: Annotated[str | None, doc("base URL (tei, vllm, http and listwise require it); no user:password@")] = None
     api_key: Annotated[Secret | None, doc("sent as Authorization: Bearer ...; never logged")] = None
     api_version: Annotated[Literal["v1", "v2"], doc("cohere: the v1 or v2 request shape")] = "v2"
     timeout_s: Annotated[
@@ -61,6 +65,20 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             "instruction in (unset: the provider's own; empty: none)"
         ),
     ] = None
+    passages_per_prompt: Annotated[
+        PositiveInt,
+        doc("listwise: the passages one prompt ranks, numbered [1]..[m] (RankGPT's window, 20); at least 2"),
+    ] = 20
+    prompt_step: Annotated[
+        PositiveInt,
+        doc(
+            "listwise: how far each prompt moves up the list from the bottom, less than"
+            " PASSAGES_PER_PROMPT so prompts overlap and the best can rise (RankGPT's step, 10)"
+        ),
+    ] = 10
+    words_per_passage: Annotated[
+        PositiveInt, doc("listwise: the words each passage is cut to in the prompt (rank_llm's 300 at 20 a prompt)")
+    ] = 300
     # torch runs the transformers model; onnx (ONNX Runtime) and openvino run an export of it,
     # made once beside the model and reused, adopted only if it ranks a parity probe as torch
     # fp32 does; an export that fails or falls short of parity falls back to torch.

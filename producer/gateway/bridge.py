@@ -28,7 +28,7 @@ from kernel.consumers import CACHE_S
 from kernel.errors import IdempotencyConflict, StoreError, StreamNotFound, ValidationError
 from kernel.ids import check_stream_id
 from kernel.logs import get_logger
-from kernel.store import BLOCK_CHUNK_S, Snapshot, Store
+from kernel.store import BLOCK_CHUNK_S, PROGRESS_FIELDS, Snapshot, Store, parse_progress
 from kernel.wire import (
     Page,
     StreamStatus,
@@ -336,16 +336,16 @@ class QueueBridge:
             elif block is not None and time.monotonic() >= heartbeat_due - HEARTBEAT_SLACK_S:
                 yield "heartbeat", None, b""
                 heartbeat_due = time.monotonic() + self.heartbeat_s
-            meta = cast("list[bytes | None]", await self.redis.hmget(keys.meta, "n", "window_size", "committed"))
-            if meta[0] is None:
+            meta = cast("list[bytes | None]", await self.redis.hmget(keys.meta, *PROGRESS_FIELDS))
+            progress = parse_progress(stream_id, meta)
+            if progress is None:
                 yield "gone", None, msgspec.json.encode({"stream_id": stream_id, "message": "the stream expired"})
                 return
-            n_windows = -(-int(meta[0]) // int(cast(bytes, meta[1])))  # written with n, in one script
-            if int(meta[2] or 0) >= n_windows:
+            if progress.complete:
                 if entries or block is not None:
                     block = None  # every window has committed: one more read flushes events not yet sent
                     continue
-                yield "complete", None, msgspec.json.encode({"stream_id": stream_id, "windows": n_windows})
+                yield "complete", None, msgspec.json.encode({"stream_id": stream_id, "windows": progress.n_windows})
                 return
             wait_s = min(max(heartbeat_due - time.monotonic(), 0.0), BLOCK_CHUNK_S)
             block = max(1, int(wait_s * 1000))

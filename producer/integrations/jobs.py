@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from kernel.errors import NotScoredInTime
 from kernel.wire import Ranked
 from producer.client import RerankClient
 
@@ -47,8 +48,16 @@ class QueueRerank:
         if not texts:
             return "", []
         stream_id = self.stream(query, texts)
-        page = self.client.pull(stream_id, 0, top_n or self.top_n, timeout=self.timeout_s, raise_on_failed=True)
-        return stream_id, [row.decision for row in page.rows if isinstance(row.decision, Ranked)]
+        return stream_id, self.ranked(stream_id, top_n or self.top_n)
+
+    def ranked(self, stream_id: str, limit: int) -> list[Ranked]:
+        """The stream's first ``limit`` ranked rows, waiting up to ``timeout_s`` for them; raises
+        ``NotScoredInTime`` when they are not there by then (an empty or partial answer would
+        pass for the reranker's verdict)."""
+        page = self.client.pull(stream_id, 0, limit, timeout=self.timeout_s, raise_on_failed=True)
+        if len(page.rows) < limit and not page.complete:
+            raise NotScoredInTime(stream_id, self.timeout_s, page.pending_windows)
+        return [row.decision for row in page.rows if isinstance(row.decision, Ranked)]
 
     async def atop(self, query: str, texts: Sequence[str], top_n: int | None = None) -> tuple[str, list[Ranked]]:
         # RerankClient blocks (redis-py), so an event loop hands it to a thread.

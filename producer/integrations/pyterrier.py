@@ -18,7 +18,6 @@ from typing import Any
 import pandas as pd
 import pyterrier as pt
 
-from kernel.wire import Ranked
 from producer.client import RerankClient
 from producer.integrations.jobs import QueueRerank
 
@@ -51,8 +50,7 @@ class RerankqReranker(pt.Transformer):
         ]
         answers = []
         for stream_id, (_, group) in zip(streams, groups, strict=True):
-            page = self.queue.client.pull(stream_id, 0, len(group), timeout=self.queue.timeout_s, raise_on_failed=True)
-            ranked = [row.decision for row in page.rows if isinstance(row.decision, Ranked)]
+            ranked = self.queue.ranked(stream_id, len(group))
             rows = group.iloc[[r.index for r in ranked]].copy()
             rows["score"] = [r.score for r in ranked]
             rows["rank"] = range(len(ranked))

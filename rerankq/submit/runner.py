@@ -321,7 +321,7 @@ class Runner:
                 if progress is None:
                     raise StreamNotFound(stream_id)
                 self._account(flight, progress)
-                if progress.admitted < progress.n_windows and not flight.nudged:
+                if progress.admitted < progress.first_stage_windows and not flight.nudged:
                     # Opened earlier with fewer windows admitted: a pull admits and sends the rest.
                     self.rerank.pull(stream_id, 0, progress.n_candidates, timeout=0)
                     flight.nudged = True

@@ -34,6 +34,11 @@ def check_scores(
         raise UnusableResponse("out_of_scale", "a score outside [0, 1] from a member declared 'probability'")
     if scale == "cosine" and any(not -1 - PROBABILITY_SLACK <= s <= 1 + PROBABILITY_SLACK for s in present):
         raise UnusableResponse("out_of_scale", "a score outside [-1, 1] from a member declared 'cosine'")
+    if scale == "rank" and (
+        len(set(present)) != len(present) or any(s != int(s) or not 0 <= s < n_documents for s in present)
+    ):
+        # Places in an order: each a whole number below the window's size, none twice.
+        raise UnusableResponse("not_a_ranking", "places that are not distinct whole numbers within the window")
     if len(present) >= flat_min_window and max(present) - min(present) < flat_range:
         raise UnusableResponse("flat_scores", f"range under {flat_range} across {len(present)} documents")
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from functools import partial
 
 from worker.metrics.recorder import NO_METRICS, Recorder
-from worker.providers.base import Provider, ProviderError, Scale, ScoreRequest, retry_listener
+from worker.providers.base import Provider, ProviderError, Scale, ScoreRequest, repair_listener, retry_listener
 
 
 class MeteredProvider:
     """Counts ``provider_calls:<member>`` only when the provider itself is called, and tells
-    the metrics of the call: its pairs, its time, its error and its retries."""
+    the metrics of the call: its pairs, its time, its error, its retries and its repairs."""
 
     def __init__(
         self, inner: Provider, *, label: str, count: Callable[..., None], recorder: Recorder = NO_METRICS
@@ -25,6 +25,7 @@ class MeteredProvider:
         self._count = count
         self._recorder = recorder
         self._on_retry = partial(recorder.provider_retried, label)
+        self._on_repair = partial(recorder.provider_repaired, label)
 
     @property
     def scale(self) -> Scale | None:
@@ -36,6 +37,7 @@ class MeteredProvider:
             then=partial(self._recorder.provider_called, self.label, len(request.documents)),
         )
         token = retry_listener.set(self._on_retry)
+        repairs = repair_listener.set(self._on_repair)
         start = time.perf_counter()
         error: str | None = None
         try:
@@ -44,6 +46,7 @@ class MeteredProvider:
             error = exc.reason
             raise
         finally:
+            repair_listener.reset(repairs)
             retry_listener.reset(token)
             self._recorder.provider_answered(self.label, time.perf_counter() - start, error)
 

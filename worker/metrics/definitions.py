@@ -115,6 +115,13 @@ class WorkerMetrics(Recorder):
             ["member", "reason"],
             registry=None,
         )
+        self.repairs = Counter(
+            "rerankq_provider_answers_repaired",
+            "Answers a member repaired and used (a listwise permutation: out_of_range, repeated,"
+            " missing ids; no_identifiers: the prompt's order kept)",
+            ["member", "repair"],
+            registry=None,
+        )
         self.retry_wait = Histogram(
             "rerankq_provider_retry_wait_seconds",
             "Waits before a retry; source retry_after when the server's Retry-After set it",
@@ -240,6 +247,9 @@ class WorkerMetrics(Recorder):
     def provider_retried(self, member: str, reason: str, wait_s: float, from_retry_after: bool) -> None:
         self.retries.labels(member, reason).inc()
         self.retry_wait.labels(member, "retry_after" if from_retry_after else "backoff").observe(wait_s)
+
+    def provider_repaired(self, member: str, repair: str) -> None:
+        self.repairs.labels(member, repair).inc()
 
     def failover(self, member: str, reason: str) -> None:
         self.failovers.labels(member, reason).inc()

@@ -32,6 +32,9 @@ class Recorder:
     def provider_retried(self, member: str, reason: str, wait_s: float, from_retry_after: bool) -> None:
         """A provider will retry its request after ``wait_s``."""
 
+    def provider_repaired(self, member: str, repair: str) -> None:
+        """A provider repaired an answer it could still use (``worker.providers.base.announce_repair``)."""
+
     def failover(self, member: str, reason: str) -> None:
         """The chain skipped a member (counted as ``failovers:<member>``)."""
 

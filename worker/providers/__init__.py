@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str] = {
     "cohere": "worker.providers.cohere:CohereProvider",
     "vllm": "worker.providers.vllm:VllmProvider",
     "http": "worker.providers.generic:HttpProvider",
+    "listwise": "worker.providers.listwise:ListwiseProvider",
     "rrf": "worker.providers.rrf:RrfProvider",
 }
 

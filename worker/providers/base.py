@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 # How a provider's numbers are to be read. Declared per provider, never guessed
 # from a batch: "probability" is used as it is, "logit" goes through a sigmoid, and
 # "cosine" (a similarity in [-1, 1], neither of the two) is clipped at 0
-# (worker.scoring.decide.normalise says why).
-Scale = Literal["logit", "probability", "cosine"]
+# (worker.scoring.decide.normalise says why). "rank" is no relevance at all: each number is
+# the document's place in an order the member chose (0 first, a listwise member's), seeded
+# onto [0.1, 1.0] as a passthrough window's fusion ranks are, and never filtered by a minimum
+# score or read through a calibration map (worker.scoring.decide.rank_scores).
+Scale = Literal["logit", "probability", "cosine", "rank"]
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,9 @@ class Provider(Protocol):
       the answer is read (model, URL, scale, request options); two members with equal
       identities may share cached scores. Undeclared, the cache keys on all member settings
       that could matter.
-    - ``answers_subsets: bool``: True when an answer may leave documents out (``top_n``); its
-      answer then depends on the whole window, and the cache keeps it per window.
+    - ``answers_subsets: bool``: True when an answer depends on the whole window, not on each
+      pair alone: it may leave documents out (``top_n``), or it ranks them against each other
+      (``listwise``). The cache then keeps it per window.
 
     And, for instructions:
 
@@ -162,3 +166,15 @@ def announce_retry(reason: str, wait_s: float, *, from_retry_after: bool) -> Non
     listener = retry_listener.get()
     if listener is not None:
         listener(reason, wait_s, from_retry_after)
+
+
+#: Told of each repair a provider made to one answer it could still use (a listwise permutation
+#: with ids out of range, repeated or missing, or none at all): the repair's name. Set by the
+#: metering layer around a call, as ``retry_listener`` is.
+repair_listener: ContextVar[Callable[[str], None] | None] = ContextVar("rerankq_repair_listener", default=None)
+
+
+def announce_repair(repair: str) -> None:
+    listener = repair_listener.get()
+    if listener is not None:
+        listener(repair)

@@ -125,6 +125,17 @@ def calibration_identity(cache_identity: str) -> str:
     return json.dumps(kept, sort_keys=True, separators=(",", ":"))
 
 
+@functools.lru_cache(maxsize=256)
+def declares_ranks(cache_identity: str) -> bool:
+    """Whether a member's identity declares its scores ranks (``listwise``): places in an order,
+    with nothing in them for a map to calibrate."""
+    try:
+        parts = json.loads(cache_identity)
+    except ValueError:
+        return False
+    return isinstance(parts, dict) and parts.get("scale") == "rank"
+
+
 def interpolate(xs: list[float], ys: list[float], x: float) -> float:
     """``numpy.interp(x, xs, ys)``: linear between breakpoints, flat past the ends."""
     if x <= xs[0]:
@@ -223,15 +234,17 @@ class Calibrations:
     def first_stage_weight_for(self, *, profile: str | None, cache_identity: str | None) -> float | None:
         """The weight fitted for the member that served, where its map applies (else None)."""
         _, calibration = self._file_for(profile)
-        if calibration is None or cache_identity is None:
+        if calibration is None or cache_identity is None or declares_ranks(cache_identity):
             return None
         member = calibration.members.get(calibration_identity(cache_identity))
         return member.first_stage_weight if member is not None else None
 
     def map_for(self, *, profile: str | None, label: str, cache_identity: str | None) -> ScoreMap | None:
-        """The map for the member that served, or None (served uncalibrated, said once per process)."""
+        """The map for the member that served, or None (served uncalibrated, said once per process).
+
+        A member whose scores are ranks has none to have, and no warning says it lacks one."""
         which, calibration = self._file_for(profile)
-        if calibration is None:
+        if calibration is None or (cache_identity is not None and declares_ranks(cache_identity)):
             return None
         identity = calibration_identity(cache_identity) if cache_identity is not None else ""
         member = calibration.members.get(identity)

@@ -5,11 +5,18 @@ weak), or, with a calibration map for the serving member, the probability of rel
 map gives that normalised score (kept as ``raw_score``); ``final_score`` is ``score`` times
 the bounded boost multiplier, where the first stage is blended in the blend's
 (``worker.scoring.blend``). Boosts and filters see the calibrated score.
+
+A window whose member declared ``rank`` (a listwise member: each number is a place in the order
+it chose) has no relevance to keep: its places are seeded onto [0.1, 1.0] as a passthrough
+window's fusion ranks are (``rank_scores``), and like those they are never filtered by
+``min_score`` or ``min_final_score`` nor mapped by a calibration map (fitted on relevance, it
+would read a place as a probability); the stream's own ``first_stage_weight`` still blends.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from kernel.wire import Candidate, Decision, Failed, Filtered, Omitted, PassageSpan, Ranked, StreamSpec
 from worker.chain import ChainOutcome
@@ -38,9 +45,13 @@ def normalise(score: float, scale: str) -> float:
     apart: unrelated) reads as 0, not as some relevance. ``(1 + cos) / 2`` would keep the
     order below 0 too, but would score unrelated text 0.5; among documents the model finds
     unrelated, fusion order (the tie-break) is as good an order as any.
+
+    A ``rank`` is no score on its own: it is read against its window's others (``rank_scores``).
     """
     if scale == "logit":
         return sigmoid(score)
+    if scale == "rank":
+        raise ValueError("a place is normalised against its window's others: rank_scores")
     return min(1.0, max(0.0, score))
 
 
@@ -49,6 +60,22 @@ def seeded_scores(n: int) -> list[float]:
     if n == 1:
         return [1.0]
     return [1.0 - 0.9 * rank / (n - 1) for rank in range(n)]
+
+
+def rank_scores(places: list[float | None]) -> list[float | None]:
+    """Places in a member's order (0 first; None where there is none) seeded as fusion ranks
+    are: the first present 1.0, the last 0.1, evenly between, read by order alone (ties keep
+    input order), so places with gaps between them (a window's text-less rows) still span it."""
+    present = sorted((p, i) for i, p in enumerate(places) if p is not None)
+    seeded: list[float | None] = [None] * len(places)
+    for score, (_, i) in zip(seeded_scores(len(present)) if present else [], present):
+        seeded[i] = score
+    return seeded
+
+
+def ranked_by_member(outcome: ChainOutcome) -> bool:
+    """Whether the window's scores are places in the serving member's order, not relevance."""
+    return outcome.scale == "rank"
 
 
 def base_scores(candidates: list[Candidate], outcome: ChainOutcome) -> list[float | None]:
@@ -61,13 +88,15 @@ def base_scores(candidates: list[Candidate], outcome: ChainOutcome) -> list[floa
         return list(seeded_scores(len(candidates)))
     if outcome.scores is None or outcome.scale is None:
         raise ValueError("a served, non-passthrough outcome must carry scores and a scale")
+    if ranked_by_member(outcome):
+        return rank_scores(outcome.scores)
     return [None if s is None else normalise(s, outcome.scale) for s in outcome.scores]
 
 
-def _filter_reason(spec: StreamSpec, score: float, final: float, *, passthrough: bool) -> str | None:
-    # Seeded scores are fusion ranks, not relevance: an absolute threshold on them
-    # would drop the bottom of every passthrough window for no reason.
-    if passthrough or not math.isfinite(score):
+def _filter_reason(spec: StreamSpec, score: float, final: float, *, seeded: bool) -> str | None:
+    # Seeded scores are ranks (fusion's or a listwise member's), not relevance: an absolute
+    # threshold on them would drop the bottom of every such window for no reason.
+    if seeded or not math.isfinite(score):
         return None
     if spec.min_score is not None and score < spec.min_score:
         return "min_score"
@@ -82,39 +111,44 @@ def decide(
     documents: list[str],
     outcome: ChainOutcome,
     *,
-    first_index: int,
+    indexes: Sequence[int],
     calibration: ScoreMap | None = None,
     passages: list[PassageSpan | None] | None = None,
     first_stage_weight: float | None = None,
 ) -> list[Decision]:
     """Decisions for one window, in final order (final score desc; on ties a calibrated
-    window's raw score, so a flat stretch of its map keeps the member's order; then fusion order).
+    window's raw score, so a flat stretch of its map keeps the member's order; then the window's
+    own order). ``indexes``: each candidate's index in the stream.
 
     ``calibration`` maps the serving member's normalised score to P(relevant); never applied
-    to a passthrough window's seeded scores. ``passages``: a passages stream's best passage of
-    each candidate, kept on its decision. ``first_stage_weight``: the fitted weight for the
-    serving member, where the stream sets none (``worker.scoring.blend``); never applied to a
-    passthrough window, which is in fusion order already.
+    to seeded scores (a passthrough window's, or a member's declared ranks). ``passages``: a
+    passages stream's best passage of each candidate, kept on its decision.
+    ``first_stage_weight``: the fitted weight for the serving member, where the stream sets
+    none (``worker.scoring.blend``); never applied to a passthrough window, which is in fusion
+    order already, nor to a member's declared ranks (the file's weights are fitted with its
+    maps; the stream's own weight does blend them).
     """
     if outcome.failed:
         failure = outcome.reason or "failed"
         return [
-            Failed(id=c.id, index=first_index + i, document=documents[i], reason=failure)
-            for i, c in enumerate(candidates)
+            Failed(id=c.id, index=indexes[i], document=documents[i], reason=failure) for i, c in enumerate(candidates)
         ]
     served_by = outcome.served_by or ""
     base = base_scores(candidates, outcome)
     reference = boosts.reference_time(spec)
 
-    calibrate = calibration if calibration is not None and not outcome.passthrough else None
+    seeded = outcome.passthrough or ranked_by_member(outcome)
+    calibrate = calibration if calibration is not None and not seeded else None
+    if ranked_by_member(outcome):
+        first_stage_weight = None
     weight = spec.first_stage_weight if spec.first_stage_weight is not None else first_stage_weight
     if outcome.passthrough or not weight:
         weight = None
     first_stages = (
         first_stage_scores(
             [c.fusion_score for c in candidates],
-            first_index=first_index,
-            n_candidates=spec.n_candidates or first_index + len(candidates),
+            indexes=indexes,
+            n_candidates=spec.n_candidates or max(indexes) + 1,
         )
         if weight is not None
         else None
@@ -123,7 +157,7 @@ def decide(
     scored: list[tuple[float, float, int, Decision]] = []
     omitted: list[Decision] = []
     for i, c in enumerate(candidates):
-        index = first_index + i
+        index = indexes[i]
         raw: float | None = None
         first_stage: float | None = None
         member_score = base[i]
@@ -142,7 +176,7 @@ def decide(
                 first_stage = first_stages[i]
                 ordered = blended(score, first_stage, weight)
             final = ordered * boosts.breakdown(c, spec, reference).multiplier(spec.boosts)
-        reason = _filter_reason(spec, score, final, passthrough=outcome.passthrough)
+        reason = _filter_reason(spec, score, final, seeded=seeded)
         passage = passages[i] if passages is not None else None
         decision: Decision
         if reason:

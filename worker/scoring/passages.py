@@ -382,11 +382,35 @@ def scored_passages(
     if outcome.scores is None or outcome.scale is None:
         outcome.scores = None if outcome.scores is None else [None] * len(documents)
         return None
-    scores, spans, best_texts = passages.aggregate(outcome.scores, spec, outcome.scale, normalise)
-    if spec.passage_aggregate in NORMALISED_AGGREGATES:
-        outcome.scale = "probability"  # already normalised: read as it is
+    if outcome.scale == "rank":
+        scores, spans, best_texts = _ranked_passages(passages, outcome.scores, spec)
+    else:
+        scores, spans, best_texts = passages.aggregate(outcome.scores, spec, outcome.scale, normalise)
+        if spec.passage_aggregate in NORMALISED_AGGREGATES:
+            outcome.scale = "probability"  # already normalised: read as it is
     outcome.scores = scores
     for i, text in enumerate(best_texts):
         if text is not None:
             documents[i] = text
     return spans
+
+
+def _ranked_passages(
+    passages: WindowPassages, places: list[float | None], spec: StreamSpec
+) -> tuple[list[float | None], list[PassageSpan | None], list[str | None]]:
+    """A rank-declaring member's places of passages as places of candidates: each passage's
+    place seeded over all of the window's passages (so ``max`` picks the best placed one, and a
+    span's score is that seed), aggregated, then the candidates placed in the aggregates'
+    order, still declared ranks (``worker.scoring.decide`` seeds them over the candidates)."""
+    from worker.scoring.decide import rank_scores
+
+    scores, spans, best_texts = passages.aggregate(rank_scores(places), spec, "probability", _as_it_is)
+    order = sorted((i for i, s in enumerate(scores) if s is not None), key=lambda i: (-(scores[i] or 0.0), i))
+    candidate_places: list[float | None] = [None] * len(scores)
+    for place, i in enumerate(order):
+        candidate_places[i] = float(place)
+    return candidate_places, spans, best_texts
+
+
+def _as_it_is(score: float, scale: str) -> float:
+    return score
