@@ -13,10 +13,14 @@ The embedding row's parity is against sentence-transformers' own ``encode_query`
 (truncated at the bi-encoder's 256 tokens) per window; its ratio is against the engine.
 
 Each backend and precision the engine offers (torch fp32/bf16; ONNX Runtime fp32 and
-static int8; OpenVINO fp32, bf16 and static int8, where installed) is a row, forced on
-so its speed and parity are both seen, with the resident memory of a process that
-loads only it (measured in a subprocess each). int8 is calibrated on windows drawn
-like the timed ones but not among them.
+each of its int8 recipes; OpenVINO fp32, bf16 and each of its int8 recipes with the rest
+at fp32 and, where native, bf16; where installed) is a row, forced on so its speed and
+parity are both seen, with the resident memory of a process that loads only it (measured
+in a subprocess each). An int8 recipe that calibrates does so on the shipped collection's
+windows, as ``auto`` does, and the int8 table (``ops/bench/int8_table.py``) holds each to
+the windows ``auto`` holds it to: its Spearman and largest score difference there, and its
+speed against ``predict`` and the OpenVINO bf16 row of the same rounds. ``auto`` measures
+int8 here too unless ``--no-auto-int8``.
 
 The bench model's head is ``--head trained`` (the default: distilled from the packaged
 bi-encoder, ``ops/bench/trained_reranker.py``, so scores separate relevant from irrelevant
