@@ -12,7 +12,7 @@ from worker.engine.autotune import (
     shipped_windows,
 )
 
-INT8 = Candidate("openvino", "int8", "int8")
+INT8 = Candidate("openvino", "fp32", "int8")
 
 
 def graded_window() -> tuple[list[tuple[str, str]], list[float]]:
@@ -50,3 +50,17 @@ def test_int8_at_ranking_parity_is_still_refused_when_it_moves_the_judged_top_of
     unjudged = [("a query no judgement names", d) for _, d in window]
     assert judge(INT8, [fp32], [swapped], [unjudged])[1] is None
     assert judge(INT8, [fp32], [[s + 0.001 for s in fp32]], [window])[1] is None
+
+
+def test_an_int8_export_is_held_to_the_ranking_not_to_fp32s_digits():
+    window, fp32 = graded_window()
+    # Every score off by a hundredth, the order kept: past the fp32 score tolerance (1e-3).
+    shifted = [s + 0.01 for s in fp32]
+    # An fp32 export computes what torch computes, so it is held to its digits...
+    reason = judge(Candidate("openvino", "fp32"), [fp32], [shifted], [window])[1]
+    assert reason is not None and "tolerance" in reason
+    # ...an int8 export, its unquantised rest at fp32 or bf16, to the ranking and the judged top.
+    for rest in ("fp32", "bf16"):
+        assert judge(Candidate("openvino", rest, "int8-ffn"), [fp32], [shifted], [window])[1] is None
+    reversed_ = [-s for s in fp32]
+    assert "Spearman" in (judge(Candidate("onnx", "fp32", "int8-dynamic"), [fp32], [reversed_], [window])[1] or "")

@@ -59,15 +59,21 @@ def test_auto_measures_every_candidate_adopts_the_fastest_at_parity_and_keeps_th
 
     decision = engine.auto_decision
     assert decision is not None and not decision.reused
-    labels = [(m.candidate.backend, m.candidate.precision) for m in decision.table]
-    assert labels[0] == ("torch", "fp32")
-    assert {("onnx", "fp32"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "int8")} <= set(labels)
+    labels = [(m.candidate.backend, m.candidate.precision, m.candidate.quantization) for m in decision.table]
+    assert labels[0] == ("torch", "fp32", "none")
+    # Every exported backend plain, and with each of its int8 recipes (tests/test_int8_recipes.py).
+    assert {
+        ("onnx", "fp32", "none"),
+        ("onnx", "fp32", "int8"),
+        ("openvino", "fp32", "none"),
+        ("openvino", "fp32", "int8"),
+    } <= set(labels)
     # Every candidate at parity was timed; the one adopted is the fastest of them, and it serves.
     timed = [m for m in decision.table if m.at_parity]
     assert timed and all(m.pairs_per_s and m.pairs_per_s > 0 for m in timed)
     assert all(m.pairs_per_s is None and m.reason for m in decision.table if not m.at_parity)
     assert decision.chosen == max(timed, key=lambda m: m.pairs_per_s or 0).candidate
-    assert (engine.backend.name, engine.precision) == (decision.chosen.backend, decision.chosen.precision)
+    assert (engine.backend.name, engine.precision) == (decision.chosen.backend, decision.chosen.served_precision)
     # The table is logged, and kept beside the model's exports under the fingerprint.
     chosen = [e for e in logs if e["event"] == "backend_chosen"]
     assert len(chosen) == 1 and chosen[0]["reused"] is False
@@ -207,12 +213,16 @@ def test_the_embedding_member_measures_its_exports_keeps_the_decision_and_reuses
 
     decision = first.auto_decision
     assert decision is not None and not decision.reused
-    rows = {(m.candidate.backend, m.candidate.precision): m for m in decision.table}
-    assert {("torch", "fp32"), ("onnx", "fp32"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "int8")} <= set(
-        rows
-    )
+    rows = {m.candidate: m for m in decision.table}
+    assert {
+        Candidate("torch", "fp32"),
+        Candidate("onnx", "fp32"),
+        Candidate("onnx", "fp32", "int8"),
+        Candidate("openvino", "fp32"),
+        Candidate("openvino", "fp32", "int8"),
+    } <= set(rows)
     # An fp32 export of the transformer, pooled by the model's own modules, gives torch's cosines.
-    assert rows["onnx", "fp32"].at_parity and rows["openvino", "fp32"].at_parity
+    assert rows[Candidate("onnx", "fp32")].at_parity and rows[Candidate("openvino", "fp32")].at_parity
     assert (
         decision.chosen == max((m for m in decision.table if m.at_parity), key=lambda m: m.pairs_per_s or 0).candidate
     )
@@ -222,7 +232,7 @@ def test_the_embedding_member_measures_its_exports_keeps_the_decision_and_reuses
     assert second.auto_decision.table == decision.table
     assert (second.backend and second.backend.name, second.precision) == (
         decision.chosen.backend if decision.chosen.backend != "torch" else None,
-        decision.chosen.precision,
+        decision.chosen.served_precision,
     )
     assert start_embedding(bi_encoder_dir, RERANKQ_PRECISION="fp32").auto_decision is None
 

@@ -1,8 +1,9 @@
 """The benchmark's pure choices: the distillation's queries, pairs and target, the quality
 command's candidates and bar, and the check figure against the fastest backend."""
 
+from ops.bench.int8_table import int8_rows
 from ops.bench.quantization_quality import MAX_NDCG_LOSS, Candidate, candidates, verdict
-from ops.bench.scoring import auto_against_fastest
+from ops.bench.scoring import Subject, auto_against_fastest
 from ops.bench.trained_reranker import distillation_target, generated_queries, length_batches, training_pairs
 
 
@@ -57,11 +58,21 @@ def test_every_model_gets_its_fp32_reference_first_and_exports_only_where_offere
     labels = [c.label for c in found]
     assert labels[0] == "embedding torch fp32" and found[0].reference
     assert "embedding torch bf16" in labels and not any(c.model == "embedding" and c.backend != "torch" for c in found)
-    assert {"cross-encoder torch fp32", "cross-encoder onnx int8", "cross-encoder openvino int8"} <= set(labels)
-    assert "cross-encoder openvino bf16" not in labels
+    # Every int8 recipe each backend makes is a row, its rest at fp32 (bf16 only where native).
+    assert {
+        "cross-encoder torch fp32",
+        "cross-encoder onnx int8 (fp32 rest)",
+        "cross-encoder onnx int8-ffn (fp32 rest)",
+        "cross-encoder onnx int8-dynamic (fp32 rest)",
+        "cross-encoder openvino int8 (fp32 rest)",
+        "cross-encoder openvino int8-ffn (fp32 rest)",
+        "cross-encoder openvino int8-weights (fp32 rest)",
+    } <= set(labels)
+    assert not any("bf16" in label and "openvino" in label for label in labels)
     with_bf16 = candidates(embedding_backends=["torch", "openvino"], exported=["openvino"], native_bf16=True)
-    assert Candidate("embedding", "openvino", "int8") in with_bf16
+    assert Candidate("embedding", "openvino", "fp32", "int8") in with_bf16
     assert Candidate("cross-encoder", "openvino", "bf16") in with_bf16
+    assert Candidate("cross-encoder", "openvino", "bf16", "int8-ffn") in with_bf16
 
 
 def test_the_bar_is_a_loss_under_half_a_point_of_ndcg():
@@ -93,3 +104,26 @@ def test_auto_choice_is_the_engines_measured_table_as_json():
     assert record["chosen"] == {"backend": "openvino", "precision": "fp32", "quantization": "none"}
     assert record["table"][0]["pairs_per_s"] == 30.0 and record["table"][0]["at_parity"] is True
     assert auto_choice(object()) is None  # an engine that kept no decision
+
+
+def test_each_int8_row_is_set_against_predict_and_the_bf16_row_of_the_same_rounds():
+    from worker.engine import BackendChoice
+
+    def subject(name: str, precision: str, choice: BackendChoice, rates: list[float]) -> Subject:
+        row = Subject(name, precision, lambda w: [], lambda w: [], choice=choice)
+        row.rates = rates
+        return row
+
+    bf16 = subject("openvino bf16", "bf16", BackendChoice("openvino"), [40.0, 10.0, 30.0])
+    int8 = subject("openvino int8-ffn", "int8+bf16", BackendChoice("openvino", quantization="int8-ffn"), [60, 20, 33])
+    results = {"openvino int8-ffn": {"ratio": 4.2}}
+    held = {"refusal": None, "windows": 3, "spearman": [1.0, 0.995, 0.98], "max_abs_diff": 0.07}
+    parity = {"openvino int8-ffn": held}
+
+    (row,) = int8_rows([bf16, int8], results, parity).values()
+
+    assert (row["recipe"], row["backend"], row["rest"]) == ("int8-ffn", "openvino", "bf16")
+    # The median of 1.5, 2.0 and 1.1, the rounds' ratios: not 33/30, the ratio of the medians.
+    assert row["ratio_bf16"] == 1.5
+    assert row["ratio_predict"] == 4.2 and row["spearman_min"] == 0.98 and row["windows_below"] == 1
+    assert row["max_abs_diff"] == 0.07 and row["refused_by_auto"] is None

@@ -122,17 +122,33 @@ def _check_urls(settings: Settings) -> None:
         )
 
 
+#: Each int8 recipe a member's QUANTIZATION names: the backends that make it, and whether it
+#: calibrates on windows (worker/engine/int8_recipes.py makes them; a test holds the two alike).
+INT8_RECIPES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "int8": (("onnx", "openvino"), True),
+    "int8-ffn": (("onnx", "openvino"), True),
+    "int8-weights": (("openvino",), False),
+    "int8-dynamic": (("onnx",), False),
+}
+
+
 def _check_members(settings: Settings, names: dict[tuple[int, str], str]) -> None:
     def name(index: int, field: str) -> str:
         return names.get((index, field)) or member_variable(index, field)
 
     for index, member in enumerate(settings.chain.members):
-        if member.quantization == "int8" and member.backend not in ("onnx", "openvino"):
-            raise ConfigError(name(index, "quantization"), f"int8 needs {name(index, 'backend')}=onnx or openvino")
-        if member.quantization == "int8" and not member.calibration:
+        if member.quantization == "none":
+            continue
+        backends, calibrated = INT8_RECIPES[member.quantization]
+        if member.backend not in backends:
+            raise ConfigError(
+                name(index, "quantization"),
+                f"{member.quantization} needs {name(index, 'backend')}={' or '.join(backends)}",
+            )
+        if calibrated and not member.calibration:
             raise ConfigError(
                 name(index, "calibration"),
-                f"is required with {name(index, 'quantization')}=int8: "
+                f"is required with {name(index, 'quantization')}={member.quantization}: "
                 "a JSON-lines file of real windows to calibrate on",
             )
 

@@ -94,9 +94,17 @@ class MemberSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         doc("local on onnx: O1 basic, O2 with the transformer fusions, O3 also approximating GELU"),
     ] = "O2"
     quantization: Annotated[
-        Literal["none", "int8"], doc("local on onnx or openvino: int8 static quantisation, kept only at ranking parity")
+        Literal["none", "int8", "int8-ffn", "int8-weights", "int8-dynamic"],
+        doc(
+            "local on onnx or openvino: an int8 recipe, kept only at ranking parity: int8 (static), "
+            "int8-ffn (static, the feed-forward outputs kept in the higher precision), int8-weights "
+            "(openvino, weight-only), int8-dynamic (onnx, activations quantised per batch)"
+        ),
     ] = "none"
     calibration: Annotated[
         str | None,
-        doc('a JSON-lines file of real windows ({"query": ..., "documents": [...]}), required with QUANTIZATION=int8'),
+        doc(
+            'a JSON-lines file of real windows ({"query": ..., "documents": [...]}), required with '
+            "QUANTIZATION=int8 or int8-ffn"
+        ),
     ] = None

@@ -10,9 +10,11 @@ Models: the ``embedding`` member (the packaged all-MiniLM-L6-v2, by the embeddin
 and the bench cross-encoder with real scores (``ops/bench/trained_reranker.py``, by the
 scoring engine), the latter also against its teacher (the bi-encoder): how closely it ranks
 like it, on queries it was never trained on. Candidates come from ``candidates()``; a
-backend the embedding engine does not offer here is left out, not failed. Static int8 is
-calibrated on the windows ``ops.bench.scoring`` calibrates on (random vocabulary words, none of
-the evaluated pairs), so it is the same export as that benchmark's int8 rows and is reused.
+backend the embedding engine does not offer here is left out, not failed. Each int8 recipe
+(``worker/engine/int8_recipes.py``) is a row; a calibrated one calibrates on the shipped
+collection's windows as ``auto`` does (so it is the same export as ``ops.bench.scoring``'s int8
+rows, and is reused): six of the 32 evaluated queries' top 25, so those six are not held out
+here (``ops.bench.scoring`` holds each recipe to the other 26).
 
     python -m ops.bench.quantization_quality [--depth 100] [--json out.json]
 
@@ -43,35 +45,41 @@ Pairs = list[tuple[str, str]]
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run one model: the member, its backend and precision (``int8``: static, calibrated)."""
+    """One way to run one model: the member, its backend and precision, and the int8 recipe
+    (``none``: not quantised; else the precision is the unquantised rest's)."""
 
     model: str  # "embedding" or "cross-encoder"
     backend: str  # torch, onnx or openvino
-    precision: str  # fp32, bf16 or int8
+    precision: str  # fp32 or bf16
+    quantization: str = "none"
 
     @property
     def label(self) -> str:
+        if self.quantization != "none":
+            return f"{self.model} {self.backend} {self.quantization} ({self.precision} rest)"
         return f"{self.model} {self.backend} {self.precision}"
 
     @property
     def reference(self) -> bool:
-        return self.backend == "torch" and self.precision == "fp32"
+        return self.backend == "torch" and self.precision == "fp32" and self.quantization == "none"
 
 
 def candidates(*, embedding_backends: Sequence[str], exported: Sequence[str], native_bf16: bool) -> list[Candidate]:
     """What each model could run at here, its fp32 torch reference first: torch bf16; and on each
-    exported backend installed (``exported``) fp32 and static int8, with OpenVINO bf16 where the
-    CPU has native bf16. The embedding member gets the exported ones only where its engine
-    offers them (``embedding_backends``)."""
+    exported backend installed (``exported``) fp32 and each int8 recipe it makes, with OpenVINO
+    bf16 (and its int8 recipes with a bf16 rest) where the CPU has native bf16. The embedding
+    member gets the exported ones only where its engine offers them (``embedding_backends``)."""
+    from worker.engine.int8_recipes import recipes_for
+
     out: list[Candidate] = []
     for model, backends in (("embedding", embedding_backends), ("cross-encoder", ("torch", *exported))):
         out += [Candidate(model, "torch", "fp32"), Candidate(model, "torch", "bf16")]
         for backend in exported:
             if backend not in backends:
                 continue
-            out += [Candidate(model, backend, "fp32"), Candidate(model, backend, "int8")]
-            if backend == "openvino" and native_bf16:
-                out.append(Candidate(model, backend, "bf16"))
+            rests = ["fp32", "bf16"] if backend == "openvino" and native_bf16 else ["fp32"]
+            out += [Candidate(model, backend, rest) for rest in rests]
+            out += [Candidate(model, backend, rest, r.name) for r in recipes_for(backend) for rest in rests]
     return out
 
 
@@ -79,19 +87,6 @@ def verdict(ndcg: float, reference: float) -> tuple[float, bool]:
     """The difference to the reference's nDCG@10, and whether the loss is within MAX_NDCG_LOSS."""
     difference = ndcg - reference
     return difference, -difference < MAX_NDCG_LOSS
-
-
-def bench_calibration(model_path: str) -> str:
-    """The calibration file ``ops.bench.scoring`` writes for this model (the same windows, so the
-    same digest): int8 is then the export whose parity that benchmark reports, and reused."""
-    from ops.bench.common import realistic_pairs, windows_of
-    from ops.bench.scoring import write_calibration
-    from worker.engine import load_cross_encoder
-
-    module = load_cross_encoder(model_path, device="cpu")[0]
-    max_tokens = int(module.max_seq_length or 512)
-    pairs = realistic_pairs(n_windows=8, window_size=25, tokenizer=module.processor, max_tokens=max_tokens, seed=7)
-    return write_calibration(windows_of(pairs, 25))
 
 
 def embedding_backends() -> list[str]:
@@ -104,15 +99,12 @@ def embedding_backends() -> list[str]:
     return ["torch"]
 
 
-def scorer(candidate: Candidate, *, settings: Any, model_path: str, calibration: str) -> Callable[[Pairs], list[float]]:
+def scorer(candidate: Candidate, *, settings: Any, model_path: str) -> Callable[[Pairs], list[float]]:
     from worker.engine import BackendChoice, ScoringEngine, load_cross_encoder
 
-    choice = BackendChoice(
-        candidate.backend,
-        quantization="int8" if candidate.precision == "int8" else "none",
-        calibration=calibration if candidate.precision == "int8" else None,
-    )
-    precision = "bf16" if candidate.precision == "bf16" else "fp32"
+    # No calibration file: an int8 recipe that calibrates does so on the shipped windows, as auto's does.
+    choice = BackendChoice(candidate.backend, quantization=candidate.quantization)
+    precision = candidate.precision
     if candidate.model == "embedding":
         from worker.engine.embedding import EmbeddingEngine
         from worker.engine.loading import load_sentence_transformer
@@ -186,6 +178,7 @@ def evaluate(
         "model": candidate.model,
         "backend": candidate.backend,
         "precision": candidate.precision,
+        "quantization": candidate.quantization,
         "ndcg10": ndcg,
         "ndcg10_vs_fp32": difference,
         "within_bar": holds,
@@ -199,14 +192,14 @@ def evaluate(
 
 
 def evaluate_all(
-    chosen: list[Candidate], collection: Any, *, settings: Any, model_path: str, calibration: str, depth: int
+    chosen: list[Candidate], collection: Any, *, settings: Any, model_path: str, depth: int
 ) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     references: dict[str, tuple[float, dict[str, list[float]]]] = {}
     for candidate in chosen:
         start = time.perf_counter()
         try:
-            score = scorer(candidate, settings=settings, model_path=model_path, calibration=calibration)
+            score = scorer(candidate, settings=settings, model_path=model_path)
         except Exception as exc:  # a backend that cannot run here is reported, not fatal
             print(f"{candidate.label}: unavailable ({type(exc).__name__}: {exc})", flush=True)
             continue
@@ -265,12 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings({})
     model_path = args.model or str(bench_model())
     collection = shipped_collection()
-    calibration = bench_calibration(model_path)
     chosen = chosen_candidates(args.only)
     bm25 = ndcg_at_10(collection, {q: collection.run[q] for q in collection.evaluated})
-    results = evaluate_all(
-        chosen, collection, settings=settings, model_path=model_path, calibration=calibration, depth=args.depth
-    )
+    results = evaluate_all(chosen, collection, settings=settings, model_path=model_path, depth=args.depth)
     agreement = teacher_agreement(results)
     print_quality(results, agreement, depth=args.depth, bm25=bm25)
     for r in results.values():

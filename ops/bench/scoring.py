@@ -13,10 +13,14 @@ The embedding row's parity is against sentence-transformers' own ``encode_query`
 (truncated at the bi-encoder's 256 tokens) per window; its ratio is against the engine.
 
 Each backend and precision the engine offers (torch fp32/bf16; ONNX Runtime fp32 and
-static int8; OpenVINO fp32, bf16 and static int8, where installed) is a row, forced on
-so its speed and parity are both seen, with the resident memory of a process that
-loads only it (measured in a subprocess each). int8 is calibrated on windows drawn
-like the timed ones but not among them.
+each of its int8 recipes; OpenVINO fp32, bf16 and each of its int8 recipes with the rest
+at fp32 and, where native, bf16; where installed) is a row, forced on so its speed and
+parity are both seen, with the resident memory of a process that loads only it (measured
+in a subprocess each). An int8 recipe that calibrates does so on the shipped collection's
+windows, as ``auto`` does, and the int8 table (``ops/bench/int8_table.py``) holds each to
+the windows ``auto`` holds it to: its Spearman and largest score difference there, and its
+speed against ``predict`` and the OpenVINO bf16 row of the same rounds. ``auto`` measures
+int8 here too unless ``--no-auto-int8``.
 
 The bench model's head is ``--head trained`` (the default: distilled from the packaged
 bi-encoder, ``ops/bench/trained_reranker.py``, so scores separate relevant from irrelevant
@@ -37,15 +41,12 @@ parity and the tokens each runs per pair (``--causal-layers``; ``--quick`` runs 
 from __future__ import annotations
 
 import argparse
-import atexit
 import dataclasses
 import functools
 import importlib.util
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -66,9 +67,9 @@ from ops.bench.common import (
     windows_of,
     write_json,
 )
+from ops.bench.int8_table import BF16_ROW, auto_against_bf16, int8_rows, print_int8_table
 from worker.engine import BackendChoice, ScoringEngine, configure_threads, load_cross_encoder
 from worker.engine.autotune import shipped_calibration
-from worker.engine.calibration import read_calibration
 from worker.engine.parity import MIN_SPEARMAN, max_abs_diff, spearman
 from worker.engine.precision import cpu_has_native_bf16, probe_pairs
 
@@ -158,11 +159,27 @@ class Subject:
         self.engine: Any = None
 
     @property
+    def quantized(self) -> bool:
+        return self.choice is not None and self.choice.quantization != "none"
+
+    @property
+    def rest_precision(self) -> str:
+        """The precision the unquantised part runs at (all of it, for a row not quantised)."""
+        return "bf16" if self.precision.endswith("bf16") else "fp32" if self.quantized else self.precision
+
+    @property
+    def peak_precision(self) -> str:
+        """The matrix-multiply peak this row is set against: int8's for an int8 export."""
+        return "int8" if self.precision.startswith("int8") else self.precision
+
+    @property
     def backend_key(self) -> str | None:
         if self.choice is None:
             return None
+        if self.quantized:
+            return f"{self.choice.name}/{self.choice.quantization}/{self.rest_precision}"
         key = f"{self.choice.name}/{self.precision}"
-        if self.choice.name == "onnx" and self.precision != "int8" and self.choice.onnx_optimization != "O2":
+        if self.choice.name == "onnx" and self.choice.onnx_optimization != "O2":
             key += f"/{self.choice.onnx_optimization}"
         return key
 
@@ -201,7 +218,7 @@ def process_rss_mb(subject: Subject, *, model: str, device: str, threads: int, w
         "device": device,
         "threads": threads,
         "window": window,
-        "precision": "bf16" if subject.precision == "bf16" else "fp32",
+        "precision": subject.rest_precision,
         "choice": vars(subject.choice),
     }
     done = subprocess.run(
@@ -218,16 +235,6 @@ def ort_cuda() -> bool:
     import onnxruntime
 
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
-def write_calibration(windows: Sequence[Pairs]) -> str:
-    """Windows in the calibration file format (RERANKQ_RERANKER_CALIBRATION)."""
-    handle = tempfile.NamedTemporaryFile("w", suffix=".jsonl", prefix="rerankq-calibration-", delete=False)
-    with handle:
-        for window in windows:
-            handle.write(json.dumps({"query": window[0][0], "documents": [d for _, d in window]}) + "\n")
-    atexit.register(os.unlink, handle.name)  # gone however the run ends
-    return handle.name
 
 
 def embedding_subject(settings: Any, device: str) -> Subject:
@@ -279,21 +286,32 @@ def auto_against_fastest(engine_pairs_per_s: float, backends: dict[str, dict[str
     return {"fastest": fastest, "ratio": engine_pairs_per_s / at_parity[fastest]["pairs_per_s"]}
 
 
-def parity_refusal(subject: Subject, windows: Sequence[Pairs], expected: Sequence[Sequence[float]]) -> str | None:
-    """Why this row is not at parity by ``auto``'s bars (None: it is), beyond the timed windows:
-    ``autotune.judge`` (every window at parity, fp32 exports within the score tolerance, int8
-    within the nDCG bound on judged windows) on the probe window (``windows[0]``) and, for
-    int8, the rest: the held-out windows of its calibration and of the shipped collection, as
-    ``auto`` holds a candidate. ``expected`` is torch fp32's scores on ``windows``, scored once
-    for every row. The timed windows alone are few enough that an int8 at parity on them is
-    off on others."""
-    from worker.engine.autotune import Candidate, hold
+def held_out_parity(
+    subject: Subject, windows: Sequence[Pairs], expected: Sequence[Sequence[float]]
+) -> dict[str, Any] | None:
+    """This row held to ``auto``'s bars beyond the timed windows (None for a row auto does not
+    measure): ``autotune.judge`` (every window at parity, fp32 exports within the score
+    tolerance, int8 within the nDCG bound on judged windows) on the probe window
+    (``windows[0]``) and, for an int8 export, the rest: the shipped collection's held-out
+    windows, as ``auto`` holds a candidate. ``expected`` is torch fp32's scores on ``windows``,
+    scored once for every row. Returns why auto would refuse it (``refusal``, None: it would
+    not) and, on the windows it was held to, each window's Spearman and the largest score
+    difference. The timed windows alone are few enough that an int8 at parity on them is off
+    on others."""
+    from worker.engine.autotune import Candidate, judge
 
     if subject.engine is None or subject.choice is None:
         return None
-    candidate = Candidate(subject.choice.name, subject.precision, subject.choice.quantization)
-    held_to = windows if candidate.quantization == "int8" else windows[:1]
-    return hold(candidate, subject.engine, expected, held_to, lambda engine, w: engine.score_pairs(w))[1]
+    candidate = Candidate(subject.choice.name, subject.rest_precision, subject.choice.quantization)
+    held_to = windows if candidate.quantized else windows[:1]
+    scored = [subject.engine.score_pairs(w) for w in held_to]
+    reference = expected[: len(held_to)]
+    return {
+        "refusal": judge(candidate, reference, scored, held_to)[1],
+        "windows": len(held_to),
+        "spearman": [spearman(r, c) for r, c in zip(reference, scored)],
+        "max_abs_diff": max(max_abs_diff(r, c) for r, c in zip(reference, scored)),
+    }
 
 
 def auto_choice(engine: Any) -> dict[str, Any] | None:
@@ -319,13 +337,24 @@ def variant_candidates(*, on_cuda: bool, quick: bool) -> list[tuple[str, str, Ba
             (f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level)) for level in levels
         ]
         if not on_cuda:
-            candidates.append(("onnx int8 static", "fp32", BackendChoice("onnx", quantization="int8")))
+            candidates += int8_candidates("onnx", ["fp32"])
     if importlib.util.find_spec("openvino") is not None and not on_cuda:
-        candidates.append(("openvino fp32", "fp32", BackendChoice("openvino")))
-        if cpu_has_native_bf16():
-            candidates.append(("openvino bf16", "bf16", BackendChoice("openvino")))
-        candidates.append(("openvino int8 static", "fp32", BackendChoice("openvino", quantization="int8")))
+        rests = ["fp32", "bf16"] if cpu_has_native_bf16() else ["fp32"]
+        candidates += [(f"openvino {rest}", rest, BackendChoice("openvino")) for rest in rests]
+        candidates += int8_candidates("openvino", rests)
     return candidates
+
+
+def int8_candidates(backend: str, rests: Sequence[str]) -> list[tuple[str, str, BackendChoice | None]]:
+    """Each int8 recipe the backend makes, its unquantised rest at each of ``rests``: calibrated,
+    where the recipe calibrates, on the shipped collection's windows as ``auto`` calibrates."""
+    from worker.engine.int8_recipes import recipes_for
+
+    return [
+        (f"{backend} {recipe.name} ({rest} rest)", rest, BackendChoice(backend, quantization=recipe.name))
+        for recipe in recipes_for(backend)
+        for rest in rests
+    ]
 
 
 def print_subjects_table(title: str, results: dict[str, dict[str, Any]]) -> None:
@@ -433,7 +462,7 @@ def time_rounds(
         subject.score_window(windows[0][:4])
     # The matmul peak is measured in every round too, and the best kept: on a shared
     # machine a single measurement can land in a busy moment and flatter the engine.
-    precisions = sorted({s.precision for s in subjects})
+    precisions = sorted({s.peak_precision for s in subjects})
     peaks = dict.fromkeys(precisions, 0.0)
     for round_ in range(rounds):
         for precision in precisions:
@@ -457,21 +486,16 @@ def time_rounds(
     return peaks
 
 
-def auto_refusals(
-    subjects: list[Subject], variants: list[Subject], calibration_path: str, *, window_size: int
-) -> dict[str, str | None]:
-    """Why auto would refuse each subject against forced torch fp32 on its parity windows (None: it would not)."""
+def auto_parity(subjects: list[Subject], variants: list[Subject], *, window_size: int) -> dict[str, dict[str, Any]]:
+    """Each subject held to auto's bars against forced torch fp32 (``held_out_parity``), by name;
+    none where there is no torch fp32 row to hold them to."""
     torch_fp32 = next((v for v in variants if v.backend_key == "torch/fp32"), None)
-    parity_windows = [
-        probe_pairs(),
-        *read_calibration(calibration_path).held_out,
-        *shipped_calibration(window_size).held_out,
-    ]
-    expected = [torch_fp32.engine.score_pairs(w) for w in parity_windows] if torch_fp32 is not None else []
-    return {
-        s.name: parity_refusal(s, parity_windows, expected) if torch_fp32 is not None and s is not torch_fp32 else None
-        for s in [*subjects, *variants]
-    }
+    if torch_fp32 is None:
+        return {}
+    parity_windows = [probe_pairs(), *shipped_calibration(window_size).held_out]
+    expected = [torch_fp32.engine.score_pairs(w) for w in parity_windows]
+    held = {s.name: held_out_parity(s, parity_windows, expected) for s in [*subjects, *variants] if s is not torch_fp32}
+    return {name: figures for name, figures in held.items() if figures is not None}
 
 
 def subject_figures(
@@ -506,8 +530,8 @@ def subject_figures(
         else rate / p50(baseline.rates),
         "useful_gflops": useful,
         "executed_gflops": executed_gflops,
-        "peak_gflops": peaks[subject.precision],
-        "mfu": executed_gflops / peaks[subject.precision],
+        "peak_gflops": peaks[subject.peak_precision],
+        "mfu": executed_gflops / peaks[subject.peak_precision],
         "padding_fraction": 1 - sum(lengths) / sum(executed),
         "spearman_min": min(rhos),
         "max_abs_diff": max(max_abs_diff(r, s) for r, s in zip(reference, subject.scores)),
@@ -524,7 +548,6 @@ def make_engine_subject(
     model_path: str,
     device: str,
     settings: Any,
-    calibration_path: str,
 ) -> Subject:
     """The engine on the bench model at one precision and backend (torch's dynamic int8 when
     ``choice`` is None and the precision is int8), as a timed subject."""
@@ -537,9 +560,8 @@ def make_engine_subject(
         engine = ScoringEngine(model, settings=settings, precision="fp32", verify_parity=verify)
         engine.precision = "int8"
     else:
+        # An int8 export with no calibration file calibrates on the shipped collection's windows, as auto's does.
         choice = choice or BackendChoice()
-        if choice.quantization == "int8":
-            choice = BackendChoice(choice.name, quantization="int8", calibration=calibration_path)
         engine = ScoringEngine(
             baseline_model,
             settings=settings,
@@ -548,7 +570,13 @@ def make_engine_subject(
             backend=choice,
             model_name=model_path,
         )
-        choice = dataclasses.replace(choice, name=engine.backend.name)  # what auto became
+        decision = engine.auto_decision
+        # What auto became: the backend, and the int8 recipe where it adopted one.
+        choice = dataclasses.replace(
+            choice,
+            name=engine.backend.name,
+            quantization=decision.chosen.quantization if decision else choice.quantization,
+        )
 
     def executed(window: Pairs) -> list[int]:
         return [b.tensors["input_ids"].shape[1] for b in engine.batches(engine.tokenize(window)) for _ in b.indices]
@@ -625,6 +653,12 @@ def parse_arguments() -> argparse.Namespace:
         "--quick", action="store_true", help="fewer windows and rounds: a few minutes with every backend row"
     )
     parser.add_argument("--no-variants", action="store_true", help="only the configured engine, no other rows")
+    parser.add_argument(
+        "--auto-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="auto also measures the int8 recipes (RERANKQ_AUTO_INT8; on by default here)",
+    )
     parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
     parser.add_argument(
         "--causal-layers",
@@ -685,14 +719,6 @@ def load_workload(model_path: str, device: str, *, windows_n: int, window_size: 
     return workload
 
 
-def calibration_file(workload: Workload, window_size: int) -> str:
-    # int8 calibrates on windows drawn like the timed ones, none of them among them.
-    drawn = realistic_pairs(
-        n_windows=8, window_size=window_size, tokenizer=workload.tokenizer, max_tokens=workload.max_tokens, seed=7
-    )
-    return write_calibration(windows_of(drawn, window_size))
-
-
 def run_sizes(args: argparse.Namespace, *, on_cuda: bool) -> tuple[int, int]:
     """How many windows and rounds: a GPU needs more work per timing to rise above launch overheads."""
     windows_n = args.windows or ((32 if args.quick else 128) if on_cuda else (4 if args.quick else 16))
@@ -703,7 +729,7 @@ def run_sizes(args: argparse.Namespace, *, on_cuda: bool) -> tuple[int, int]:
 def engine_settings(args: argparse.Namespace) -> Any:
     from kernel.settings import load_settings
 
-    overrides: dict[str, Any] = {"precision": args.precision}
+    overrides: dict[str, Any] = {"precision": args.precision, "auto_int8": args.auto_int8}
     if args.token_budget:
         overrides["token_budget"] = args.token_budget
     return load_settings({}, **overrides)
@@ -741,16 +767,13 @@ class Lineup:
         return self.subjects + self.variants
 
 
-def build_lineup(
-    args: argparse.Namespace, workload: Workload, settings: Any, calibration_path: str, *, on_cuda: bool
-) -> Lineup:
+def build_lineup(args: argparse.Namespace, workload: Workload, settings: Any, *, on_cuda: bool) -> Lineup:
     engine_subject = functools.partial(
         make_engine_subject,
         baseline_model=workload.baseline_model,
         model_path=workload.model_path,
         device=args.device,
         settings=settings,
-        calibration_path=calibration_path,
     )
     baseline = Subject(
         "CrossEncoder.predict",
@@ -774,9 +797,10 @@ def build_lineup(
 
 
 def measure_lineup(
-    lineup: Lineup, workload: Workload, args: argparse.Namespace, calibration_path: str, *, rounds: int, on_cuda: bool
-) -> dict[str, dict[str, Any]]:
-    """Time every subject and return each one's figures, with auto's refusal where it would refuse."""
+    lineup: Lineup, workload: Workload, args: argparse.Namespace, *, rounds: int, on_cuda: bool
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Time every subject; return each one's figures, with auto's refusal where it would refuse,
+    and each one's parity on the windows auto holds it to (``auto_parity``)."""
     # bf16 without native CPU support is emulated and slow: one window says enough.
     slow = {v.name for v in lineup.variants if v.precision == "bf16" and not on_cuda and not cpu_has_native_bf16()}
     sync = device_sync(args.device)
@@ -795,10 +819,10 @@ def measure_lineup(
         for s in lineup.everyone
     }
     # Parity as auto judges it, beside the timed windows' Spearman.
-    refusals = auto_refusals(lineup.subjects, lineup.variants, calibration_path, window_size=args.window_size)
-    for name, refusal in refusals.items():
-        results[name]["refused_by_auto"] = refusal
-    return results
+    parity = auto_parity(lineup.subjects, lineup.variants, window_size=args.window_size)
+    for name, figures in results.items():
+        figures["refused_by_auto"] = parity[name]["refusal"] if name in parity else None
+    return results, parity
 
 
 def summary_figures(
@@ -825,6 +849,8 @@ def summary_figures(
         "engine_backend": args.backend,
         "auto_choice": reported["auto_choice"],
         "auto_vs_fastest": reported["auto_vs_fastest"],
+        "auto_vs_bf16": reported["auto_vs_bf16"],
+        "int8_recipes": reported["int8_recipes"],
         "head": None if args.model else args.head,
         "backends": backends,
         "embedding_pairs_per_s": results[lineup.embedding.name]["pairs_per_s"],
@@ -856,9 +882,8 @@ def main() -> None:
         return
 
     workload = load_workload(model_path, args.device, windows_n=windows_n, window_size=args.window_size)
-    calibration_path = calibration_file(workload, args.window_size)
-    lineup = build_lineup(args, workload, settings, calibration_path, on_cuda=on_cuda)
-    results = measure_lineup(lineup, workload, args, calibration_path, rounds=rounds, on_cuda=on_cuda)
+    lineup = build_lineup(args, workload, settings, on_cuda=on_cuda)
+    results, parity = measure_lineup(lineup, workload, args, rounds=rounds, on_cuda=on_cuda)
     rss = (
         None
         if args.no_rss
@@ -873,16 +898,23 @@ def main() -> None:
         results,
     )
     print_backends_table(backends)
+    recipes = int8_rows(lineup.everyone, results, parity)
+    print_int8_table(recipes)
     best_name = report_fastest_at_parity(results, backends, skip=(lineup.baseline.name, lineup.embedding.name))
     auto_vs_fastest, measured, embedding_vs_engine = report_engine_against_others(
         lineup.engine, lineup.embedding, results, backends
     )
+    auto_vs_bf16 = auto_against_bf16(lineup.engine, lineup.everyone)
+    if auto_vs_bf16 is not None:
+        print(f"default engine ({lineup.engine.precision}) against the {BF16_ROW} row: {auto_vs_bf16:.2f}x")
     reported = {
         "causal": causal() if causal is not None else None,
         "best_at_parity": best_name,
         "auto_choice": measured,
         "auto_vs_fastest": auto_vs_fastest,
         "embedding_vs_engine": embedding_vs_engine,
+        "int8_recipes": recipes,
+        "auto_vs_bf16": auto_vs_bf16,
         "rounds": rounds,
         "threads": threads,
     }

@@ -46,7 +46,8 @@ class BackendChoice:
 
 class Backend(Protocol):
     """What runs a batch's forward pass. An exported backend also has the ``precision`` it was
-    adopted at (fp32, bf16 or int8); torch runs at the engine's (``ForwardEngine``'s policy)."""
+    adopted at (fp32, bf16, or for an int8 export int8 or int8+bf16); torch runs at the
+    engine's (``ForwardEngine``'s policy)."""
 
     # Read-only: each backend class fixes them (torch's artifact is always None).
     @property

@@ -133,7 +133,7 @@ class EmbeddingEngine(ForwardEngine):
         def build(candidate: Candidate) -> tuple[Backend | None, str]:
             if candidate.backend == "torch":
                 return None, candidate.precision
-            return self._load_exported(candidate, calibration), candidate.precision
+            return self._load_exported(candidate, calibration), candidate.served_precision
 
         def score(runner: tuple[Backend | None, str], window: Window) -> list[float]:
             kept = self.backend, self.precision

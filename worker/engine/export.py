@@ -34,15 +34,30 @@ from typing import Any
 
 import structlog
 
+from worker.engine.backend import BackendUnavailable
 from worker.engine.export_manifest import Manifest, manifest_path
+from worker.engine.int8_recipes import NONE, recipe
+from worker.engine.quantize import Feed, onnx_quantized, openvino_quantized
 
 log = structlog.get_logger("rerankq.export")
 
-Feed = dict[str, Any]  # one calibration batch: input name -> int64 numpy array
 
 #: The files an export is made of, by backend and variant, in sentence-transformers' names.
-ONNX_FILES = {"plain": "model.onnx", "O2": "model_O2.onnx", "O3": "model_O3.onnx", "int8": "model_qint8_static.onnx"}
-OPENVINO_FILES = {"plain": "openvino_model.xml", "int8": "openvino_model_qint8_quantized.xml"}
+ONNX_FILES = {
+    "plain": "model.onnx",
+    "O2": "model_O2.onnx",
+    "O3": "model_O3.onnx",
+    # One file per int8 recipe (``worker.engine.int8_recipes``); sentence-transformers' name for the first.
+    "int8": "model_qint8_static.onnx",
+    "int8-ffn": "model_qint8_static_ffn.onnx",
+    "int8-dynamic": "model_qint8_dynamic.onnx",
+}
+OPENVINO_FILES = {
+    "plain": "openvino_model.xml",
+    "int8": "openvino_model_qint8_quantized.xml",
+    "int8-ffn": "openvino_model_qint8_quantized_ffn.xml",
+    "int8-weights": "openvino_model_qint8_weights.xml",
+}
 _WEIGHT_FILES = re.compile(r".*\.(safetensors|bin|pt|pth)$")
 
 
@@ -267,36 +282,6 @@ def onnx_optimize(source: Path, directory: Path, *, level: str, config: Any) -> 
     return [target]
 
 
-def onnx_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed]) -> list[Path]:
-    """ONNX Runtime's static int8 quantisation (QDQ, per-channel weights), its activation
-    ranges calibrated on the given batches."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime's, unannotated
-        def __init__(self) -> None:
-            self._feeds = iter(feeds)
-
-        def get_next(self) -> Feed | None:
-            return next(self._feeds, None)
-
-    prepared = directory / "prepared.onnx"
-    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-    target = directory / ONNX_FILES["int8"]
-    quantize_static(
-        str(prepared),
-        str(target),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul"],
-    )
-    prepared.unlink()
-    return [target]
-
-
 def onnx_artifact(
     model_name: str,
     network: Any,
@@ -315,11 +300,8 @@ def onnx_artifact(
     plain = cached(
         directory / ONNX_FILES["plain"], {**base, "variant": "plain"}, lambda tmp: onnx_export(network, tokenizer, tmp)
     )
-    if quantization == "int8":
-        manifest = {**base, "variant": "int8", "from": plain.digest, "calibration": calibration_digest}
-        return cached(
-            directory / ONNX_FILES["int8"], manifest, lambda tmp: onnx_quantize_static(plain.path, tmp, calibration())
-        )
+    if quantization != NONE:
+        return _quantized("onnx", ONNX_FILES, directory, base, plain, quantization, calibration, calibration_digest)
     if level == "O1":
         return plain
     manifest = {**base, "variant": level, "from": plain.digest}
@@ -349,21 +331,6 @@ def openvino_export(network: Any, tokenizer: Any, directory: Path) -> list[Path]
     return [target.with_suffix(".bin"), target]
 
 
-def openvino_quantize_static(source: Path, directory: Path, feeds: Sequence[Feed]) -> list[Path]:
-    """NNCF post-training int8 quantisation (the transformer preset optimum-intel uses),
-    calibrated on the given batches."""
-    import nncf
-    import openvino as ov
-
-    model = ov.Core().read_model(str(source))
-    quantized = nncf.quantize(
-        model, nncf.Dataset(list(feeds)), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds)
-    )
-    target = directory / OPENVINO_FILES["int8"]
-    ov.save_model(quantized, str(target), compress_to_fp16=False)
-    return [target.with_suffix(".bin"), target]
-
-
 def openvino_artifact(
     model_name: str,
     network: Any,
@@ -380,11 +347,37 @@ def openvino_artifact(
         {**base, "variant": "plain"},
         lambda tmp: openvino_export(network, tokenizer, tmp),
     )
-    if quantization != "int8":
+    if quantization == NONE:
         return plain
-    manifest = {**base, "variant": "int8", "from": plain.digest, "calibration": calibration_digest}
-    return cached(
-        directory / OPENVINO_FILES["int8"],
-        manifest,
-        lambda tmp: openvino_quantize_static(plain.path, tmp, calibration()),
-    )
+    return _quantized("openvino", OPENVINO_FILES, directory, base, plain, quantization, calibration, calibration_digest)
+
+
+def _quantized(
+    backend: str,
+    files: dict[str, str],
+    directory: Path,
+    base: dict[str, Any],
+    plain: Artifact,
+    quantization: str,
+    calibration: Callable[[], Sequence[Feed]],
+    calibration_digest: str | None,
+) -> Artifact:
+    """The recipe's int8 export of ``plain``, under the recipe's file name in ``directory``; a
+    calibrated recipe's manifest names the windows it was calibrated on (one that reads none, none)."""
+    how = recipe(quantization)
+    if backend not in how.backends:
+        raise BackendUnavailable(f"the int8 recipe {quantization} is made for {', '.join(how.backends)}, not {backend}")
+    calibrated = how.calibrated
+    path = directory / files[quantization]
+    manifest = {
+        **base,
+        "variant": quantization,
+        "from": plain.digest,
+        "calibration": calibration_digest if calibrated else None,
+    }
+    quantize = onnx_quantized if backend == "onnx" else openvino_quantized
+
+    def make(tmp: Path) -> list[Path]:
+        return quantize(plain.path, tmp / path.name, quantization, calibration() if calibrated else [])
+
+    return cached(path, manifest, make)

@@ -168,8 +168,8 @@ class ForwardEngine:
         )
 
         def parity_windows(candidate: Candidate | None) -> list[Window]:
-            int8 = candidate is None or candidate.quantization == "int8"
-            return [probe_pairs(), *(held_out if int8 else [])]
+            quantized = candidate is None or candidate.quantized
+            return [probe_pairs(), *(held_out if quantized else [])]
 
         decision, runner = decide(
             root=export_root(self.model_name),

@@ -31,6 +31,7 @@ from worker.engine.backend import Backend, BackendChoice, BackendRefused, TorchB
 from worker.engine.batching import Batch, pad_batches
 from worker.engine.calibration import Calibration, Window, read_calibration
 from worker.engine.forward import ForwardEngine, configure_threads, owning, shared
+from worker.engine.int8_recipes import NONE, served_precision
 from worker.engine.loading import load_cross_encoder
 from worker.engine.parity import MIN_SPEARMAN, SCORE_TOLERANCE, EngineDisagrees, disagreement_with, spearman
 from worker.engine.precision import exported_precisions, library_probe, probe_pairs
@@ -196,8 +197,8 @@ class ScoringEngine(ForwardEngine):
             choice = BackendChoice(
                 candidate.backend, onnx_optimization=asked.onnx_optimization, quantization=candidate.quantization
             )
-            int8 = candidate.quantization == "int8"
-            return self._load_exported(choice, candidate.precision, calibration if int8 else None), candidate.precision
+            backend = self._load_exported(choice, candidate.precision, calibration if candidate.quantized else None)
+            return backend, candidate.served_precision
 
         def score(runner: tuple[Backend, str], window: Window) -> list[float]:
             backend, precision = runner
@@ -287,11 +288,15 @@ class ScoringEngine(ForwardEngine):
         every probe window ranks as torch fp32 ranks it, or none (BackendRefused)."""
         require_package(choice.name)
         calibration = read_calibration(choice.calibration) if choice.calibration else None
+        if calibration is None and choice.quantization != NONE:
+            # An int8 export without the operator's windows calibrates on the shipped ones, as auto's does.
+            calibration = shipped_calibration(self.settings.streams.window_size)
         windows = [probe_pairs(), *(calibration.held_out if calibration else [])]
         reference = [self._score(self.torch, w) for w in windows] if verify else None
         rejected = []
-        for precision in exported_precisions(choice, requested, self.device.type):
-            candidate = self._load_exported(choice, precision, calibration)
+        for rest in exported_precisions(choice, requested, self.device.type):
+            candidate = self._load_exported(choice, rest, calibration)
+            precision = served_precision(choice.quantization, rest)
             if reference is None:
                 self.backend, self.precision = candidate, precision
                 return
@@ -309,6 +314,7 @@ class ScoringEngine(ForwardEngine):
                     "backend_adopted",
                     backend=choice.name,
                     precision=precision,
+                    quantization=choice.quantization,
                     spearman=round(rho, 4),
                     exported=candidate.exported,
                     windows=len(windows),

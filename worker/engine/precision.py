@@ -53,14 +53,12 @@ def resolve_precision(requested: str, device: str) -> str:
 
 
 def exported_precisions(choice: Any, requested: str, device: str) -> list[str]:
-    """The precisions to try, in order, for an exported backend; each is held to parity.
+    """The precisions to try, in order, for an exported backend (for an int8 export, the one its
+    unquantised rest runs at); each is held to parity.
 
     ONNX Runtime runs the export in fp32 (its CPU kernels have no fast bf16 path); OpenVINO
     runs it in bf16 where the CPU has AMX (``auto`` falls back to fp32 below parity).
-    int8 is the quantised export, run as it is.
     """
-    if choice.quantization == "int8":
-        return ["int8"]
     resolved = resolve_precision(requested, device)
     if choice.name == "onnx":
         if requested not in ("auto", "fp32"):

@@ -13,6 +13,7 @@ from typing import Any
 
 from worker.engine.backend import BackendUnavailable
 from worker.engine.export import Artifact
+from worker.engine.int8_recipes import NONE, served_precision
 
 #: ONNX Runtime session optimisation per level: O1 basic; O2 and O3 run a fused graph,
 #: which the session still gives its extended and layout passes.
@@ -63,7 +64,7 @@ class OpenVINOBackend:
             raise BackendUnavailable(f"openvino runs on the CPU here, not {device}")
         config = {
             # int8 layers run int8 whatever the hint; the rest run at the hint.
-            "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+            "INFERENCE_PRECISION_HINT": "bf16" if precision.endswith("bf16") else "f32",
             "PERFORMANCE_HINT": "LATENCY",
             "INFERENCE_NUM_THREADS": threads,
         }
@@ -107,13 +108,15 @@ def exported_backend(
     calibration_digest: str | None = None,
 ) -> OnnxBackend | OpenVINOBackend:
     """The model's transformer exported (or its kept export read) and running on ``name``
-    (``onnx`` or ``openvino``); int8 is calibrated on the feeds ``calibration`` gives."""
+    (``onnx`` or ``openvino``), its unquantised part at ``precision``; an int8 recipe that
+    calibrates does so on the feeds ``calibration`` gives."""
     import torch
 
     from worker.engine.export import onnx_artifact, openvino_artifact
 
     threads = torch.get_num_threads()
     feeds = calibration or list
+    served = served_precision(quantization, precision)
     if name == "onnx":
         artifact = onnx_artifact(
             model_name,
@@ -125,8 +128,8 @@ def exported_backend(
             calibration_digest=calibration_digest,
         )
         # A QDQ int8 graph becomes int8 kernels in the session's extended passes.
-        session_level = "O2" if quantization == "int8" else onnx_level
-        return OnnxBackend(artifact, precision=precision, level=session_level, device=device, threads=threads)
+        session_level = "O2" if quantization != NONE else onnx_level
+        return OnnxBackend(artifact, precision=served, level=session_level, device=device, threads=threads)
     artifact = openvino_artifact(
         model_name,
         network,
@@ -135,4 +138,4 @@ def exported_backend(
         calibration=feeds,
         calibration_digest=calibration_digest,
     )
-    return OpenVINOBackend(artifact, precision=precision, device=device, threads=threads)
+    return OpenVINOBackend(artifact, precision=served, device=device, threads=threads)
