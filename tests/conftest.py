@@ -60,33 +60,37 @@ def namespace() -> str:
     return "t" + uuid.uuid4().hex[:10]
 
 
+def queue_env_for(redis_url: str, namespace: str, model_dir: Path) -> dict[str, str]:
+    """What a test's workers and clients are configured with: its Redis, its namespace and
+    queues, the tiny model."""
+    return {
+        "RERANKQ_REDIS_URL": redis_url,
+        "RERANKQ_NAMESPACE": namespace,
+        "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
+        "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
+        "RERANKQ_ANY_QUEUE": f"{namespace}.any",
+        "RERANKQ_RERANKER_PROVIDER": "local",
+        "RERANKQ_RERANKER_MODEL": str(model_dir),
+        "RERANKQ_TORCH_THREADS": "1",
+        # auto picks bf16 on CPUs with native bf16, whose coarser scores tie and reorder with
+        # batch shape; the queue's tests compare orders, so they pin fp32 (test_engine covers auto).
+        "RERANKQ_PRECISION": "fp32",
+        # auto runs OpenVINO where it is installed; the queue's tests are about the queue, so
+        # they run torch (test_backends covers the exported backends, auto included).
+        "RERANKQ_RERANKER_BACKEND": "torch",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
 @pytest.fixture
 def base_env(
     redis_server: EmbeddedRedis, namespace: str, tiny_model_dir: Path, broker: str, request: pytest.FixtureRequest
 ) -> dict[str, str]:
     """Environment for one test's workers and clients: own namespace, own queues, the test's broker."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update(
-        {
-            "RERANKQ_REDIS_URL": redis_server.url,
-            "RERANKQ_NAMESPACE": namespace,
-            "RERANKQ_CPU_QUEUE": f"{namespace}.cpu",
-            "RERANKQ_GPU_QUEUE": f"{namespace}.gpu",
-            "RERANKQ_ANY_QUEUE": f"{namespace}.any",
-            "RERANKQ_RERANKER_PROVIDER": "local",
-            "RERANKQ_RERANKER_MODEL": str(tiny_model_dir),
-            "RERANKQ_TORCH_THREADS": "1",
-            # auto picks bf16 on CPUs with native bf16, whose coarser scores tie and reorder with
-            # batch shape; the queue's tests compare orders, so they pin fp32 (test_engine covers auto).
-            "RERANKQ_PRECISION": "fp32",
-            # auto runs OpenVINO where it is installed; the queue's tests are about the queue, so
-            # they run torch (test_backends covers the exported backends, auto included).
-            "RERANKQ_RERANKER_BACKEND": "torch",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONPATH": str(ROOT),
-        }
-    )
+    env.update(queue_env_for(redis_server.url, namespace, tiny_model_dir))
     if broker == "amqp":
         env["RERANKQ_BROKER_URL"] = request.getfixturevalue("rabbitmq_server").url
     return env
@@ -113,6 +117,7 @@ ONE_PROCESS_MODULES = frozenset(
         "test_blank_documents.py",
         "test_calibration.py",
         "test_cluster.py",
+        "test_flow.py",
         "test_front_door.py",
         "test_gateway.py",
         "test_gateway_doors.py",

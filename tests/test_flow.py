@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
+import uuid
 
 import msgspec
 import pytest
-from conftest import BROKERS, make_candidates
+from conftest import BROKERS, ROOT, make_candidates, queue_env_for
 
 from kernel.celery_config import TASK_NAME
-from producer import Failed, Filtered, Ranked
+from producer import Failed, Filtered, Ranked, RerankClient, load_settings
 from worker.embedded.redis_server import EmbeddedRedis, bundled_redis_server_binary, redis_server_binary
+from worker.embedded.worker_process import WorkerProcess
 
 
 @pytest.fixture(scope="module", params=["system", "bundled-6.2"])
@@ -21,6 +24,44 @@ def redis_server(request):
     server = EmbeddedRedis(binary=binary).start()
     yield server
     server.stop()
+
+
+class Flow:
+    """One worker with the tiny model, shared by the module's tests that need no other: each test
+    asks its own query (the pair cache keys on it, so no test reads another's scores) and counts
+    provider calls from where it started."""
+
+    def __init__(self, env: dict[str, str], make_client) -> None:
+        self.env = env
+        self._make_client = make_client
+
+    def client(self):
+        return self._make_client(self.env)
+
+
+@pytest.fixture(scope="module")
+def flow(redis_server, tiny_model_dir, tmp_path_factory):
+    namespace = "f" + uuid.uuid4().hex[:10]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
+    env.update(queue_env_for(redis_server.url, namespace, tiny_model_dir))
+    worker = WorkerProcess.rerankq(env, tmp_path_factory.mktemp("flow") / "worker.log", "--device", "cpu", cwd=ROOT)
+    worker.start()
+    clients: list[RerankClient] = []
+
+    def make(env: dict[str, str]) -> RerankClient:
+        clients.append(RerankClient(load_settings(env)))
+        return clients[-1]
+
+    yield Flow(env, make)
+    for client in clients:
+        client.close()
+    worker.kill()
+
+
+@pytest.fixture
+def query(request) -> str:
+    """A query of this test's own (the shared worker's pair cache keys on the query)."""
+    return f"payment gateway error ({request.node.name})"
 
 
 def test_the_server_is_the_one_asked_for(redis_server, raw_redis, request):
@@ -53,24 +94,23 @@ def test_stream_is_scored_end_to_end(start_worker, make_client, broker):
     assert status.windows[0].ranked == 10 and status.windows[0].served_by == "0:local"
 
 
-def test_deeper_pull_scores_only_the_new_window(start_worker, make_client):
-    start_worker()
-    client = make_client()
-    stream = client.open("payment gateway error", make_candidates(30), window_size=10)
+def test_deeper_pull_scores_only_the_new_window(flow, query):
+    client = flow.client()
+    before = provider_calls(client)
+    stream = client.open(query, make_candidates(30), window_size=10)
 
     client.pull(stream, 0, 5, timeout=60)
-    assert provider_calls(client) == 1
+    assert provider_calls(client) == before + 1
 
     deeper = client.pull(stream, 10, 10, timeout=60)
-    assert provider_calls(client) == 2
+    assert provider_calls(client) == before + 2
     assert [r.window for r in deeper.rows] == [1] * 10
     assert [w.state for w in client.status(stream).windows] == ["committed", "committed", "not_admitted"]
 
 
-def test_repulling_a_committed_page_is_a_read(start_worker, make_client):
-    start_worker()
-    client = make_client()
-    stream = client.open("payment gateway error", make_candidates(30), window_size=10)
+def test_repulling_a_committed_page_is_a_read(flow, query):
+    client = flow.client()
+    stream = client.open(query, make_candidates(30), window_size=10)
     first = client.pull(stream, 0, 10, timeout=60)
     calls = provider_calls(client)
 
@@ -87,10 +127,10 @@ def test_repulling_a_committed_page_is_a_read(start_worker, make_client):
     assert provider_calls(client) == calls + 2
 
 
-def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis):
-    start_worker()
-    client = make_client()
-    stream = client.open("payment gateway error", make_candidates(10), window_size=10)
+def test_duplicate_delivery_commits_once(flow, query, raw_redis):
+    client = flow.client()
+    before = provider_calls(client)
+    stream = client.open(query, make_candidates(10), window_size=10)
     client.pull(stream, 0, 10, timeout=60)
 
     # The same trigger delivered twice more: at-least-once delivery in action.
@@ -98,25 +138,25 @@ def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis):
     client.dispatcher.app.send_task(TASK_NAME, args=[stream, 0], queue=queue)
     client.dispatcher.app.send_task(TASK_NAME, args=[stream, 0], queue=queue)
     # A later window's commit tells us both duplicates were consumed before it (one worker, FIFO).
-    stream2 = client.open("payment gateway error", make_candidates(10, text="cache miss {i}"), window_size=10)
+    stream2 = client.open(query, make_candidates(10, text="cache miss {i}"), window_size=10)
     client.pull(stream2, 0, 1, timeout=60)
 
     events = raw_redis.xrange(client.store.keys.stream(stream).events)
     assert [fields[b"window"] for _, fields in events] == [b"0"]
-    assert provider_calls(client) == 2  # one per stream, none for the duplicates
+    assert provider_calls(client) == before + 2  # one per stream, none for the duplicates
     assert client.status(stream).windows[0].attempts == 1  # a duplicate finds the window committed
 
 
-def test_filtered_rows_take_no_page_slot(start_worker, make_client):
-    start_worker()
-    client = make_client()
+def test_filtered_rows_take_no_page_slot(flow):
+    client = flow.client()
     candidates = make_candidates(40)
-    reference = client.open("payment gateway error", candidates, window_size=10)
+    query = "payment gateway error"  # the tiny model scores enough of these above half of window 0's
+    reference = client.open(query, candidates, window_size=10)
     everything = client.pull(reference, 0, 40, timeout=60)
     threshold = sorted(r.score for r in everything.rows if r.window == 0)[5]  # half of window 0 falls below
     below = sum(r.score < threshold for r in everything.rows if r.window == 0)
 
-    stream = client.open("payment gateway error", candidates, window_size=10, min_score=threshold)
+    stream = client.open(query, candidates, window_size=10, min_score=threshold)
     page = client.pull(stream, 0, 10, timeout=60)
 
     assert len(page.rows) == 10
@@ -171,12 +211,11 @@ def test_chain_without_a_fail_open_member_commits_failed(start_worker, make_clie
         client.pull(stream, 0, 3, timeout=5, raise_on_failed=True)
 
 
-def test_candidate_without_text_sinks_and_is_kept(start_worker, make_client):
-    start_worker()
-    client = make_client()
+def test_candidate_without_text_sinks_and_is_kept(flow, query):
+    client = flow.client()
     candidates = make_candidates(5)
     candidates[0]["text"] = ""
-    stream = client.open("payment gateway error", candidates, window_size=5)
+    stream = client.open(query, candidates, window_size=5)
 
     page = client.pull(stream, 0, 5, timeout=60)
 
@@ -185,13 +224,12 @@ def test_candidate_without_text_sinks_and_is_kept(start_worker, make_client):
     assert all(isinstance(r.decision, Ranked) for r in page.rows)
 
 
-def test_retried_open_with_an_idempotency_key_returns_the_same_stream(start_worker, make_client):
-    start_worker()
-    client = make_client()
+def test_retried_open_with_an_idempotency_key_returns_the_same_stream(flow, query):
+    client = flow.client()
     candidates = make_candidates(10)
 
-    first = client.open("payment gateway error", candidates, window_size=10, idempotency_key="job-42")
-    again = client.open("payment gateway error", candidates, window_size=10, idempotency_key="job-42")
+    first = client.open(query, candidates, window_size=10, idempotency_key="job-42")
+    again = client.open(query, candidates, window_size=10, idempotency_key="job-42")
     assert first == again == "k_job-42"
     client.pull(first, 0, 10, timeout=60)
     from producer import IdempotencyConflict

@@ -44,6 +44,7 @@ def test_the_ranker_in_a_pipeline_equals_rerankclient_and_deeper_costs_nothing(s
     assert ranker.run(QUERY, [])["documents"] == []
 
 
+@pytest.mark.slow  # a subprocess importing the framework, beside a worker: make test runs it
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
     printed = run_example("haystack_ranker.py", base_env)

@@ -107,6 +107,7 @@ def test_long_documents_passages_scores_a_long_document_by_its_passages(start_wo
     assert next(d for d in top if d.metadata["n"] == 0).metadata["relevance_score"] == long_row.score
 
 
+@pytest.mark.slow  # a subprocess importing the framework, beside a worker: make test runs it
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
     printed = run_example("langchain_compressor.py", base_env)

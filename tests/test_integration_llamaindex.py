@@ -48,6 +48,7 @@ def test_the_postprocessor_equals_rerankclient_sync_async_and_deeper_costs_nothi
     assert six[-1].node.node_id == "node-5"  # the empty node, last
 
 
+@pytest.mark.slow  # a subprocess importing the framework, beside a worker: make test runs it
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
     printed = run_example("llamaindex_postprocessor.py", base_env)

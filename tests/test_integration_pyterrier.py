@@ -77,6 +77,7 @@ def test_pt_experiment_compares_it_with_the_first_stage(start_worker, make_clien
     assert table["map"].between(0, 1).all()
 
 
+@pytest.mark.slow  # a subprocess importing the framework, beside a worker: make test runs it
 def test_the_example_runs(start_worker, base_env) -> None:
     start_worker()
     printed = run_example("pyterrier_experiment.py", base_env, timeout=180)
