@@ -21,12 +21,14 @@ from rerankq.common import print_json, to_builtins
 from rerankq.plain import served_summary
 from rerankq.render import page_json, page_lines
 from worker.embedded.redis_server import EmbeddedRedis
-from worker.embedded.worker_process import WorkerProcess
+from worker.embedded.worker_process import WorkerNotReady, WorkerProcess
 from worker.logs import configure_logging
 
 #: How long a page may wait for the worker: a first start with a model measures its backends
 #: (a minute or two on a small CPU) before the first window is scored.
 FIRST_PAGE_WAIT_S = 300
+#: A first start measures the model's backends (exports, parity): minutes on a busy 2-core machine.
+WORKER_START_WAIT_S = 300
 
 LEGEND = """\
 How to read a row:
@@ -121,7 +123,13 @@ def main(as_json: bool = False) -> int:
     try:
         say("starting a CPU worker (loads the model once; a first start also measures its backends)...")
         try:
-            worker.start()
+            worker.start(timeout_s=WORKER_START_WAIT_S)
+        except WorkerNotReady:
+            print(
+                f"The worker did not start within {WORKER_START_WAIT_S} s (still loading its models). "
+                f"Its last line: {worker_cause(worker.log())}"
+            )
+            return 1
         except RuntimeError:
             print(f"The worker did not start. Why: {worker_cause(worker.log())}")
             return 1

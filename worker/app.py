@@ -110,26 +110,31 @@ def _load_runtime_at_start(settings: Settings, recorder: Recorder, gate: ChildGa
     whether it can score), or in the main process of any other pool; publish the worker's card
     and keep it fresh."""
 
-    def load_and_publish() -> Runtime:
-        runtime = get_runtime(settings, recorder)
+    def publish(runtime: Runtime) -> None:
         name = card.hostname()
         if name is not None:
             card.publish(runtime.store, name, card.describe(runtime))
-        return runtime
 
     @receives(signals.worker_process_init)
     def _load_in_child(**_: object) -> None:
         reset_runtime()
-        runtime = load_and_publish()
+        try:
+            runtime = get_runtime(settings, recorder)
+        except BaseException as exc:
+            # Said before it propagates: a verdict never sent would hold the consumer back for good.
+            if gate is not None:
+                gate.report(f"loading the chain raised {type(exc).__name__}: {exc}")
+            raise
         if gate is not None:
             gate.report(None if runtime.scoring_started() else explain(runtime.start_causes()))
+        publish(runtime)
 
     @receives(signals.worker_ready)
     def _load_in_main(sender: object = None, **_: object) -> None:
         # prefork loads in each child instead; never in the parent that forks them.
         pool = getattr(getattr(sender, "pool", None), "__class__", type(None)).__module__
         if "prefork" not in pool:
-            load_and_publish()
+            publish(get_runtime(settings, recorder))
         name = card.hostname()
         if name is not None:
             # The queues this worker consumes, as Celery resolved them from --queues.

@@ -33,10 +33,13 @@ if [ "$DEVICE" = cpu ]; then
   CAUSAL_LAYERS="${GPU_CHECK_CAUSAL_LAYERS:-1}"
   WORKER_DEVICE=cpu
   SMALL=(--windows 1 --window-size 8 --rounds 1)
+  # No int8 rows: none runs on a GPU, and on a CPU each recipe is an export and a calibration.
+  SCORING_CPU=(--no-int8)
 else
   CAUSAL_LAYERS="${GPU_CHECK_CAUSAL_LAYERS:-4}"
   WORKER_DEVICE=gpu
   SMALL=()
+  SCORING_CPU=()
   if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu_check: torch in $PY sees no CUDA device" >&2
     exit 2
@@ -66,7 +69,7 @@ if [ -z "$MODEL" ]; then
 fi
 # Scoring at parity: the engine (auto's precision: fp16/bf16 where it holds parity) against predict.
 step scoring-minilm 120 "$PY" -m ops.bench.scoring --device "$DEVICE" --quick --model "$MODEL" --no-causal \
-  --no-rss "${SMALL[@]}" --json "$OUT/scoring-minilm.json"
+  --no-rss "${SMALL[@]}" "${SCORING_CPU[@]}" --json "$OUT/scoring-minilm.json"
 if [ "$DEVICE" != cpu ]; then
   # Larger encoders (random weights: timing only).
   step scoring-base  100 "$PY" -m ops.bench.scoring --device cuda --quick --size base --no-causal \

@@ -325,9 +325,10 @@ def auto_choice(engine: Any) -> dict[str, Any] | None:
     return msgspec.to_builtins(decision)  # type: ignore[no-any-return]
 
 
-def variant_candidates(*, on_cuda: bool, quick: bool) -> list[tuple[str, str, BackendChoice | None]]:
-    """Each backend and precision other than the engine's own: (row name, precision, forced choice)."""
-    torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", "int8", "bf16"]
+def variant_candidates(*, on_cuda: bool, quick: bool, int8: bool = True) -> list[tuple[str, str, BackendChoice | None]]:
+    """Each backend and precision other than the engine's own: (row name, precision, forced choice);
+    the int8 rows only with ``int8``."""
+    torch_precisions = ["fp32", "fp16", "bf16"] if on_cuda else ["fp32", *(["int8"] if int8 else []), "bf16"]
     candidates: list[tuple[str, str, BackendChoice | None]] = [
         (f"torch {p}", p, None if p == "int8" else BackendChoice()) for p in torch_precisions
     ]
@@ -336,12 +337,13 @@ def variant_candidates(*, on_cuda: bool, quick: bool) -> list[tuple[str, str, Ba
         candidates += [
             (f"onnx {level} fp32", "fp32", BackendChoice("onnx", onnx_optimization=level)) for level in levels
         ]
-        if not on_cuda:
+        if not on_cuda and int8:
             candidates += int8_candidates("onnx", ["fp32"])
     if importlib.util.find_spec("openvino") is not None and not on_cuda:
         rests = ["fp32", "bf16"] if cpu_has_native_bf16() else ["fp32"]
         candidates += [(f"openvino {rest}", rest, BackendChoice("openvino")) for rest in rests]
-        candidates += int8_candidates("openvino", rests)
+        if int8:
+            candidates += int8_candidates("openvino", rests)
     return candidates
 
 
@@ -659,6 +661,11 @@ def parse_arguments() -> argparse.Namespace:
         default=True,
         help="auto also measures the int8 recipes (RERANKQ_AUTO_INT8; on by default here)",
     )
+    parser.add_argument(
+        "--no-int8",
+        action="store_true",
+        help="no int8 recipe rows, and auto measures none (as on a GPU, where no int8 recipe runs)",
+    )
     parser.add_argument("--no-rss", action="store_true", help="skip the per-backend resident-memory processes")
     parser.add_argument(
         "--causal-layers",
@@ -729,7 +736,7 @@ def run_sizes(args: argparse.Namespace, *, on_cuda: bool) -> tuple[int, int]:
 def engine_settings(args: argparse.Namespace) -> Any:
     from kernel.settings import load_settings
 
-    overrides: dict[str, Any] = {"precision": args.precision, "auto_int8": args.auto_int8}
+    overrides: dict[str, Any] = {"precision": args.precision, "auto_int8": args.auto_int8 and not args.no_int8}
     if args.token_budget:
         overrides["token_budget"] = args.token_budget
     return load_settings({}, **overrides)
@@ -789,7 +796,12 @@ def build_lineup(args: argparse.Namespace, workload: Workload, settings: Any, *,
     variants = (
         []
         if args.no_variants
-        else load_variants(engine_subject, variant_candidates(on_cuda=on_cuda, quick=args.quick), engine, configured)
+        else load_variants(
+            engine_subject,
+            variant_candidates(on_cuda=on_cuda, quick=args.quick, int8=not args.no_int8),
+            engine,
+            configured,
+        )
     )
     # The embedding member's engine, as a worker runs it: the same precision setting and probe.
     embedding = embedding_subject(settings, args.device)

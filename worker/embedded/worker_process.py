@@ -8,6 +8,10 @@ import time
 from pathlib import Path
 
 
+class WorkerNotReady(RuntimeError):
+    """The worker was still starting when the wait ran out (it has been stopped)."""
+
+
 class WorkerProcess:
     """Runs ``command``; ready once its log says `` ready.`` (Celery's banner line)."""
 
@@ -35,7 +39,7 @@ class WorkerProcess:
                 raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.log()[-4000:]}")
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"worker not ready after {timeout_s:.0f} s:\n{self.log()[-4000:]}")
+        raise WorkerNotReady(f"worker not ready after {timeout_s:.0f} s:\n{self.log()[-4000:]}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
