@@ -67,9 +67,21 @@ def broker_redis(redis_server):
     client.close()
 
 
+@pytest.fixture
+def flow(start_worker, make_client):
+    """test_flow's shared worker, here a worker of each test's own on the cluster's store."""
+    start_worker()
+    return test_flow.Flow({}, lambda _env: make_client())
+
+
+@pytest.fixture
+def query(request) -> str:
+    return f"payment gateway error ({request.node.name})"
+
+
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
-def test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis, broker):
-    test_flow.test_duplicate_delivery_commits_once(start_worker, make_client, raw_redis)
+def test_duplicate_delivery_commits_once(flow, query, raw_redis, broker):
+    test_flow.test_duplicate_delivery_commits_once(flow, query, raw_redis)
 
 
 def lose_every_message(broker: str, settings, broker_redis) -> None:
