@@ -220,35 +220,11 @@ def accuracy_controlled(bench: Bench) -> Path:
 
 
 def ort_variant(bench: Bench, name: str, excluded: Sequence[str]) -> Path:
-    import re
-
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from worker.engine.quantize import onnx_static
 
     path = bench.directory / f"{_file_name(name)}.onnx"
-    if path.exists():
-        return path
-    feeds = iter(bench.feeds())
-
-    class Reader(CalibrationDataReader):  # type: ignore[misc]
-        def get_next(self) -> dict[str, Any] | None:
-            return next(feeds, None)
-
-    prepared = bench.directory / "prepared.onnx"
-    quant_pre_process(str(bench.directory / "model.onnx"), str(prepared), skip_symbolic_shape=True)
-    names = [n.name for n in onnx.load(str(prepared), load_external_data=False).graph.node if n.op_type == "MatMul"]
-    quantize_static(
-        str(prepared),
-        str(path),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=[n for n in names if any(re.fullmatch(p, n) for p in excluded)],
-    )
+    if not path.exists():
+        onnx_static(bench.directory / "model.onnx", path, list(bench.feeds()), kept=excluded, recipe_name=name)
     return path
 
 

@@ -35,12 +35,14 @@ def onnx_quantized(source: Path, target: Path, recipe_name: str, feeds: Sequence
     how = recipe(recipe_name)
     if not how.calibrated:
         return _onnx_dynamic(source, target)
-    return _onnx_static(source, target, feeds, kept=how.kept.get("onnx", ()), recipe_name=recipe_name)
+    return onnx_static(source, target, feeds, kept=how.kept.get("onnx", ()), recipe_name=recipe_name)
 
 
-def _onnx_static(
+def onnx_static(
     source: Path, target: Path, feeds: Sequence[Feed], *, kept: Sequence[str], recipe_name: str
 ) -> list[Path]:
+    """Static QDQ int8 of every MatMul but those whose names fully match a pattern in ``kept``
+    (ONNX Runtime's per-node exclusion), activations calibrated on ``feeds``."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
