@@ -98,16 +98,13 @@ def base_env(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every case on RabbitMQ, and every case on the oldest Redis supported (6.2), is a
-    deployment shape, whichever file parametrises it. The slow cases run first: under xdist
-    (`make test`) a case of minutes that starts late is the suite's tail; started first, the
-    short ones fill the other processes around it."""
+    deployment shape, whichever file parametrises it."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None:
             continue
         if callspec.params.get("broker") == "amqp" or callspec.params.get("redis_server") == "bundled-6.2":
             item.add_marker(pytest.mark.deployment)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the rest keep their order
 
 
 #: Modules whose tests share a costly module-scoped fixture (a worker and gateway, the Redis
@@ -139,13 +136,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadGroupScheduling
 
     class SharedFixtureScheduling(LoadGroupScheduling):
-        """Work goes out in the collection's order (the slow cases first), not xdist's largest
-        scope first: a module of many short tests is no tail, a slow case started last is."""
-
-        def schedule(self) -> None:
-            self.config.option.loadscopereorder = False
-            super().schedule()
-
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)  # an xdist_group mark, where it survives
             module = nodeid.split("::", 1)[0]
