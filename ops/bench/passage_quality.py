@@ -60,7 +60,8 @@ class Encoder:
         return self.model.encode_query([text], normalize_embeddings=True, convert_to_tensor=True)[0]
 
     def save(self) -> None:
-        """Write the vectors to ``store`` (plain arrays and JSON: no pickle)."""
+        """Write the vectors to ``store`` as a plain float array and a JSON list of keys (read back with
+        ``allow_pickle=False``)."""
         if self.store is None or not self.fresh:
             return
         import json
