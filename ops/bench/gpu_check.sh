@@ -13,7 +13,8 @@
 #
 # GPU_CHECK_DEVICE=cpu runs every step on the CPU (the code paths, not the figures: the test
 # in tests/test_gpu_check.py), with GPU_CHECK_MODEL (a CrossEncoder directory, in place of
-# the bench model), GPU_CHECK_CAUSAL_LAYERS and small windows. GPU_CHECK_STEPS="causal memory"
+# the bench model), GPU_CHECK_CAUSAL_LAYERS, small windows and each step's time limit 4x
+# (GPU_CHECK_LIMIT_SCALE: a busy CPU is slower than a GPU). GPU_CHECK_STEPS="causal memory"
 # runs only the steps named (a rerun of the ones that failed); the rest read NOT MEASURED.
 set -uo pipefail
 
@@ -35,11 +36,14 @@ if [ "$DEVICE" = cpu ]; then
   SMALL=(--windows 1 --window-size 8 --rounds 1)
   # No int8 rows: none runs on a GPU, and on a CPU each recipe is an export and a calibration.
   SCORING_CPU=(--no-int8)
+  # The limits are a GPU's; on a busy CPU each step (a process importing torch) takes longer.
+  LIMIT_SCALE="${GPU_CHECK_LIMIT_SCALE:-4}"
 else
   CAUSAL_LAYERS="${GPU_CHECK_CAUSAL_LAYERS:-4}"
   WORKER_DEVICE=gpu
   SMALL=()
   SCORING_CPU=()
+  LIMIT_SCALE="${GPU_CHECK_LIMIT_SCALE:-1}"
   if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu_check: torch in $PY sees no CUDA device" >&2
     exit 2
@@ -49,7 +53,7 @@ fi
 
 failed=0
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep going on failure
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(($2 * LIMIT_SCALE)); shift 2
   if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ " ${GPU_CHECK_STEPS//,/ } " != *" $name "* ]]; then
     echo; echo "== $name skipped (not in GPU_CHECK_STEPS): its rows will read NOT MEASURED"
     return
