@@ -126,6 +126,20 @@ ONE_PROCESS_MODULES = frozenset(
     }
 )
 
+#: Modules whose tests score on the shared tiny-model worker (`shared_client`). Under
+#: pytest-xdist they go together to one process, so that worker starts once in the whole run
+#: (a start with the model costs ~6 CPU-seconds, most of it importing sentence-transformers).
+SHARED_WORKER_MODULES = frozenset(
+    {
+        "test_cache.py",
+        "test_integration_haystack.py",
+        "test_integration_langchain.py",
+        "test_integration_llamaindex.py",
+        "test_integration_pyterrier.py",
+        "test_scoring_e2e.py",
+    }
+)
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -139,6 +153,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)  # an xdist_group mark, where it survives
             module = nodeid.split("::", 1)[0]
+            if scope == nodeid and Path(module).name in SHARED_WORKER_MODULES:
+                return "shared-worker"
             if scope == nodeid and Path(module).name in ONE_PROCESS_MODULES:
                 return module
             return scope
@@ -182,6 +198,41 @@ def start_worker(
     if report is not None and report.failed:
         for worker in started:
             print(f"--- {worker.log_path.name} ---\n{worker.log()[-6000:]}")
+
+
+@pytest.fixture(scope="session")
+def shared_worker(
+    redis_server: EmbeddedRedis, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    """One worker with the tiny model on the tests' defaults, in a namespace of its own, started
+    at the first test that asks for it (through `shared_client`) and shared by the process's
+    tests that need no other worker."""
+    namespace = "s" + uuid.uuid4().hex[:10]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
+    env.update(queue_env_for(redis_server.url, namespace, tiny_model_dir))
+    log_path = tmp_path_factory.mktemp("shared-worker") / "worker.log"
+    worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu", cwd=ROOT).start()
+    yield worker
+    worker.kill()
+
+
+@pytest.fixture
+def shared_client(shared_worker: WorkerProcess, request: pytest.FixtureRequest) -> Iterator[RerankClient]:
+    """A client of the shared worker's deployment. The tests sharing it each ask their own query
+    (`own_query`: the pair cache and the stream ids key on it, so no test reads another's
+    scores) and count provider calls from where they started."""
+    client = RerankClient(load_settings(shared_worker.env))
+    yield client
+    client.close()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print(f"--- shared worker ---\n{shared_worker.log()[-6000:]}")
+
+
+@pytest.fixture
+def own_query(request: pytest.FixtureRequest) -> str:
+    """A query of this test's own, for a test on the shared worker."""
+    return f"payment gateway 502 recovery ({request.node.name})"
 
 
 @pytest.fixture

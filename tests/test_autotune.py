@@ -22,8 +22,14 @@ from worker.engine.parity import spearman
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("openvino")
+
+@pytest.fixture(scope="module", autouse=True)
+def exporters_installed() -> None:
+    # At the module's first test rather than at collection, which every test process does for
+    # every module: the exporters' imports cost each process a second or more there.
+    for name in ("onnxruntime", "openvino"):
+        pytest.importorskip(name)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Timing seconds for a measurement: one round, so the tests time what they must and no more.

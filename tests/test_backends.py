@@ -26,8 +26,14 @@ from worker.providers.local import LocalProvider
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("openvino")
+
+@pytest.fixture(scope="module", autouse=True)
+def exporters_installed() -> None:
+    # At the module's first test rather than at collection, which every test process does for
+    # every module: the exporters' imports cost each process a second or more there.
+    for name in ("onnxruntime", "openvino"):
+        pytest.importorskip(name)
+
 
 FP32 = {"RERANKQ_PRECISION": "fp32"}
 

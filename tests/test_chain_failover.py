@@ -221,9 +221,14 @@ def test_chain_profiles_select_members_and_never_widen(server, start_worker, bas
 
 
 def test_an_unknown_chain_profile_is_refused_at_open_and_nothing_is_sent(
-    start_worker, make_client, raw_redis, namespace
+    server, start_worker, make_client, raw_redis, namespace
 ):
-    start_worker(env={"RERANKQ_CHAIN_FAST": "0"})
+    # A loopback member: the profile is under test, not the model (a worker loading one starts 5x slower).
+    tei = server("tei")
+    start_worker(
+        env={"RERANKQ_RERANKER_PROVIDER": "tei", "RERANKQ_RERANKER_URL": tei.url, "RERANKQ_CHAIN_FAST": "0"},
+        drop=("RERANKQ_RERANKER_MODEL",),
+    )
     client = make_client(chain_profiles={"fast": [0]})
     before = namespace_keys(raw_redis, namespace)
     with pytest.raises(ValidationError) as refused:
@@ -234,7 +239,7 @@ def test_an_unknown_chain_profile_is_refused_at_open_and_nothing_is_sent(
     assert raw_redis.llen(f"{namespace}.cpu") == 0
     # A configured one (any case) is served by a real worker.
     stream = client.open("gateway error", make_candidates(3), window_size=3, chain="FAST")
-    assert wait_committed(client, stream).windows[0].served_by == "0:local"
+    assert wait_committed(client, stream).windows[0].served_by == "0:tei"
 
 
 def test_an_unusable_answer_is_never_cached(server, start_worker, make_client):

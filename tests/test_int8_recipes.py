@@ -26,9 +26,14 @@ from worker.engine.precision import cpu_has_native_bf16, probe_pairs
 
 pytestmark = pytest.mark.slow
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("openvino")
-pytest.importorskip("nncf")
+
+@pytest.fixture(scope="module", autouse=True)
+def exporters_installed() -> None:
+    # At the module's first test rather than at collection, which every test process does for
+    # every module: the exporters' imports cost each process a second or more there.
+    for name in ("onnxruntime", "openvino", "nncf"):
+        pytest.importorskip(name)
+
 
 #: Timing seconds for a measurement: one round, so the tests time what they must and no more.
 QUICK = 0.01

@@ -18,7 +18,6 @@ from producer import RerankClient
 
 REF = dt.datetime(2023, 3, 1, tzinfo=dt.timezone.utc)
 QUERY = "payment gateway error"
-FP32 = {"RERANKQ_PRECISION": "fp32"}  # the parity check below compares against fp32 predictions
 RRF = {"RERANKQ_RERANKER_PROVIDER": "rrf"}
 
 
@@ -51,10 +50,10 @@ def proof_factor(n: int) -> float:
 
 
 def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
-    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient], tiny_model_dir: Path
+    shared_client: RerankClient, own_query: str, tiny_model_dir: Path
 ) -> None:
-    start_worker(env=FP32)
-    client = make_client()
+    # The shared worker runs fp32 (tests/conftest.py queue_env_for): the check below predicts in fp32.
+    client = shared_client
     long_text = (
         "unrelated filler text. " * 40 + "the payment gateway error came from a certificate. " + "more filler. " * 40
     )
@@ -71,7 +70,7 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
         {"id": "plain", "text": "checkout recovery after an outage"},
         {"id": "blank", "text": "  \n "},
     ]
-    stream = client.open(QUERY, items, window_size=10, reference_time=REF, document_budget=120)
+    stream = client.open(own_query, items, window_size=10, reference_time=REF, document_budget=120)
     page = client.pull(stream, 0, 10, timeout=60)
     assert page.complete and page.total == 5  # text-less rows are counted, never dropped
     by_id = {r.id: r.decision for r in page.rows}
@@ -89,9 +88,9 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
 
     model = CrossEncoder(str(tiny_model_dir), device="cpu")
     for cid in ("dated", "long", "plain"):
-        expected = float(model.predict([(QUERY, by_id[cid].document)])[0])
+        expected = float(model.predict([(own_query, by_id[cid].document)])[0])
         assert by_id[cid].score == pytest.approx(expected, abs=1e-4)
-    raw = float(model.predict([(QUERY, items[0]["text"])])[0])
+    raw = float(model.predict([(own_query, items[0]["text"])])[0])
     assert abs(raw - by_id["dated"].score) > 1e-3, "the raw text would have scored differently"
 
     # Both text-less rows (empty, whitespace only) sink, in fusion order among themselves.
@@ -100,11 +99,8 @@ def test_the_text_scored_is_the_text_returned_and_textless_rows_sink(
         assert last.kind == "ranked" and last.score == -math.inf and last.final_score == -math.inf
 
 
-def test_min_filters_reach_redis_with_their_scores(
-    start_worker: Callable[..., Any], make_client: Callable[..., RerankClient]
-) -> None:
-    start_worker(env=FP32)
-    client = make_client()
+def test_min_filters_reach_redis_with_their_scores(shared_client: RerankClient, own_query: str) -> None:
+    client = shared_client
     words = [
         "payment",
         "gateway",
@@ -128,7 +124,7 @@ def test_min_filters_reach_redis_with_their_scores(
         for i, w in enumerate(words)
     ] + [{"id": "empty", "text": ""}]
     open_ = dict(window_size=13, reference_time=REF)
-    probe = client.open(QUERY, items, **open_)
+    probe = client.open(own_query, items, **open_)
     client.pull(probe, 0, 13, timeout=60)
     free = decisions_by_id(client, probe)
     assert all(isinstance(d, Ranked) for d in free.values())
@@ -139,7 +135,7 @@ def test_min_filters_reach_redis_with_their_scores(
     passing = sorted((d for d in scored if d.score >= min_score), key=lambda d: d.final_score)
     min_final = (passing[1].final_score + passing[2].final_score) / 2  # two more below
 
-    stream = client.open(QUERY, items, min_score=min_score, min_final_score=min_final, **open_)
+    stream = client.open(own_query, items, min_score=min_score, min_final_score=min_final, **open_)
     page = client.pull(stream, 0, 13, timeout=60)
     got = decisions_by_id(client, stream)
     reasons = {}
