@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -279,6 +281,24 @@ def test_a_cross_encoders_separator_in_a_document_is_read_as_text(tiny_cross_enc
     # WordPiece reads "[ SEP]" as transformers' split_special_tokens reads "[SEP]": the same tokens.
     split = tokenizer(query, pairs[0][1], split_special_tokens=True)["input_ids"]
     assert ids[0] == split
+
+
+@pytest.mark.parametrize("loader", ["load_cross_encoder", "load_sentence_transformer"])
+def test_a_model_path_that_is_no_directory_fails_at_once_naming_it(tmp_path: Path, loader: str) -> None:
+    # In a process of its own, to see what it imported: nothing of sentence-transformers, whose
+    # import alone takes seconds, for a path that names no directory.
+    for missing in (str(tmp_path / "not-downloaded"), "./not-downloaded"):
+        probe = (
+            f"import sys\nfrom worker.engine.loading import {loader}\n"
+            f"try:\n    {loader}({missing!r}, device='cpu')\n"
+            "except OSError as error:\n    print(error)\n"
+            "print('imported' if 'sentence_transformers' in sys.modules else 'not imported')\n"
+        )
+        ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr
+        said, imported = ran.stdout.strip().splitlines()
+        assert repr(missing) in said and "no directory" in said and "RERANKQ_RERANKER_MODEL" in said
+        assert imported == "not imported"
 
 
 def test_a_model_whose_scores_depend_on_its_batch_padding_is_refused_at_load(tmp_path: Path, fp32_settings):

@@ -20,6 +20,17 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
+def refuse_missing_directory(name_or_path: str) -> None:
+    """A model named by a path that is no directory fails here, at once: a hub id never starts
+    with ``/`` or ``.``, and importing sentence-transformers to find this out costs seconds."""
+    import os
+
+    if name_or_path.startswith(("/", "./", "../")) and not os.path.isdir(name_or_path):
+        raise OSError(
+            f"model {name_or_path!r} is no directory; set RERANKQ_RERANKER_MODEL to a model's directory or a hub id"
+        )
+
+
 def _load(cls: Any, name_or_path: str, *, device: str) -> Any:
     """``cls`` (a sentence-transformers model class) by local path, from the local hub cache, or from the hub."""
     import os
@@ -40,6 +51,7 @@ def _load(cls: Any, name_or_path: str, *, device: str) -> Any:
 
 def load_cross_encoder(name_or_path: str, *, device: str) -> Any:
     """Load a CrossEncoder by local path, from the local hub cache, or from the hub."""
+    refuse_missing_directory(name_or_path)
     from sentence_transformers import CrossEncoder
 
     return _load(CrossEncoder, name_or_path, device=device)
@@ -47,6 +59,7 @@ def load_cross_encoder(name_or_path: str, *, device: str) -> Any:
 
 def load_sentence_transformer(name_or_path: str, *, device: str) -> Any:
     """Load a SentenceTransformer (a bi-encoder) the same way."""
+    refuse_missing_directory(name_or_path)
     from sentence_transformers import SentenceTransformer
 
     return _load(SentenceTransformer, name_or_path, device=device)
