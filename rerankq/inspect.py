@@ -1,10 +1,11 @@
 """``rerankq inspect``: the deployment at a glance.
 
 Per device queue and lane, the messages waiting and how long the oldest has waited (the
-broker's Redis lists, ``kernel.broker_queues``; on RabbitMQ the counts alone); the workers alive per device (Celery's
-remote control, one broadcast of ``rerankq_worker``) with the model and precision each process
-runs (the cards processes write, ``worker.card``); the circuit breaker of every remote member
-those workers run; and the fleet's counters.
+broker's Redis lists, ``kernel.broker_queues``; on RabbitMQ the counts alone); the workers
+alive per device (Celery's remote control, one broadcast of ``rerankq_worker``, kept to the
+workers serving this namespace's queues) with the model and precision each process runs (the
+cards processes write, ``worker.card``); the circuit breaker of every remote member those
+workers run; and the fleet's counters.
 """
 
 from __future__ import annotations
@@ -59,17 +60,28 @@ def queue_view(settings: Any) -> list[dict[str, Any]]:
     ]
 
 
+def serves_any(queues: object, ours: set[str]) -> bool:
+    """Whether a worker's answer names one of this deployment's queues (the answer is a
+    worker's word, checked before it is read)."""
+    return isinstance(queues, list) and any(isinstance(q, str) and q in ours for q in queues)
+
+
 def worker_view(rerank: Any, timeout_s: float) -> list[dict[str, Any]]:
     from worker.card import read_cards
     from worker.remote_control import COMMAND
 
     replies = rerank.dispatcher.app.control.broadcast(COMMAND, reply=True, timeout=timeout_s) or []
+    ours = set(rerank.settings.queues.all_queues())
     workers = []
     for reply in replies:
         for hostname, answer in reply.items():
             if not isinstance(answer, dict) or "error" in answer:
                 # Alive, but an older worker without the command: say so rather than hide it.
                 answer = {"error": str(answer.get("error") if isinstance(answer, dict) else answer)}
+            elif not serves_any(answer.get("queues"), ours):
+                # Celery's remote control is one broadcast per broker, not per namespace: this
+                # is another deployment's worker on the same Redis or RabbitMQ.
+                continue
             cards = read_cards(rerank.store.client, rerank.store.keys.worker_card(hostname))
             workers.append(
                 {

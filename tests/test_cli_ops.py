@@ -67,6 +67,27 @@ def test_inspect_reports_queues_workers_breakers_and_counters(
     assert "1:tei" in table.stdout and "open" in table.stdout
 
 
+def test_inspect_lists_only_the_workers_of_its_own_namespace(start_worker, base_env):
+    # Celery's remote control reaches every worker on the broker: a second deployment (its own
+    # namespace and queues) on the same Redis must not be counted as this one's.
+    mine = fast_env(base_env)
+    start_worker(mine)
+    other_namespace = base_env["RERANKQ_NAMESPACE"] + "x"
+    start_worker(
+        fast_env(
+            base_env,
+            RERANKQ_NAMESPACE=other_namespace,
+            **{f"RERANKQ_{kind}_QUEUE": f"{other_namespace}.{kind.lower()}" for kind in ("CPU", "GPU", "ANY")},
+        )
+    )
+
+    done = rerankq(["inspect", "--json", "--timeout", "2"], mine)
+
+    assert done.returncode == 0, done.stderr
+    [worker] = json.loads(done.stdout)["workers"]
+    assert sorted(worker["queues"]) == sorted([mine["RERANKQ_CPU_QUEUE"], mine["RERANKQ_ANY_QUEUE"]])
+
+
 def test_status_and_pull_show_each_window_state(start_worker, base_env, make_client, tmp_path):
     env = fast_env(base_env)
     start_worker(env)
