@@ -201,19 +201,21 @@ def start_worker(
 
 
 @pytest.fixture(scope="session")
-def shared_worker(
-    redis_server: EmbeddedRedis, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[WorkerProcess]:
-    """One worker with the tiny model on the tests' defaults, in a namespace of its own, started
-    at the first test that asks for it (through `shared_client`) and shared by the process's
-    tests that need no other worker."""
-    namespace = "s" + uuid.uuid4().hex[:10]
+def shared_worker(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """One worker with the tiny model on the tests' defaults, started at the first test that
+    asks for it (through `shared_client`) and shared by the process's tests that need no other
+    worker. On a Redis of its own: it lives to the session's end, and Celery's remote control
+    (Flower's worker list, a test's broadcast) reaches every worker on a broker."""
+    server = EmbeddedRedis().start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RERANKQ_")}
-    env.update(queue_env_for(redis_server.url, namespace, tiny_model_dir))
+    env.update(queue_env_for(server.url, "s" + uuid.uuid4().hex[:10], tiny_model_dir))
     log_path = tmp_path_factory.mktemp("shared-worker") / "worker.log"
-    worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu", cwd=ROOT).start()
-    yield worker
-    worker.kill()
+    worker = WorkerProcess.rerankq(env, log_path, "--device", "cpu", cwd=ROOT)
+    try:
+        yield worker.start()
+    finally:
+        worker.kill()
+        server.stop()
 
 
 @pytest.fixture

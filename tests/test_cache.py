@@ -38,9 +38,9 @@ def score_keys(raw_redis, namespace: str) -> set[bytes]:
     return {k for k in namespace_keys(raw_redis, namespace) if b":score:" in k}
 
 
-def test_repeated_query_is_served_from_the_cache(shared_client, own_query, raw_redis):
+def test_repeated_query_is_served_from_the_cache(shared_client, own_query):
     client = shared_client
-    namespace = client.settings.store.namespace
+    raw_redis, namespace = client.store.client, client.settings.store.namespace
     candidates = make_candidates(30)
     keys_before = score_keys(raw_redis, namespace)
     before = counted(client)
