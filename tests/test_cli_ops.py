@@ -81,7 +81,8 @@ def test_inspect_lists_only_the_workers_of_its_own_namespace(start_worker, base_
         )
     )
 
-    done = rerankq(["inspect", "--json", "--timeout", "2"], mine)
+    # The broadcast waits its whole timeout for answers: 5 s lets a worker on a loaded host answer.
+    done = rerankq(["inspect", "--json", "--timeout", "5"], mine)
 
     assert done.returncode == 0, done.stderr
     [worker] = json.loads(done.stdout)["workers"]
