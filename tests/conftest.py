@@ -268,6 +268,15 @@ def namespace_keys(client: redis.Redis, namespace: str) -> list[bytes]:
     return sorted(client.scan_iter(match=f"{namespace}:*", count=1000))
 
 
+def pipeline_keys(client: redis.Redis, namespace: str) -> list[bytes]:
+    """The namespace's keys but a worker's own records: its card (what rerankq inspect reads),
+    the queues it consumes (the no-worker warning) and the sweep's lock. A worker writes those
+    from its own thread after Celery says it is ready, so a test comparing keys around a
+    pipeline call reads these instead (a snapshot of all of them races the worker's start)."""
+    own = (f"{namespace}:worker:", f"{namespace}:consumers:", f"{namespace}:sweep-lock")
+    return [k for k in namespace_keys(client, namespace) if not k.decode().startswith(own)]
+
+
 def make_candidates(
     n: int, *, prefix: str = "c", text: str = "payment gateway error number {i}"
 ) -> list[dict[str, Any]]:

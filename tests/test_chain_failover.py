@@ -10,7 +10,7 @@ import shutil
 import time
 
 import pytest
-from conftest import make_candidates, namespace_keys
+from conftest import make_candidates, pipeline_keys
 from delivery_helpers import patient, wait_committed
 from rerank_servers import closed_port_url, expected_score
 
@@ -230,12 +230,12 @@ def test_an_unknown_chain_profile_is_refused_at_open_and_nothing_is_sent(
         drop=("RERANKQ_RERANKER_MODEL",),
     )
     client = make_client(chain_profiles={"fast": [0]})
-    before = namespace_keys(raw_redis, namespace)
+    before = pipeline_keys(raw_redis, namespace)
     with pytest.raises(ValidationError) as refused:
         client.open("gateway error", make_candidates(3), window_size=3, chain="nope")
     assert refused.value.field == "chain"
     assert "RERANKQ_CHAIN_NOPE" in refused.value.message and "fast" in refused.value.message
-    assert namespace_keys(raw_redis, namespace) == before  # no stream written, no window queued
+    assert pipeline_keys(raw_redis, namespace) == before  # no stream written, no window queued
     assert raw_redis.llen(f"{namespace}.cpu") == 0
     # A configured one (any case) is served by a real worker.
     stream = client.open("gateway error", make_candidates(3), window_size=3, chain="FAST")
