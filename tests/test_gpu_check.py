@@ -37,11 +37,22 @@ def gpu_check(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def failed_steps(done: subprocess.CompletedProcess[str], out: Path) -> str:
+    """The check's complaint and the log of each step it names: the reason is in the step's own output."""
+    report = [done.stderr[-3000:]]
+    for line in done.stderr.splitlines():
+        if line.startswith("gpu_check: step "):  # "gpu_check: step NAME FAILED (exit N)"
+            log = out / f"{line.split()[2]}.log"
+            if log.exists():
+                report.append(f"--- {log.name} ---\n{log.read_text(errors='replace')[-4000:]}")
+    return "\n".join(report)
+
+
 @pytest.mark.slow  # every bench step, two real workers
 @pytest.mark.timeout(CHECK_DEADLINE_S + 60)
 def test_the_gpu_check_reports_every_row_with_its_device_forced_to_the_cpu(tmp_path: Path) -> None:
     done = gpu_check(tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failed_steps(done, tmp_path / "out")
     reported = [line.split(":")[0] for line in done.stdout.splitlines()]
     assert all(row in reported for row in ROWS)
 
