@@ -143,8 +143,10 @@ def verdict(plain: WorkerRun, coalescing: WorkerRun) -> tuple[bool, bool, float]
 
 
 def tolerance_for(device: str, plain: WorkerRun, coalescing: WorkerRun) -> float:
-    """fp32's on a CPU where both workers run the same fp32 backend, a half precision's otherwise."""
-    if device == "cpu" and plain.adopted == coalescing.adopted and plain.adopted.endswith(" fp32"):
+    """fp32's on a CPU, unless a worker says it adopted a half precision or the two run on
+    different backends (a log that does not say keeps the strict one)."""
+    half = any(run.adopted.endswith((" bf16", " fp16")) for run in (plain, coalescing))
+    if device == "cpu" and plain.adopted == coalescing.adopted and not half:
         return FP32_CPU_TOLERANCE
     return HALF_PRECISION_TOLERANCE
 

@@ -27,7 +27,8 @@ def refuse_missing_directory(name_or_path: str) -> None:
 
     if name_or_path.startswith(("/", "./", "../")) and not os.path.isdir(name_or_path):
         raise OSError(
-            f"model {name_or_path!r} is no directory; set RERANKQ_RERANKER_MODEL to a model's directory or a hub id"
+            f"model {name_or_path!r} is no directory; set the member's MODEL (RERANKQ_RERANKER_MODEL, or "
+            "RERANKQ_RERANKER_<n>_MODEL for member n) to a model's directory or a hub id"
         )
 
 
